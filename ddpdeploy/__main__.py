@@ -1,0 +1,3 @@
+from ddpdeploy.cli import main
+
+main()

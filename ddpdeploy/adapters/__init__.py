@@ -1,0 +1,1 @@
+"""Thin adapters with side effects: docker engine, kube API, local processes."""

@@ -1,0 +1,91 @@
+"""The `ddpdeploy` command line: a thin Typer app; every command is registered here."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import click
+import typer
+
+from ddpdeploy import __version__
+from ddpdeploy.errors import UserError
+
+app = typer.Typer(
+    name="ddpdeploy",
+    help="Take a PyTorch DDP job from a laptop smoke test to N GPU nodes on Kubernetes.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+# name -> "module:function" under ddpdeploy.commands. One module per command; each imports
+# its heavy dependencies (torch, kubernetes, docker) inside the function, not at the top.
+COMMANDS: dict[str, str] = {
+    "init": "init:init",
+    "render": "render:render",
+}
+
+
+def _one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except UserError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(exc.exit_code) from None
+
+    return wrapper
+
+
+def _register() -> None:
+    for name, target in COMMANDS.items():
+        module_name, func_name = target.split(":")
+        module = importlib.import_module(f"ddpdeploy.commands.{module_name}")
+        fn = getattr(module, func_name)
+        app.command(name, context_settings={"allow_interspersed_args": True})(
+            _one_line_errors(fn)
+        )
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"ddpdeploy {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    """Take a PyTorch DDP job from a laptop smoke test to N GPU nodes on Kubernetes."""
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: usage errors become one line on stderr with exit code 2."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        typer.echo(f"error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        typer.echo("aborted", err=True)
+        sys.exit(130)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""One module per CLI command; `ddpdeploy.cli.COMMANDS` registers them."""

@@ -1,0 +1,83 @@
+"""Flags shared by every command that needs a JobSpec, declared once.
+
+`spec_command` adds the spec flags (-f, --name, --image, --nodes, …) and the arguments after
+``--`` to a command's signature, loads the JobSpec from them, and passes it as ``spec``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ddpdeploy.spec import JobSpec, load_spec
+
+SPEC_PANEL = "Job spec (flags override ddpdeploy.yaml)"
+
+def _flag(kind: type, *decls: str, help: str, metavar: str | None = None) -> Any:
+    return Annotated[
+        kind | None,
+        typer.Option(*decls, help=help, metavar=metavar, rich_help_panel=SPEC_PANEL),
+    ]
+
+
+# (parameter name, flag that FLAG_FIELDS knows or None, annotation) for each spec flag.
+_SPEC_PARAMS: list[tuple[str, str | None, Any]] = [
+    ("file", None, _flag(Path, "-f", "--file",
+                         help="Job spec file [default: ./ddpdeploy.yaml if present].")),
+    ("name", "--name", _flag(str, "--name", help="Job name (DNS-1035 label).")),
+    ("namespace", "--namespace", _flag(str, "-n", "--namespace", help="Kubernetes namespace.")),
+    ("image", "--image", _flag(str, "--image", help="Training image reference.")),
+    ("nodes", "--nodes", _flag(int, "--nodes", help="Number of nodes (pods).")),
+    ("gpus", "--gpus", _flag(int, "--gpus", help="GPUs per node; 0 runs on CPU with gloo.")),
+    ("procs", "--procs", _flag(int, "--procs",
+                               help="Processes per node [default: gpus, or 1 on CPU].")),
+    ("elastic", "--elastic", _flag(str, "--elastic", metavar="MIN:MAX",
+                                   help="Elastic c10d rendezvous between MIN and MAX nodes.")),
+    ("max_restarts", "--max-restarts", _flag(int, "--max-restarts",
+                                             help="torchrun restarts of the worker group.")),
+    ("train_args", None, Annotated[list[str] | None, typer.Argument(
+        metavar="[-- TRAIN_ARGS...]", help="Arguments appended to the training command.",
+        show_default=False)]),
+]
+
+
+def spec_from_params(values: dict[str, Any]) -> JobSpec:
+    flags = {flag: values.get(name) for name, flag, _ in _SPEC_PARAMS if flag}
+    return load_spec(values.get("file"), flags, values.get("train_args") or None)
+
+
+def spec_command(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Give ``fn(spec, ...)`` the spec flags; Typer reads the merged signature."""
+    own = [p for p in inspect.signature(fn).parameters.values() if p.name != "spec"]
+    extra = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ann)
+        for name, _, ann in _SPEC_PARAMS
+    ]
+
+    @functools.wraps(fn)
+    def wrapper(**kwargs: Any) -> Any:
+        values = {name: kwargs.pop(name) for name, _, _ in _SPEC_PARAMS}
+        return fn(spec=spec_from_params(values), **kwargs)
+
+    params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + extra
+    wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    return wrapper
+
+
+OutputOpt = Annotated[
+    str, typer.Option("-o", "--output", help="Output format: yaml or json.", case_sensitive=False)
+]
+ContextOpt = Annotated[
+    str | None,
+    typer.Option("--context", help="kubeconfig context to use."),
+]
+KubeconfigOpt = Annotated[
+    Path | None,
+    typer.Option("--kubeconfig", help="Path to the kubeconfig file."),
+]

@@ -1,0 +1,1 @@
+"""Pure renderers: JobSpec (through the launch contract) -> objects or text. No network."""
