@@ -1,0 +1,208 @@
+"""Checkpoint manager for ddptrain.py: snapshot, async atomic write, verify, retain, load.
+
+Layout in the checkpoint directory, per checkpoint at optimizer step N:
+  ckpt-step-000000N.pt    torch.save payload
+  ckpt-step-000000N.json  sidecar: step, world size, host, rank, restart count, time, sha256
+The sidecar is written (atomically) only after the payload is durable, so it is the commit
+point: a payload without a sidecar, or whose sha256 does not match, is never loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import re
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+_NAME = re.compile(r"^ckpt-step-(\d+)\.json$")
+
+
+def _to_cpu_copy(obj: Any) -> Any:
+    """Deep copy of a (nested) state with every tensor copied to CPU.
+
+    The copy is what lets training continue while the writer thread serialises: the live
+    tensors are updated in place by the next optimizer step.
+    """
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _to_cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to_cpu_copy(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_to_cpu_copy(v) for v in obj)
+    return obj
+
+
+def _fsync_dir(path: str) -> None:
+    # The rename is durable only once the directory entry itself is synced.
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _atomic_write_bytes(path: str, data: bytes) -> None:
+    d = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(d)
+
+
+class CheckpointManager:
+    """Owns save (snapshot + background write), retention and load for one directory."""
+
+    def __init__(
+        self,
+        directory: str,
+        keep: int,
+        log: Callable[[dict[str, Any]], None],
+        debug_slow_save: float = 0.0,
+    ) -> None:
+        self.dir = directory
+        self.keep = keep
+        self.log = log
+        self.debug_slow_save = debug_slow_save
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    # ---- paths -------------------------------------------------------------------------
+    def payload_path(self, step: int) -> str:
+        return os.path.join(self.dir, f"ckpt-step-{step:09d}.pt")
+
+    def sidecar_path(self, step: int) -> str:
+        return os.path.join(self.dir, f"ckpt-step-{step:09d}.json")
+
+    def list_steps(self) -> list[int]:
+        """Committed checkpoints (sidecar present), newest first."""
+        if not os.path.isdir(self.dir):
+            return []
+        steps = [int(m.group(1)) for n in os.listdir(self.dir) if (m := _NAME.match(n))]
+        return sorted(steps, reverse=True)
+
+    def remove_stale_temp_files(self) -> None:
+        """Delete temp files a killed writer left behind (rank 0, before the first save)."""
+        if not os.path.isdir(self.dir):
+            return
+        for n in os.listdir(self.dir):
+            if n.startswith(".tmp-"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.dir, n))
+
+    # ---- save --------------------------------------------------------------------------
+    def save_async(self, state: dict[str, Any], meta: dict[str, Any]) -> float:
+        """Snapshot ``state`` to CPU now, write it in a background thread.
+
+        Returns the seconds the caller was stalled (waiting for the previous write plus the
+        snapshot copy).
+        """
+        t0 = time.perf_counter()
+        self.wait()  # one write in flight at a time bounds memory to one extra copy
+        snapshot = _to_cpu_copy(state)
+        self._thread = threading.Thread(
+            target=self._write_guarded, args=(snapshot, dict(meta)), daemon=True
+        )
+        self._thread.start()
+        return time.perf_counter() - t0
+
+    def wait(self) -> None:
+        """Block until the in-flight write (if any) is durable; re-raise its error."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise RuntimeError(f"checkpoint write failed: {err}") from err
+
+    def _write_guarded(self, snapshot: dict[str, Any], meta: dict[str, Any]) -> None:
+        try:
+            self.write(snapshot, meta)
+        except BaseException as e:  # surfaced to the main thread by wait()
+            self._error = e
+
+    def write(self, snapshot: dict[str, Any], meta: dict[str, Any]) -> str:
+        """Synchronously and atomically write one checkpoint, then apply retention."""
+        os.makedirs(self.dir, exist_ok=True)
+        step = int(meta["step"])
+        final = self.payload_path(step)
+        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".tmp-", suffix=".pt")
+        try:
+            # Serialise to memory first so the sha256 is computed without re-reading the file.
+            buf = io.BytesIO()
+            torch.save(snapshot, buf)
+            data = buf.getbuffer()
+            digest = hashlib.sha256(data).hexdigest()
+            with os.fdopen(fd, "wb") as f:
+                half = len(data) // 2
+                f.write(data[:half])
+                if self.debug_slow_save:
+                    # Test hook: widen the window in which a kill lands mid-write.
+                    f.flush()
+                    time.sleep(self.debug_slow_save)
+                f.write(data[half:])
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        _fsync_dir(self.dir)
+        sidecar = dict(meta, sha256=digest, file=os.path.basename(final))
+        _atomic_write_bytes(self.sidecar_path(step), json.dumps(sidecar).encode())
+        self._apply_retention()
+        self.log({"event": "checkpoint", "step": step, "path": final,
+                  "host": meta.get("host"), "rank": meta.get("rank")})
+        return final
+
+    def _apply_retention(self) -> None:
+        for step in self.list_steps()[self.keep :]:
+            # Sidecar first: once it is gone the payload is no longer a candidate.
+            for p in (self.sidecar_path(step), self.payload_path(step)):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(p)
+
+    # ---- load --------------------------------------------------------------------------
+    def read_verified(self, step: int) -> bytes | None:
+        """The payload bytes of checkpoint ``step`` if its sha256 matches its sidecar."""
+        try:
+            with open(self.sidecar_path(step), "rb") as f:
+                sidecar = json.loads(f.read())
+            with open(self.payload_path(step), "rb") as f:
+                data = f.read()
+        except (OSError, ValueError) as e:
+            print(f"ddptrain: checkpoint step {step} unreadable: {e}", file=sys.stderr)
+            return None
+        if hashlib.sha256(data).hexdigest() != sidecar.get("sha256"):
+            print(
+                f"ddptrain: checkpoint {self.payload_path(step)} fails its sha256 check; "
+                "skipping it",
+                file=sys.stderr,
+            )
+            return None
+        return data
+
+
+def load_payload(data: bytes, device: torch.device) -> dict[str, Any]:
+    # weights_only: the payload holds tensors, numbers, strings, lists and dicts only.
+    return torch.load(io.BytesIO(data), map_location=device, weights_only=True)
