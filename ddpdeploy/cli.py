@@ -8,7 +8,6 @@ import sys
 from collections.abc import Callable
 from typing import Annotated, Any
 
-import click
 import typer
 
 from ddpdeploy import __version__
@@ -74,17 +73,23 @@ _register()
 def main(argv: list[str] | None = None) -> None:
     """Entry point: usage errors become one line on stderr with exit code 2."""
     try:
-        app(args=argv, standalone_mode=False)
-    except click.exceptions.Exit as exc:
+        # Without standalone mode, click returns typer.Exit's code instead of exiting.
+        code = app(args=argv, standalone_mode=False)
+    except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except click.ClickException as exc:
-        typer.echo(f"error: {exc.format_message()}", err=True)
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
+    except typer.TyperException as exc:
+        ctx = getattr(exc, "ctx", None)
+        if exc.__class__.__name__ == "NoArgsIsHelpError" and ctx is not None:
+            typer.echo(ctx.get_help())
+            sys.exit(0)
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        hint = f"; see `{ctx.command_path} --help`" if ctx is not None else ""
+        typer.echo(f"error: {message}{hint}", err=True)
+        sys.exit(getattr(exc, "exit_code", 2))
+    except (typer.Abort, KeyboardInterrupt):
         typer.echo("aborted", err=True)
         sys.exit(130)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -129,8 +129,12 @@ class LaunchContract:
         env["DDPDEPLOY_RDZV_HOST"] = host_of.get(self.rdzv_host_template, self.rdzv_host_template)
         return env
 
+    def rdzv_conf_items(self) -> dict[str, str]:
+        return {"join_timeout": str(self.spec.rendezvous.join_timeout)}
+
     def rdzv_conf(self) -> str:
-        return f"join_timeout={self.spec.rendezvous.join_timeout}"
+        """As torchrun's --rdzv-conf and the operator's PET_RDZV_CONF spell it."""
+        return ",".join(f"{k}={v}" for k, v in self.rdzv_conf_items().items())
 
 
 def launch_contract(spec: JobSpec) -> LaunchContract:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -28,14 +29,14 @@ def _flag(kind: type, *decls: str, help: str, metavar: str | None = None) -> Any
 # (parameter name, flag that FLAG_FIELDS knows or None, annotation) for each spec flag.
 _SPEC_PARAMS: list[tuple[str, str | None, Any]] = [
     ("file", None, _flag(Path, "-f", "--file",
-                         help="Job spec file [default: ./ddpdeploy.yaml if present].")),
+                         help="Job spec file (default: ./ddpdeploy.yaml when present).")),
     ("name", "--name", _flag(str, "--name", help="Job name (DNS-1035 label).")),
     ("namespace", "--namespace", _flag(str, "-n", "--namespace", help="Kubernetes namespace.")),
     ("image", "--image", _flag(str, "--image", help="Training image reference.")),
     ("nodes", "--nodes", _flag(int, "--nodes", help="Number of nodes (pods).")),
     ("gpus", "--gpus", _flag(int, "--gpus", help="GPUs per node; 0 runs on CPU with gloo.")),
     ("procs", "--procs", _flag(int, "--procs",
-                               help="Processes per node [default: gpus, or 1 on CPU].")),
+                               help="Processes per node (default: gpus, or 1 on CPU).")),
     ("elastic", "--elastic", _flag(str, "--elastic", metavar="MIN:MAX",
                                    help="Elastic c10d rendezvous between MIN and MAX nodes.")),
     ("max_restarts", "--max-restarts", _flag(int, "--max-restarts",
@@ -53,7 +54,12 @@ def spec_from_params(values: dict[str, Any]) -> JobSpec:
 
 def spec_command(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Give ``fn(spec, ...)`` the spec flags; Typer reads the merged signature."""
-    own = [p for p in inspect.signature(fn).parameters.values() if p.name != "spec"]
+    hints = typing.get_type_hints(fn, include_extras=True)  # resolve postponed annotations
+    own = [
+        p.replace(annotation=hints.get(p.name, p.annotation))
+        for p in inspect.signature(fn).parameters.values()
+        if p.name != "spec"
+    ]
     extra = [
         inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ann)
         for name, _, ann in _SPEC_PARAMS

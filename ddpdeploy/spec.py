@@ -400,7 +400,9 @@ def _one_line(exc: ValidationError, source: str, flags: dict[str, Any]) -> str:
     prefix = "" if source == "defaults" else f"{source}: "
     where = f"{prefix}{'.'.join(loc)}" if loc else source
     for flag, field_path in FLAG_FIELDS.items():
-        if flag in flags and tuple(loc[: len(field_path)]) == field_path:
+        # The error sits on the flag's field, inside it, or on the model holding it.
+        n = min(len(loc), len(field_path))
+        if flag in flags and loc and tuple(loc[:n]) == field_path[:n]:
             where = flag
             break
     message = first["msg"]

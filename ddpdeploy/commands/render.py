@@ -1,0 +1,35 @@
+"""`ddpdeploy render`: the job's Kubernetes manifests, to stdout or a GitOps folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ddpdeploy.options import OutputOpt, spec_command
+from ddpdeploy.render.k8s import render_objects
+from ddpdeploy.render.output import folder_files, to_text, write_folder
+from ddpdeploy.spec import JobSpec
+
+
+@spec_command
+def render(
+    spec: JobSpec,
+    output: OutputOpt = "yaml",
+    out_dir: Annotated[
+        Path | None,
+        typer.Option("--out-dir", help="Write one file per object plus kustomization.yaml here."),
+    ] = None,
+) -> None:
+    """Render the Kubeflow PyTorchJob (and checkpoint PVC) for the job.
+
+    Example: ddpdeploy render --image ghcr.io/me/train:v1 --nodes 2 --gpus 8 -- --steps 1000
+    """
+    objects = render_objects(spec)
+    if out_dir is not None:
+        files = folder_files(objects)
+        write_folder(out_dir, files)
+        typer.echo(f"wrote {len(files)} files to {out_dir}", err=True)
+        return
+    typer.echo(to_text(objects, output), nl=False)

@@ -1,0 +1,198 @@
+"""Build (once per machine) the local images the docker tests use as --base-image.
+
+No registry is reachable from CI, so nothing can be pulled: a Debian bookworm rootfs is made
+with debootstrap and imported ("base"), then the CPU torch wheel and its runtime deps, which
+pip finds on this machine, are installed into it ("torch"), standing in for the official
+pytorch/pytorch runtime image.
+
+Both images are tagged by a key hashed from this script and the wheels that went in, so a
+change to either rebuilds them and an unchanged setup reuses them across runs and clones.
+The debootstrap .debs and the wheels are cached outside the clone (see ``cache_dir``).
+
+Run by hand: ``python tests/docker/base_images.py`` prints the torch image reference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+TORCH_VERSION = "2.13.0"
+SUITE = "bookworm"
+# torch's runtime deps (pip --no-deps keeps the download to exactly these); pip itself goes
+# in too so images built on top can `python3 -m pip install -r requirements.txt`.
+WHEELS = [
+    f"torch=={TORCH_VERSION}",
+    "filelock",
+    "typing-extensions",
+    "sympy",
+    "mpmath",
+    "networkx",
+    "jinja2",
+    "markupsafe",
+    "fsspec",
+    "pip",
+]
+REPO = "ddpdeploy-test"
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
+
+
+def log(msg: str) -> None:
+    print(f"[base-images] {msg}", file=sys.stderr, flush=True)
+
+
+def cache_dir() -> Path:
+    """Outside any clone: $DDPDEPLOY_TEST_CACHE, else /var/cache/ddpdeploy-test when writable
+    (root on CI), else $XDG_CACHE_HOME/ddpdeploy-test."""
+    if env := os.environ.get("DDPDEPLOY_TEST_CACHE"):
+        path = Path(env)
+    elif os.access("/var/cache", os.W_OK):
+        path = Path("/var/cache/ddpdeploy-test")
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        path = Path(xdg) / "ddpdeploy-test"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def apt_mirror() -> str:
+    """The machine's own Debian mirror (deb822 or one-line sources), so debootstrap uses the
+    same (possibly snapshot/proxied) archive apt does."""
+    sources = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
+    for path in sources:
+        try:
+            text = path.read_text()
+        except OSError:
+            continue
+        for stanza in re.split(r"\n\s*\n", text):
+            uris = re.search(r"^URIs:\s*(\S+)", stanza, re.M)
+            suites = re.search(r"^Suites:\s*(.+)$", stanza, re.M)
+            if uris and suites and SUITE in suites.group(1).split() and "security" not in uris[1]:
+                return uris.group(1)
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) >= 3 and parts[0] == "deb" and parts[2] == SUITE:
+                uri = next(p for p in parts[1:] if not p.startswith("["))
+                return uri
+    return DEFAULT_MIRROR
+
+
+def fetch_wheels(dest: Path) -> list[Path]:
+    dest.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--python-version", "3.11", "-d", str(dest), *WHEELS]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return sorted(dest.glob("*.whl"))
+
+
+def image_key(wheels: list[Path]) -> str:
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest.update(SUITE.encode())
+    for wheel in wheels:  # names carry the versions; the script pins what else matters
+        digest.update(wheel.name.encode())
+    return digest.hexdigest()[:12]
+
+
+def has_image(client: Any, ref: str) -> bool:
+    import docker.errors
+
+    try:
+        client.images.get(ref)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+def build_base(client: Any, ref: str, cache: Path) -> None:
+    debs = cache / "debs"
+    debs.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="ddpdeploy-rootfs-") as tmp:
+        rootfs = Path(tmp) / "rootfs"
+        mirror = apt_mirror()
+        log(f"debootstrap {SUITE} (minbase + python3) from {mirror} ...")
+        subprocess.run(
+            ["debootstrap", "--variant=minbase", "--include=python3", f"--cache-dir={debs}",
+             SUITE, str(rootfs), mirror],
+            check=True, stdout=subprocess.DEVNULL,
+        )
+        # Leave package lists and .debs out of the image, as slim base images do.
+        for sub in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            for item in (rootfs / sub).glob("*"):
+                if item.is_file():
+                    item.unlink()
+        tarball = Path(tmp) / "rootfs.tar"
+        subprocess.run(["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(tarball), "."],
+                       check=True)
+        log(f"importing {ref} ({tarball.stat().st_size / 1e6:.0f} MB) ...")
+        repo, tag = ref.rsplit(":", 1)
+        client.api.import_image_from_file(str(tarball), repository=repo, tag=tag,
+                                          changes=['CMD ["/bin/bash"]'])
+
+
+def build_torch(client: Any, base: str, ref: str, wheels: list[Path]) -> None:
+    """Install the wheels in a container with them bind-mounted read-only and commit it: the
+    wheels (190 MB) never land in a layer, and no network is needed."""
+    wheel_dir = wheels[0].parent
+    pip = next(w for w in wheels if w.name.startswith("pip-"))
+    script = (
+        f"python3 /wheels/{pip.name}/pip install --no-index --no-cache-dir "
+        "--break-system-packages --disable-pip-version-check /wheels/*.whl"
+        # Behave like the official image: plain `pip install` works for users' requirements.
+        " && rm -f /usr/lib/python3*/EXTERNALLY-MANAGED"
+        " && find /usr/local/lib -name __pycache__ -prune -exec rm -rf {} +"
+    )
+    log(f"installing torch {TORCH_VERSION} + deps into {ref} ...")
+    container = client.containers.create(
+        base, ["/bin/sh", "-c", script], network_disabled=True,
+        volumes={str(wheel_dir): {"bind": "/wheels", "mode": "ro"}},
+    )
+    try:
+        container.start()
+        result = container.wait()
+        if result.get("StatusCode") != 0:
+            tail = container.logs().decode(errors="replace")[-2000:]
+            raise RuntimeError(f"installing wheels into {ref} failed:\n{tail}")
+        repo, tag = ref.rsplit(":", 1)
+        container.commit(repository=repo, tag=tag,
+                         changes=['CMD ["/bin/bash"]', "ENV PYTHONUNBUFFERED=1"])
+    finally:
+        container.remove(force=True)
+
+
+def ensure_images(client: Any | None = None) -> dict[str, str]:
+    """Return {"base": ref, "torch": ref}, building whichever is missing."""
+    if client is None:
+        import docker
+
+        client = docker.from_env()
+    cache = cache_dir()
+    start = time.monotonic()
+    wheels = fetch_wheels(cache / "wheels")
+    key = image_key(wheels)
+    refs = {"base": f"{REPO}/base:{key}", "torch": f"{REPO}/torch:{key}"}
+    if has_image(client, refs["torch"]):
+        return refs
+    if not has_image(client, refs["base"]):
+        build_base(client, refs["base"], cache)
+    build_torch(client, refs["base"], refs["torch"], wheels)
+    # Older keys' images are dead weight on a long-lived CI machine.
+    for image in client.images.list(name=f"{REPO}/*"):
+        if not set(image.tags) & set(refs.values()):
+            for tag in image.tags:
+                client.images.remove(tag, noprune=False)
+    log(f"ready in {time.monotonic() - start:.0f}s: {refs['torch']}")
+    return refs
+
+
+if __name__ == "__main__":
+    if "--clean" in sys.argv:
+        shutil.rmtree(cache_dir(), ignore_errors=True)
+    print(ensure_images()["torch"])
