@@ -1,0 +1,27 @@
+"""Shared fixtures: run the real CLI as a subprocess, as users do."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`python -m ddpdeploy ARGS` in a fresh interpreter."""
+    return subprocess.run(
+        [sys.executable, "-m", "ddpdeploy", *args],
+        cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True, text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+def cli():
+    return run_cli

@@ -1,0 +1,77 @@
+"""Rendered objects against real schemas: the PyTorchJob CRD's openAPIV3Schema (through
+jsonschema, unknown fields rejected) and kubernetes-validate for built-in kinds."""
+
+from __future__ import annotations
+
+import copy
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+SCHEMAS = SHARED / "schemas"
+K8S_VERSION = "1.36"
+
+
+def structural_to_jsonschema(node: Any) -> Any:
+    """A Kubernetes structural schema -> draft 2020-12 JSON schema with the apiserver's
+    meaning: int-or-string, nullable, and unknown fields pruned = rejected here."""
+    if isinstance(node, list):
+        return [structural_to_jsonschema(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: structural_to_jsonschema(v) for k, v in node.items() if not k.startswith("x-")}
+    out.pop("description", None)
+    if node.get("x-kubernetes-int-or-string"):
+        out.pop("type", None)
+        out.pop("anyOf", None)
+        pattern = out.pop("pattern", None)
+        string: dict[str, Any] = {"type": "string"}
+        if pattern:
+            string["pattern"] = pattern
+        out["anyOf"] = [{"type": "integer"}, string]
+    if node.get("nullable") and "type" in out:
+        out["type"] = [out["type"], "null"]
+    out.pop("nullable", None)
+    if (
+        out.get("type") == "object"
+        and "additionalProperties" not in out
+        and not node.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        # The apiserver prunes unknown fields silently; for us they are rendering bugs.
+        out["additionalProperties"] = False
+        out.setdefault("properties", {})
+    return out
+
+
+@cache
+def crd_validator(filename: str, version: str) -> jsonschema.Draft202012Validator:
+    crd = yaml.safe_load((SCHEMAS / filename).read_text())
+    (ver,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
+    schema = structural_to_jsonschema(copy.deepcopy(ver["schema"]["openAPIV3Schema"]))
+    # metadata is validated by the apiserver's ObjectMeta, not the CRD: allow it here and
+    # check it with kubernetes-validate through the pod template wrapper instead.
+    schema["properties"]["metadata"] = {"type": "object"}
+    return jsonschema.Draft202012Validator(schema)
+
+
+def pytorchjob_errors(obj: dict[str, Any]) -> list[str]:
+    validator = crd_validator("kubeflow.org_pytorchjobs.yaml", "v1")
+    return [
+        f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+        for e in validator.iter_errors(obj)
+    ]
+
+
+def builtin_errors(obj: dict[str, Any]) -> list[str]:
+    """kubernetes-validate --strict for a built-in kind (PVC, PodTemplate, …)."""
+    import kubernetes_validate
+
+    try:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        return [f"{'/'.join(map(str, exc.path))}: {exc.message}"]
+    return []

@@ -1,0 +1,162 @@
+"""The CLI as users run it: a real subprocess, real files, real exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import run_cli
+
+ARGS = ["render", "--image", "ghcr.io/t/train:v1", "--nodes", "2", "--gpus", "8"]
+
+
+def test_render_yaml_is_deterministic_and_parses():
+    first = run_cli(*ARGS, "--", "--steps", "100")
+    second = run_cli(*ARGS, "--", "--steps", "100")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == second.stdout
+    (job,) = list(yaml.safe_load_all(first.stdout))
+    assert job["kind"] == "PyTorchJob"
+    cmd = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0][
+        "command"]
+    assert cmd[-2:] == ["--steps", "100"]
+
+
+def test_render_json_lists_several_objects():
+    out = run_cli("render", "--image", "t:1", "-o", "json", "-f", str(_spec_with_pvc()))
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["kind"] == "List"
+    assert [o["kind"] for o in doc["items"]] == ["PersistentVolumeClaim", "PyTorchJob"]
+
+
+def _spec_with_pvc() -> Path:
+    import tempfile
+
+    path = Path(tempfile.mkdtemp()) / "job.yaml"
+    path.write_text("name: j\ncheckpoint: {size: 10Gi}\n")
+    return path
+
+
+def test_out_dir_writes_kustomize_folder(tmp_path):
+    out = tmp_path / "deploy"
+    res = run_cli("render", "--image", "t:1", "-f", str(_spec_with_pvc()), "--out-dir", str(out))
+    assert res.returncode == 0, res.stderr
+    assert sorted(p.name for p in out.iterdir()) == [
+        "kustomization.yaml", "persistentvolumeclaim-j-checkpoints.yaml", "pytorchjob-j.yaml"]
+    kustomization = yaml.safe_load((out / "kustomization.yaml").read_text())
+    assert kustomization["resources"] == [
+        "persistentvolumeclaim-j-checkpoints.yaml", "pytorchjob-j.yaml"]
+    # Same bytes as -o yaml, object by object.
+    job = yaml.safe_load((out / "pytorchjob-j.yaml").read_text())
+    assert job["metadata"]["name"] == "j"
+    # Rendering again without the PVC replaces the folder: no stale file is left.
+    res = run_cli("render", "--image", "t:1", "--name", "j", "--out-dir", str(out))
+    assert res.returncode == 0, res.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["kustomization.yaml", "pytorchjob-j.yaml"]
+    assert [p.name for p in tmp_path.iterdir()] == ["deploy"]  # no temp folders left
+
+
+def test_failed_render_leaves_out_dir_as_it_was(tmp_path):
+    out = tmp_path / "deploy"
+    assert run_cli("render", "--image", "t:1", "--out-dir", str(out)).returncode == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    res = run_cli("render", "--image", "t:1", "--nodes", "0", "--out-dir", str(out))
+    assert res.returncode == 2
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    fresh = tmp_path / "fresh"
+    res = run_cli("render", "--out-dir", str(fresh))  # no image: refused before writing
+    assert res.returncode == 2 and not fresh.exists()
+
+
+def test_out_dir_never_replaces_a_foreign_folder(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    res = run_cli("render", "--image", "t:1", "--out-dir", str(tmp_path))
+    assert res.returncode == 2
+    assert "did not write" in res.stderr
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["render", "--image", "t:1", "--nodes", "0"], "--nodes: must be greater than"),
+        (["render", "--image", "t:1", "--nodes", "two"], "Invalid value for '--nodes'"),
+        (["render", "--image", "t:1", "--name", "Bad"], "--name: must be a DNS-1035 label"),
+        (["render", "--image", "t:1", "--elastic", "4:2"], "--elastic: minNodes (4)"),
+        (["render", "--image", "t:1", "-f", "/nonexistent.yaml"], "-f/--file:"),
+        (["render", "--image", "t:1", "--bogus"], "No such option: --bogus"),
+        (["render"], "image: required to render manifests"),
+        (["render", "--image", "t:1", "-o", "xml"], "-o/--output: 'xml' is not a format"),
+        (["nosuchcommand"], "No such command"),
+    ],
+)
+def test_bad_input_one_line_exit_2_no_traceback(args, expected, tmp_path):
+    res = run_cli(*args, cwd=tmp_path)
+    assert res.returncode == 2
+    assert res.stdout == ""
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("error: ") and expected in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unknown_key_and_yaml_error_in_file(tmp_path):
+    (tmp_path / "ddpdeploy.yaml").write_text("nodes: 2\nnodez: 3\n")
+    res = run_cli("render", "--image", "t:1", cwd=tmp_path)
+    assert res.returncode == 2 and "unknown field 'nodez'" in res.stderr
+    (tmp_path / "ddpdeploy.yaml").write_text("nodes: 2\n  bad: indent\n")
+    res = run_cli("render", "--image", "t:1", cwd=tmp_path)
+    assert res.returncode == 2 and "ddpdeploy.yaml:2:6: YAML syntax error" in res.stderr
+
+
+def test_init_writes_a_valid_starter_and_refuses_to_overwrite(tmp_path):
+    res = run_cli("init", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    starter = (tmp_path / "ddpdeploy.yaml").read_text()
+    assert "# " in starter  # commented
+    res = run_cli("render", "--image", "t:1", cwd=tmp_path)  # the starter itself validates
+    assert res.returncode == 0, res.stderr
+    (tmp_path / "ddpdeploy.yaml").write_text("name: mine\n")
+    res = run_cli("init", cwd=tmp_path)
+    assert res.returncode == 2 and "--force" in res.stderr
+    assert (tmp_path / "ddpdeploy.yaml").read_text() == "name: mine\n"
+    assert run_cli("init", "--force", cwd=tmp_path).returncode == 0
+    assert (tmp_path / "ddpdeploy.yaml").read_text() == starter
+
+
+def test_render_imports_no_heavy_module(tmp_path):
+    code = (
+        "import sys\n"
+        "from ddpdeploy.cli import main\n"
+        "try:\n"
+        "    main(['render', '--image', 't:1', '--nodes', '2', '--gpus', '8'])\n"
+        "except SystemExit as e:\n"
+        "    assert e.code == 0, e.code\n"
+        "heavy = [m for m in ('torch', 'kubernetes', 'docker') if m in sys.modules]\n"
+        "print('HEAVY=' + ','.join(heavy), file=sys.stderr)\n"
+    )
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "HEAVY=\n" in res.stderr
+    assert "kind: PyTorchJob" in res.stdout
+
+
+def test_version_and_help_examples():
+    res = run_cli("--version")
+    assert res.returncode == 0 and res.stdout.startswith("ddpdeploy ")
+    top = run_cli("--help")
+    assert top.returncode == 0
+    from ddpdeploy.cli import COMMANDS
+
+    for name in COMMANDS:
+        assert name in top.stdout
+        res = run_cli(name, "--help")
+        assert res.returncode == 0
+        assert "Example: ddpdeploy" in res.stdout, name

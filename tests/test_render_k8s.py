@@ -1,0 +1,183 @@
+"""PyTorchJob rendering over a matrix of options, validated against the real CRD schema
+(unknown fields rejected) and built-in kinds against kubernetes-validate --strict."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from k8s_schema import builtin_errors, pytorchjob_errors
+
+from ddpdeploy.render.k8s import render_objects
+from ddpdeploy.spec import JobSpec
+
+FULL = {
+    "name": "llm",
+    "namespace": "team-a",
+    "image": "ghcr.io/team/train:v1",
+    "nodes": 3,
+    "gpus": 8,
+    "cpu": "32",
+    "memory": "256Gi",
+    "command": {"script": "train.py", "args": ["--epochs", "3"]},
+    "checkpoint": {"size": "500Gi", "storageClass": "fast-rwx", "mountPath": "/ckpt"},
+    "shmSize": "32Gi",
+    "env": {"NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": 4},
+    "imagePullSecrets": ["regcred"],
+    "nodeSelector": {"nvidia.com/gpu.product": "H100"},
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    "serviceAccount": "trainer",
+    "priorityClass": "high",
+    "labels": {"team": "a"},
+    "annotations": {"example.com/owner": "me"},
+    "runPolicy": {
+        "backoffLimit": 3,
+        "activeDeadlineSeconds": 86400,
+        "ttlSecondsAfterFinished": 3600,
+        "cleanPodPolicy": "Running",
+    },
+}
+
+MATRIX: dict[str, dict[str, Any]] = {
+    "one-node-cpu": {"image": "train:v1"},
+    "two-node-gpu": {"image": "train:v1", "nodes": 2, "gpus": 8},
+    "cpu-procs": {"image": "train:v1", "nodes": 2, "procs": 4, "backend": "gloo"},
+    "elastic": {
+        "image": "train:v1", "nodes": 3, "gpus": 4,
+        "rendezvous": {"mode": "elastic", "minNodes": 2, "maxNodes": 6, "maxRestarts": 3},
+    },
+    "elastic-no-restarts": {
+        "image": "train:v1", "nodes": 1,
+        "rendezvous": {"mode": "elastic", "minNodes": 1, "maxNodes": 2, "port": 29500},
+    },
+    "existing-claim": {"image": "train:v1", "checkpoint": {"claimName": "shared-ckpt"}},
+    "no-shm": {"image": "train:v1", "shmSize": None},
+    "module": {"image": "train:v1", "command": {"module": "pkg.train", "args": ["-x"]}},
+    "full": FULL,
+}
+
+
+def render(doc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    objects = render_objects(JobSpec.model_validate(doc))
+    jobs = [o for o in objects if o["kind"] == "PyTorchJob"]
+    pvcs = [o for o in objects if o["kind"] == "PersistentVolumeClaim"]
+    assert len(jobs) == 1 and len(pvcs) <= 1
+    return jobs[0], (pvcs[0] if pvcs else None)
+
+
+@pytest.mark.parametrize("case", list(MATRIX))
+def test_every_rendered_object_validates(case):
+    job, pvc = render(MATRIX[case])
+    assert pytorchjob_errors(job) == []
+    for replica in job["spec"]["pytorchReplicaSpecs"].values():
+        pod_template = {
+            "apiVersion": "v1",
+            "kind": "PodTemplate",
+            "metadata": {"name": "t", "namespace": job["metadata"]["namespace"]},
+            "template": replica["template"],
+        }
+        assert builtin_errors(pod_template) == []
+    if pvc is not None:
+        assert builtin_errors(pvc) == []
+
+
+def test_validators_reject_what_the_apiserver_would():
+    job, pvc = render(FULL)
+    bad = copy.deepcopy(job)
+    bad["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0][
+        "imagePullPolicyy"] = "Always"
+    assert any("imagePullPolicyy" in e for e in pytorchjob_errors(bad))
+    bad = copy.deepcopy(job)
+    bad["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] = "one"
+    assert pytorchjob_errors(bad)
+    bad = copy.deepcopy(job)
+    limits = bad["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0][
+        "resources"]["limits"]
+    limits["memory"] = "lots"
+    assert pytorchjob_errors(bad)
+    bad_pvc = copy.deepcopy(pvc)
+    bad_pvc["spec"]["accessMode"] = "ReadWriteMany"
+    assert builtin_errors(bad_pvc)
+
+
+def container(job: dict[str, Any], replica: str) -> dict[str, Any]:
+    return job["spec"]["pytorchReplicaSpecs"][replica]["template"]["spec"]["containers"][0]
+
+
+def test_static_layout_master_plus_workers():
+    job, _ = render({"image": "train:v1", "nodes": 4, "gpus": 8})
+    specs = job["spec"]["pytorchReplicaSpecs"]
+    assert specs["Master"]["replicas"] == 1
+    assert specs["Worker"]["replicas"] == 3
+    assert job["spec"]["nprocPerNode"] == "8"
+    assert "elasticPolicy" not in job["spec"]
+    c = container(job, "Master")
+    assert c["name"] == "pytorch"
+    assert c["ports"] == [{"name": "pytorchjob-port", "containerPort": 23456, "protocol": "TCP"}]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert c["command"][-3:] == ["/opt/ddpdeploy/train/ddptrain.py", "--backend", "nccl"]
+
+
+def test_one_node_job_has_no_worker_replicas():
+    job, _ = render({"image": "train:v1"})
+    assert list(job["spec"]["pytorchReplicaSpecs"]) == ["Master"]
+    assert job["spec"]["nprocPerNode"] == "1"
+
+
+def test_elastic_layout_is_workers_only_with_policy():
+    job, _ = render(MATRIX["elastic"])
+    assert list(job["spec"]["pytorchReplicaSpecs"]) == ["Worker"]
+    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
+    policy = job["spec"]["elasticPolicy"]
+    assert policy["rdzvBackend"] == "c10d"
+    assert (policy["minReplicas"], policy["maxReplicas"], policy["maxRestarts"]) == (2, 6, 3)
+    assert policy["rdzvPort"] == 23456
+
+
+def test_pod_defaults_shm_istio_labels():
+    job, _ = render({"image": "train:v1", "nodes": 2})
+    template = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+    assert template["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}} in template[
+        "spec"]["volumes"]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container(job, "Worker")["volumeMounts"]
+    for meta in (job["metadata"], template["metadata"]):
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "ddpdeploy"
+        assert meta["labels"]["app.kubernetes.io/name"] == "ddp-train"
+        assert meta["labels"]["app.kubernetes.io/instance"] == "ddp-train"
+
+
+def test_full_spec_reaches_the_pod():
+    job, pvc = render(FULL)
+    pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert pvc is not None and pvc["metadata"]["name"] == "llm-checkpoints"
+    assert pvc["spec"]["storageClassName"] == "fast-rwx"
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "llm-checkpoints"}} in (
+        pod["volumes"])
+    assert {"name": "checkpoints", "mountPath": "/ckpt"} in pod["containers"][0]["volumeMounts"]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod["serviceAccountName"] == "trainer"
+    assert pod["priorityClassName"] == "high"
+    assert pod["tolerations"][0]["operator"] == "Exists"
+    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    assert env["NCCL_DEBUG"] == "INFO" and env["OMP_NUM_THREADS"] == "4"
+    assert pod["containers"][0]["resources"] == {
+        "requests": {"cpu": "32", "memory": "256Gi"},
+        "limits": {"memory": "256Gi", "nvidia.com/gpu": 8},
+    }
+    assert job["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
+    assert pod["containers"][0]["command"][-3:] == ["train.py", "--epochs", "3"]
+
+
+def test_no_shm_mount_when_disabled():
+    job, _ = render(MATRIX["no-shm"])
+    assert "volumes" not in job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+
+
+def test_builtin_trainer_gets_the_checkpoint_dir():
+    job, pvc = render(MATRIX["existing-claim"])
+    assert pvc is None
+    cmd = container(job, "Master")["command"]
+    assert cmd[cmd.index("--checkpoint-dir") + 1] == "/checkpoints"
