@@ -46,9 +46,7 @@ def _register() -> None:
         module_name, func_name = target.split(":")
         module = importlib.import_module(f"ddpdeploy.commands.{module_name}")
         fn = getattr(module, func_name)
-        app.command(name, context_settings={"allow_interspersed_args": True})(
-            _one_line_errors(fn)
-        )
+        app.command(name, context_settings={"allow_interspersed_args": True})(_one_line_errors(fn))
 
 
 def _version(value: bool) -> None:

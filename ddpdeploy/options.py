@@ -19,6 +19,7 @@ from ddpdeploy.spec import JobSpec, load_spec
 
 SPEC_PANEL = "Job spec (flags override ddpdeploy.yaml)"
 
+
 def _flag(kind: type, *decls: str, help: str, metavar: str | None = None) -> Any:
     return Annotated[
         kind | None,
@@ -28,22 +29,48 @@ def _flag(kind: type, *decls: str, help: str, metavar: str | None = None) -> Any
 
 # (parameter name, flag that FLAG_FIELDS knows or None, annotation) for each spec flag.
 _SPEC_PARAMS: list[tuple[str, str | None, Any]] = [
-    ("file", None, _flag(Path, "-f", "--file",
-                         help="Job spec file (default: ./ddpdeploy.yaml when present).")),
+    (
+        "file",
+        None,
+        _flag(Path, "-f", "--file", help="Job spec file (default: ./ddpdeploy.yaml when present)."),
+    ),
     ("name", "--name", _flag(str, "--name", help="Job name (DNS-1035 label).")),
     ("namespace", "--namespace", _flag(str, "-n", "--namespace", help="Kubernetes namespace.")),
     ("image", "--image", _flag(str, "--image", help="Training image reference.")),
     ("nodes", "--nodes", _flag(int, "--nodes", help="Number of nodes (pods).")),
     ("gpus", "--gpus", _flag(int, "--gpus", help="GPUs per node; 0 runs on CPU with gloo.")),
-    ("procs", "--procs", _flag(int, "--procs",
-                               help="Processes per node (default: gpus, or 1 on CPU).")),
-    ("elastic", "--elastic", _flag(str, "--elastic", metavar="MIN:MAX",
-                                   help="Elastic c10d rendezvous between MIN and MAX nodes.")),
-    ("max_restarts", "--max-restarts", _flag(int, "--max-restarts",
-                                             help="torchrun restarts of the worker group.")),
-    ("train_args", None, Annotated[list[str] | None, typer.Argument(
-        metavar="[-- TRAIN_ARGS...]", help="Arguments appended to the training command.",
-        show_default=False)]),
+    (
+        "procs",
+        "--procs",
+        _flag(int, "--procs", help="Processes per node (default: gpus, or 1 on CPU)."),
+    ),
+    (
+        "elastic",
+        "--elastic",
+        _flag(
+            str,
+            "--elastic",
+            metavar="MIN:MAX",
+            help="Elastic c10d rendezvous between MIN and MAX nodes.",
+        ),
+    ),
+    (
+        "max_restarts",
+        "--max-restarts",
+        _flag(int, "--max-restarts", help="torchrun restarts of the worker group."),
+    ),
+    (
+        "train_args",
+        None,
+        Annotated[
+            list[str] | None,
+            typer.Argument(
+                metavar="[-- TRAIN_ARGS...]",
+                help="Arguments appended to the training command.",
+                show_default=False,
+            ),
+        ],
+    ),
 ]
 
 

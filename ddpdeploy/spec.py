@@ -262,8 +262,7 @@ class JobSpec(Model):
     def _consistent(self) -> JobSpec:
         if self.procs is not None and self.gpus and self.procs != self.gpus:
             raise ValueError(
-                f"procs ({self.procs}) must equal gpus ({self.gpus}): DDP runs one process "
-                "per GPU"
+                f"procs ({self.procs}) must equal gpus ({self.gpus}): DDP runs one process per GPU"
             )
         if self.backend == "nccl" and self.gpus == 0:
             raise ValueError("backend nccl needs GPUs: set gpus >= 1, or use backend gloo/auto")

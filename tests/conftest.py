@@ -12,12 +12,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
-            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     """`python -m ddpdeploy ARGS` in a fresh interpreter."""
     return subprocess.run(
         [sys.executable, "-m", "ddpdeploy", *args],
-        cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True, text=True,
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
         timeout=timeout,
     )
 

@@ -61,8 +61,7 @@ def crd_validator(filename: str, version: str) -> jsonschema.Draft202012Validato
 def pytorchjob_errors(obj: dict[str, Any]) -> list[str]:
     validator = crd_validator("kubeflow.org_pytorchjobs.yaml", "v1")
     return [
-        f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
-        for e in validator.iter_errors(obj)
+        f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(obj)
     ]
 
 

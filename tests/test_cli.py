@@ -20,7 +20,8 @@ def test_render_yaml_is_deterministic_and_parses():
     (job,) = list(yaml.safe_load_all(first.stdout))
     assert job["kind"] == "PyTorchJob"
     cmd = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0][
-        "command"]
+        "command"
+    ]
     assert cmd[-2:] == ["--steps", "100"]
 
 
@@ -45,10 +46,15 @@ def test_out_dir_writes_kustomize_folder(tmp_path):
     res = run_cli("render", "--image", "t:1", "-f", str(_spec_with_pvc()), "--out-dir", str(out))
     assert res.returncode == 0, res.stderr
     assert sorted(p.name for p in out.iterdir()) == [
-        "kustomization.yaml", "persistentvolumeclaim-j-checkpoints.yaml", "pytorchjob-j.yaml"]
+        "kustomization.yaml",
+        "persistentvolumeclaim-j-checkpoints.yaml",
+        "pytorchjob-j.yaml",
+    ]
     kustomization = yaml.safe_load((out / "kustomization.yaml").read_text())
     assert kustomization["resources"] == [
-        "persistentvolumeclaim-j-checkpoints.yaml", "pytorchjob-j.yaml"]
+        "persistentvolumeclaim-j-checkpoints.yaml",
+        "pytorchjob-j.yaml",
+    ]
     # Same bytes as -o yaml, object by object.
     job = yaml.safe_load((out / "pytorchjob-j.yaml").read_text())
     assert job["metadata"]["name"] == "j"
@@ -141,8 +147,9 @@ def test_render_imports_no_heavy_module(tmp_path):
     import subprocess
     import sys
 
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=tmp_path, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=60
+    )
     assert res.returncode == 0, res.stderr
     assert "HEAVY=\n" in res.stderr
     assert "kind: PyTorchJob" in res.stdout

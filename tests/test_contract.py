@@ -21,8 +21,9 @@ def operator_env(job: dict[str, Any], rtype: str, index: int) -> dict[str, str]:
     total = sum(s["replicas"] for s in specs.values())
 
     def port_of(replica: str) -> int:
-        (c,) = [c for c in specs[replica]["template"]["spec"]["containers"]
-                if c["name"] == "pytorch"]
+        (c,) = [
+            c for c in specs[replica]["template"]["spec"]["containers"] if c["name"] == "pytorch"
+        ]
         (p,) = [p for p in c["ports"] if p["name"] == "pytorchjob-port"]
         return p["containerPort"]
 
@@ -30,10 +31,13 @@ def operator_env(job: dict[str, Any], rtype: str, index: int) -> dict[str, str]:
     if "Master" in specs:
         rank = index + 1 if rtype == "Worker" else index
         env |= {
-            "MASTER_ADDR": f"{name}-master-0", "PET_MASTER_ADDR": f"{name}-master-0",
-            "MASTER_PORT": str(port_of("Master")), "PET_MASTER_PORT": str(port_of("Master")),
+            "MASTER_ADDR": f"{name}-master-0",
+            "PET_MASTER_ADDR": f"{name}-master-0",
+            "MASTER_PORT": str(port_of("Master")),
+            "PET_MASTER_PORT": str(port_of("Master")),
             "WORLD_SIZE": str(total * int(nproc)) if nproc.isdigit() else str(total),
-            "RANK": str(rank), "PET_NODE_RANK": str(rank),
+            "RANK": str(rank),
+            "PET_NODE_RANK": str(rank),
         }
     policy = job["spec"].get("elasticPolicy")
     if policy is None:
@@ -51,8 +55,7 @@ def operator_env(job: dict[str, Any], rtype: str, index: int) -> dict[str, str]:
         if "rdzvId" in policy:
             env["PET_RDZV_ID"] = policy["rdzvId"]
         if policy.get("rdzvConf"):
-            env["PET_RDZV_CONF"] = ",".join(f"{c['key']}={c['value']}" for c in
-                                            policy["rdzvConf"])
+            env["PET_RDZV_CONF"] = ",".join(f"{c['key']}={c['value']}" for c in policy["rdzvConf"])
     container = specs[rtype]["template"]["spec"]["containers"][0]
     return {**{e["name"]: e["value"] for e in container.get("env", [])}, **env}
 
@@ -61,9 +64,12 @@ CASES = {
     "static-1": {"image": "t:1"},
     "static-3x8": {"image": "t:1", "nodes": 3, "gpus": 8, "env": {"NCCL_DEBUG": "INFO"}},
     "static-cpu": {"image": "t:1", "nodes": 2, "procs": 2},
-    "elastic": {"image": "t:1", "nodes": 2, "gpus": 2,
-                "rendezvous": {"mode": "elastic", "minNodes": 1, "maxNodes": 4,
-                               "maxRestarts": 3}},
+    "elastic": {
+        "image": "t:1",
+        "nodes": 2,
+        "gpus": 2,
+        "rendezvous": {"mode": "elastic", "minNodes": 1, "maxNodes": 4, "maxRestarts": 3},
+    },
 }
 
 
@@ -72,8 +78,9 @@ def test_node_env_matches_what_the_operator_injects(case):
     spec = JobSpec.model_validate(CASES[case])
     contract = launch_contract(spec)
     (job,) = [o for o in render_objects(spec) if o["kind"] == "PyTorchJob"]
-    pods = [(r, i) for r, s in job["spec"]["pytorchReplicaSpecs"].items()
-            for i in range(s["replicas"])]
+    pods = [
+        (r, i) for r, s in job["spec"]["pytorchReplicaSpecs"].items() for i in range(s["replicas"])
+    ]
     assert [(n.replica, n.index) for n in contract.nodes] == pods
     for node in contract.nodes:
         assert contract.node_env(node) == operator_env(job, node.replica, node.index)
@@ -81,15 +88,20 @@ def test_node_env_matches_what_the_operator_injects(case):
 
 def test_static_rank_zero_is_master_zero():
     contract = launch_contract(JobSpec.model_validate({"nodes": 3}))
-    ranks = {n.hostname("ddp-train"): contract.node_env(n)["PET_NODE_RANK"]
-             for n in contract.nodes}
-    assert ranks == {"ddp-train-master-0": "0", "ddp-train-worker-0": "1",
-                     "ddp-train-worker-1": "2"}
+    ranks = {n.hostname("ddp-train"): contract.node_env(n)["PET_NODE_RANK"] for n in contract.nodes}
+    assert ranks == {
+        "ddp-train-master-0": "0",
+        "ddp-train-worker-0": "1",
+        "ddp-train-worker-1": "2",
+    }
 
 
 def test_host_mapping_for_local_targets():
-    contract = launch_contract(JobSpec.model_validate(
-        {"nodes": 2, "rendezvous": {"mode": "elastic", "minNodes": 1, "maxNodes": 2}}))
+    contract = launch_contract(
+        JobSpec.model_validate(
+            {"nodes": 2, "rendezvous": {"mode": "elastic", "minNodes": 1, "maxNodes": 2}}
+        )
+    )
     env = contract.node_env(contract.nodes[1], {"ddp-train-worker-0": "127.0.0.1"})
     assert env["PET_RDZV_ENDPOINT"] == "127.0.0.1:23456"
     assert env["DDPDEPLOY_RDZV_HOST"] == "127.0.0.1"

@@ -44,11 +44,14 @@ MATRIX: dict[str, dict[str, Any]] = {
     "two-node-gpu": {"image": "train:v1", "nodes": 2, "gpus": 8},
     "cpu-procs": {"image": "train:v1", "nodes": 2, "procs": 4, "backend": "gloo"},
     "elastic": {
-        "image": "train:v1", "nodes": 3, "gpus": 4,
+        "image": "train:v1",
+        "nodes": 3,
+        "gpus": 4,
         "rendezvous": {"mode": "elastic", "minNodes": 2, "maxNodes": 6, "maxRestarts": 3},
     },
     "elastic-no-restarts": {
-        "image": "train:v1", "nodes": 1,
+        "image": "train:v1",
+        "nodes": 1,
         "rendezvous": {"mode": "elastic", "minNodes": 1, "maxNodes": 2, "port": 29500},
     },
     "existing-claim": {"image": "train:v1", "checkpoint": {"claimName": "shared-ckpt"}},
@@ -86,14 +89,16 @@ def test_validators_reject_what_the_apiserver_would():
     job, pvc = render(FULL)
     bad = copy.deepcopy(job)
     bad["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0][
-        "imagePullPolicyy"] = "Always"
+        "imagePullPolicyy"
+    ] = "Always"
     assert any("imagePullPolicyy" in e for e in pytorchjob_errors(bad))
     bad = copy.deepcopy(job)
     bad["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] = "one"
     assert pytorchjob_errors(bad)
     bad = copy.deepcopy(job)
     limits = bad["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0][
-        "resources"]["limits"]
+        "resources"
+    ]["limits"]
     limits["memory"] = "lots"
     assert pytorchjob_errors(bad)
     bad_pvc = copy.deepcopy(pvc)
@@ -140,7 +145,8 @@ def test_pod_defaults_shm_istio_labels():
     template = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
     assert template["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}} in template[
-        "spec"]["volumes"]
+        "spec"
+    ]["volumes"]
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container(job, "Worker")["volumeMounts"]
     for meta in (job["metadata"], template["metadata"]):
         assert meta["labels"]["app.kubernetes.io/managed-by"] == "ddpdeploy"
@@ -155,7 +161,8 @@ def test_full_spec_reaches_the_pod():
     assert pvc["spec"]["storageClassName"] == "fast-rwx"
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
     assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "llm-checkpoints"}} in (
-        pod["volumes"])
+        pod["volumes"]
+    )
     assert {"name": "checkpoints", "mountPath": "/ckpt"} in pod["containers"][0]["volumeMounts"]
     assert pod["imagePullSecrets"] == [{"name": "regcred"}]
     assert pod["serviceAccountName"] == "trainer"

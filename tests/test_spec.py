@@ -63,8 +63,11 @@ def test_elastic_flag_sets_range_and_restarts(tmp_path):
         ("", {"--elastic": "1:3", "--nodes": 5}, "nodes (5) must lie within the elastic range"),
         ("", {"--max-restarts": 3}, "--max-restarts: maxRestarts needs elastic rendezvous"),
         ("foo: 1\n", {}, "(top level): unknown field 'foo'"),
-        ("rendezvous: {mode: elastic, minNodes: 1, maxNodes: 2, bogus: 1}\n", {},
-         "rendezvous: unknown field 'bogus'"),
+        (
+            "rendezvous: {mode: elastic, minNodes: 1, maxNodes: 2, bogus: 1}\n",
+            {},
+            "rendezvous: unknown field 'bogus'",
+        ),
         ("nodes: [2\n", {}, "YAML syntax error"),
         ("- 1\n- 2\n", {}, "the top level must be a mapping"),
         ("backend: mpi\n", {}, "backend: must be 'auto', 'nccl' or 'gloo'"),

@@ -85,7 +85,8 @@ def plan_context(
     ``exclude_paths``); directories among them are skipped, their files are listed.
     """
     kept = sorted(
-        rel for rel in workspace_files
+        rel
+        for rel in workspace_files
         if (workspace / rel).is_symlink() or (workspace / rel).is_file()
     )
     entries = [_entry(f"{WORKSPACE_DIR}/{rel}", workspace / rel) for rel in kept]
