@@ -25,6 +25,7 @@ app = typer.Typer(
 # its heavy dependencies (torch, kubernetes, docker) inside the function, not at the top.
 COMMANDS: dict[str, str] = {
     "init": "init:init",
+    "build": "build:build",
     "render": "render:render",
 }
 

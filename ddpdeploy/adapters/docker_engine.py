@@ -32,8 +32,9 @@ Event = Mapping[str, Any]
 
 def connect() -> Any:
     """A client for the engine DOCKER_HOST (or the default socket) names, checked with a ping."""
-    import docker
     import docker.errors
+
+    import docker
 
     where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
     try:
@@ -64,7 +65,10 @@ def git_revision(workspace: Path) -> str | None:
     try:
         out = subprocess.run(
             ["git", "-C", str(workspace), "rev-parse", "HEAD"],
-            capture_output=True, text=True, check=True, timeout=10,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
         )
     except (OSError, subprocess.SubprocessError):
         return None
@@ -76,7 +80,10 @@ def git_source(workspace: Path) -> str:
     try:
         out = subprocess.run(
             ["git", "-C", str(workspace), "remote", "get-url", "origin"],
-            capture_output=True, text=True, check=True, timeout=10,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
         )
     except (OSError, subprocess.SubprocessError):
         return ""
@@ -131,8 +138,14 @@ def build(
     progress = BuildProgress()
     try:
         stream = client.api.build(
-            fileobj=context, custom_context=True, dockerfile="ddpdeploy-build/Dockerfile",
-            buildargs=build_args, rm=True, forcerm=True, decode=True, nocache=no_cache,
+            fileobj=context,
+            custom_context=True,
+            dockerfile="ddpdeploy-build/Dockerfile",
+            buildargs=build_args,
+            rm=True,
+            forcerm=True,
+            decode=True,
+            nocache=no_cache,
             network_mode=network,
         )
         for event in stream:

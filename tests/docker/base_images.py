@@ -27,20 +27,9 @@ from typing import Any
 
 TORCH_VERSION = "2.13.0"
 SUITE = "bookworm"
-# torch's runtime deps (pip --no-deps keeps the download to exactly these); pip itself goes
-# in too so images built on top can `python3 -m pip install -r requirements.txt`.
-WHEELS = [
-    f"torch=={TORCH_VERSION}",
-    "filelock",
-    "typing-extensions",
-    "sympy",
-    "mpmath",
-    "networkx",
-    "jinja2",
-    "markupsafe",
-    "fsspec",
-    "pip",
-]
+# pip resolves torch's runtime deps (filelock, sympy, networkx, jinja2, fsspec, …) to a
+# consistent set; pip itself goes in too, so images built on top can install requirements.
+WHEELS = [f"torch=={TORCH_VERSION}", "pip"]
 REPO = "ddpdeploy-test"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 
@@ -86,10 +75,22 @@ def apt_mirror() -> str:
 
 
 def fetch_wheels(dest: Path) -> list[Path]:
-    dest.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--python-version", "3.11", "-d", str(dest), *WHEELS]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    """Wheels for Debian's python3 (3.11, like this host's), resolved afresh each run so no
+    stale version lingers; copies from the local wheel store take seconds."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--only-binary=:all:",
+        "--quiet",
+        "-d",
+        str(dest),
+        *WHEELS,
+    ]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     return sorted(dest.glob("*.whl"))
 
 
@@ -119,22 +120,41 @@ def build_base(client: Any, ref: str, cache: Path) -> None:
         mirror = apt_mirror()
         log(f"debootstrap {SUITE} (minbase + python3) from {mirror} ...")
         subprocess.run(
-            ["debootstrap", "--variant=minbase", "--include=python3", f"--cache-dir={debs}",
-             SUITE, str(rootfs), mirror],
-            check=True, stdout=subprocess.DEVNULL,
+            [
+                "debootstrap",
+                "--variant=minbase",
+                "--include=python3",
+                f"--cache-dir={debs}",
+                SUITE,
+                str(rootfs),
+                mirror,
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
         )
-        # Leave package lists and .debs out of the image, as slim base images do.
-        for sub in ("var/cache/apt/archives", "var/lib/apt/lists"):
+        # Leave package lists, .debs and docs out of the image, as slim base images do.
+        for sub in (
+            "var/cache/apt/archives",
+            "var/lib/apt/lists",
+            "usr/share/doc",
+            "usr/share/man",
+            "usr/share/locale",
+            "usr/share/info",
+        ):
             for item in (rootfs / sub).glob("*"):
-                if item.is_file():
+                if item.is_dir() and not item.is_symlink():
+                    shutil.rmtree(item)
+                elif item.name != "lock":
                     item.unlink()
         tarball = Path(tmp) / "rootfs.tar"
-        subprocess.run(["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(tarball), "."],
-                       check=True)
+        subprocess.run(
+            ["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(tarball), "."], check=True
+        )
         log(f"importing {ref} ({tarball.stat().st_size / 1e6:.0f} MB) ...")
         repo, tag = ref.rsplit(":", 1)
-        client.api.import_image_from_file(str(tarball), repository=repo, tag=tag,
-                                          changes=['CMD ["/bin/bash"]'])
+        client.api.import_image_from_file(
+            str(tarball), repository=repo, tag=tag, changes=['CMD ["/bin/bash"]']
+        )
 
 
 def build_torch(client: Any, base: str, ref: str, wheels: list[Path]) -> None:
@@ -151,7 +171,9 @@ def build_torch(client: Any, base: str, ref: str, wheels: list[Path]) -> None:
     )
     log(f"installing torch {TORCH_VERSION} + deps into {ref} ...")
     container = client.containers.create(
-        base, ["/bin/sh", "-c", script], network_disabled=True,
+        base,
+        ["/bin/sh", "-c", script],
+        network_disabled=True,
         volumes={str(wheel_dir): {"bind": "/wheels", "mode": "ro"}},
     )
     try:
@@ -161,8 +183,9 @@ def build_torch(client: Any, base: str, ref: str, wheels: list[Path]) -> None:
             tail = container.logs().decode(errors="replace")[-2000:]
             raise RuntimeError(f"installing wheels into {ref} failed:\n{tail}")
         repo, tag = ref.rsplit(":", 1)
-        container.commit(repository=repo, tag=tag,
-                         changes=['CMD ["/bin/bash"]', "ENV PYTHONUNBUFFERED=1"])
+        container.commit(
+            repository=repo, tag=tag, changes=['CMD ["/bin/bash"]', "ENV PYTHONUNBUFFERED=1"]
+        )
     finally:
         container.remove(force=True)
 

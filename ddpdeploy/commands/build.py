@@ -1,0 +1,163 @@
+"""`ddpdeploy build`: the training image (base + requirements + trainer + your code)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ddpdeploy.errors import UserError
+from ddpdeploy.options import spec_command
+from ddpdeploy.spec import JobSpec
+
+
+@spec_command
+def build(
+    spec: JobSpec,
+    workspace: Annotated[
+        Path,
+        typer.Option(
+            "-w", "--workspace", help="Folder with your code (the build context).", file_okay=False
+        ),
+    ] = Path("."),
+    base_image: Annotated[
+        str | None,
+        typer.Option(
+            "--base-image",
+            help="Base image with Python and torch "
+            "(default: pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime).",
+        ),
+    ] = None,
+    push: Annotated[
+        bool, typer.Option("--push", help="Push to the registry; print repo@sha256:… instead.")
+    ] = False,
+    system_packages: Annotated[
+        str | None,
+        typer.Option(
+            "--system-packages",
+            metavar="'PKG ...'",
+            help="apt packages to install in the image (needs network in the build).",
+        ),
+    ] = None,
+    network: Annotated[
+        str | None,
+        typer.Option("--network", help="Network for RUN steps, e.g. none or host."),
+    ] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Rebuild every layer.")] = False,
+) -> None:
+    """Build the training image and print its reference on stdout.
+
+    The tag comes from the content (git revision + context hash): same inputs, same tag.
+
+    Progress goes to stderr; with --push, stdout gets repo@sha256:… to pin in manifests.
+
+    Example: ddpdeploy render --image "$(ddpdeploy build --image ghcr.io/me/train --push)"
+    """
+    # Heavy imports here, not at module top: `ddpdeploy --help` and `render` stay docker-free.
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+    from ddpdeploy.adapters import docker_engine as engine
+    from ddpdeploy.paths import docker_dir, trainer_dir
+    from ddpdeploy.render import image
+
+    workspace = workspace.resolve()
+    if not workspace.is_dir():
+        raise UserError(f"--workspace: {workspace} is not a folder")
+    repository = image.repository_for(spec.image, spec.name)
+    if push and not image.has_registry(repository):
+        raise UserError(
+            f"--push: {repository} names no registry; pass --image REGISTRY/REPO "
+            "(e.g. ghcr.io/me/train) or set image: in ddpdeploy.yaml"
+        )
+    base = base_image or image.DEFAULT_BASE_IMAGE
+    revision = engine.git_revision(workspace)
+    build_args = {
+        "BASE_IMAGE": base,
+        "SYSTEM_PACKAGES": system_packages or "",
+        "REVISION": revision or "",
+        "SOURCE": engine.git_source(workspace),
+    }
+    entries = image.plan_context(
+        workspace,
+        engine.workspace_files(workspace),
+        trainer_dir(),
+        (docker_dir() / "Dockerfile").read_text(),
+    )
+    tag = image.content_tag(image.context_hash(entries, build_args), revision)
+
+    client = engine.connect()
+    console = Console(stderr=True)
+    # Non-terminals (CI logs) get one line per step instead of a redrawn bar.
+    live = console.is_terminal
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[info]}"),
+        console=console,
+        transient=True,
+        disable=not live,
+    ) as bar:
+        task = bar.add_task("build", total=None, info="sending context")
+        seen: set[int] = set()
+
+        def on_build(state: image.BuildProgress) -> None:
+            step = state.current
+            if step is None:
+                return
+            info = f"{step.instruction[:60]}{' (cached)' if step.cached else ''}"
+            bar.update(
+                task,
+                total=state.total,
+                completed=step.number - 1,
+                description=f"step {step.number}/{state.total}",
+                info=info,
+            )
+            if not live and step.number not in seen:
+                seen.add(step.number)
+                console.print(
+                    f"step {step.number}/{state.total}: {step.instruction}",
+                    markup=False,
+                    highlight=False,
+                )
+
+        with engine.context_file(entries) as context:
+            result = engine.build(
+                client, context, build_args, base, on_build, no_cache=no_cache, network=network
+            )
+    engine.tag(client, result.image_id or "", repository, tag)
+    cached = len(result.cached_steps)
+    console.print(
+        f"built {repository}:{tag} ({cached}/{len(result.steps)} steps cached)",
+        markup=False,
+        highlight=False,
+    )
+    if not push:
+        typer.echo(f"{repository}:{tag}")
+        return
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        console=console,
+        transient=True,
+        disable=not live,
+    ) as bar:
+        tasks: dict[str, int] = {}
+
+        def on_push(state: image.PushProgress) -> None:
+            for layer, (status, current, total) in state.layers.items():
+                if layer not in tasks:
+                    tasks[layer] = bar.add_task(layer, total=total or None)
+                bar.update(
+                    tasks[layer],
+                    description=f"{layer} {status}",
+                    completed=current,
+                    total=total or None,
+                )
+
+        digest = engine.push(client, repository, tag, on_push)
+    console.print(f"pushed {repository}:{tag}", markup=False, highlight=False)
+    typer.echo(f"{repository}@{digest}")
