@@ -1,0 +1,86 @@
+"""Fixtures for the docker tests: a reachable engine and the locally built base images.
+
+Without an engine the engine tests skip, saying why, unless DDPDEPLOY_REQUIRE_DOCKER=1 (CI),
+where a missing engine is a failure: CI must not go green by skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))  # for base_images, a plain script beside these tests
+
+import base_images  # noqa: E402
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "docker: needs a running Docker engine")
+
+
+def _require() -> bool:
+    return os.environ.get("DDPDEPLOY_REQUIRE_DOCKER") == "1"
+
+
+@pytest.fixture(scope="session")
+def engine() -> Any:
+    """A docker SDK client to a live engine, or a skip (a failure under CI's flag)."""
+    import docker
+
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as exc:
+        where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+        reason = f"no Docker engine at {where} ({exc}); run .ci/docker-setup.sh"
+        if _require():
+            pytest.fail(f"DDPDEPLOY_REQUIRE_DOCKER=1 but {reason}", pytrace=False)
+        pytest.skip(reason)
+    return client
+
+
+@pytest.fixture(scope="session")
+def torch_image(engine: Any, request: pytest.FixtureRequest) -> str:
+    """The local stand-in for the pytorch runtime image, built once per machine."""
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    # Show the few-minute cold build's progress instead of a silent pause.
+    with capture.global_and_fixture_disabled():
+        return base_images.ensure_images(engine)["torch"]
+
+
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """`python -m ddpdeploy ARGS` in a fresh interpreter, as users run it."""
+    return subprocess.run(
+        [sys.executable, "-m", "ddpdeploy", *args],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+def cli() -> Any:
+    return run_cli
+
+
+@pytest.fixture(scope="module")
+def cleanup_images(engine: Any) -> Iterator[list[str]]:
+    """Repositories a test module tags; removed at its end so runs do not pile up images."""
+    repos: list[str] = []
+    yield repos
+    for repo in repos:
+        for image in engine.images.list(name=repo):
+            for tag in image.tags:
+                engine.images.remove(tag, force=True)

