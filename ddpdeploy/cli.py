@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "init": "init:init",
     "build": "build:build",
     "render": "render:render",
+    "smoke": "smoke:smoke",
 }
 
 

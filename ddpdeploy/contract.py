@@ -10,7 +10,6 @@ env (`base_env`) are the same everywhere.
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass, field
 
 from ddpdeploy.spec import JobSpec
@@ -62,8 +61,13 @@ class LaunchContract:
         out += [Node("Worker", i, i + offset) for i in range(self.replicas.get("Worker", 0))]
         return out
 
-    def entry_argv(self, trainer_path: str | None = None) -> list[str]:
-        """What torchrun runs on each process: script or module plus its arguments."""
+    def entry_argv(
+        self, trainer_path: str | None = None, checkpoint_dir: str | None = None
+    ) -> list[str]:
+        """What torchrun runs on each process: script or module plus its arguments.
+
+        ``trainer_path``/``checkpoint_dir`` replace the in-image paths on targets that
+        run outside the image (local processes)."""
         cmd = self.spec.command
         if cmd.module:
             return ["-m", cmd.module, *cmd.args]
@@ -71,21 +75,22 @@ class LaunchContract:
             return [cmd.script, *cmd.args]
         args = [trainer_path or self.trainer_path, "--backend", self.spec.resolved_backend]
         if self.spec.checkpoint:
-            args += ["--checkpoint-dir", self.spec.checkpoint.mount_path]
+            args += ["--checkpoint-dir", checkpoint_dir or self.spec.checkpoint.mount_path]
         return [*args, *cmd.args]
 
-    def torchrun_argv(self, trainer_path: str | None = None) -> list[str]:
+    def torchrun_argv(
+        self, trainer_path: str | None = None, checkpoint_dir: str | None = None
+    ) -> list[str]:
         """torchrun with no topology flags: it reads them from the PET_* env (a flag would win
         over the operator's env, so none is passed)."""
-        return ["torchrun", *self.entry_argv(trainer_path)]
+        return ["torchrun", *self.entry_argv(trainer_path, checkpoint_dir)]
 
-    def container_command(self, trainer_path: str | None = None) -> list[str]:
+    def container_command(
+        self, trainer_path: str | None = None, checkpoint_dir: str | None = None
+    ) -> list[str]:
         """The container's command: wait for the rendezvous host's DNS, then exec torchrun."""
         wait = ["/bin/sh", "-c", _WAIT_FOR_HOST, "ddpdeploy-wait"]
-        return [*wait, *self.torchrun_argv(trainer_path)]
-
-    def shell_line(self, trainer_path: str | None = None) -> str:
-        return shlex.join(self.torchrun_argv(trainer_path))
+        return [*wait, *self.torchrun_argv(trainer_path, checkpoint_dir)]
 
     def node_env(self, node: Node, host_of: dict[str, str] | None = None) -> dict[str, str]:
         """The env the training operator gives ``node``'s container, plus ``base_env``.

@@ -1,0 +1,54 @@
+"""The local target: each node of the launch contract as a process on this host.
+
+Pure: from a contract, the argv and env every node's torchrun agent gets, with node
+hostnames mapped to 127.0.0.1. The same container command the cluster runs, with the
+in-image paths swapped for this checkout's and `torchrun` for this interpreter's.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from ddpdeploy.contract import LaunchContract, launch_contract
+from ddpdeploy.spec import JobSpec
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class LocalNode:
+    hostname: str
+    argv: list[str]
+    env: dict[str, str]
+
+
+def cpu_spec(spec: JobSpec, port: int) -> JobSpec:
+    """The job as a CPU smoke run: no GPUs, gloo, rendezvous on ``port``."""
+    rdzv = spec.rendezvous.model_copy(update={"port": port})
+    return spec.model_copy(
+        update={"gpus": 0, "procs": spec.procs_per_node, "backend": "gloo", "rendezvous": rdzv}
+    )
+
+
+def local_nodes(
+    contract: LaunchContract,
+    trainer_path: str,
+    checkpoint_dir: str | None = None,
+    python: str = sys.executable,
+) -> list[LocalNode]:
+    hosts = {n.hostname(contract.spec.name): LOOPBACK for n in contract.nodes}
+    command = contract.container_command(trainer_path, checkpoint_dir)
+    at = command.index("torchrun")
+    # This interpreter's torchrun, so the smoke run uses the torch it was installed with.
+    argv = [*command[:at], python, "-m", "torch.distributed.run", *command[at + 1 :]]
+    return [
+        LocalNode(node.hostname(contract.spec.name), argv, contract.node_env(node, hosts))
+        for node in contract.nodes
+    ]
+
+
+def plan(
+    spec: JobSpec, port: int, trainer_path: str, checkpoint_dir: str | None = None
+) -> list[LocalNode]:
+    return local_nodes(launch_contract(cpu_spec(spec, port)), trainer_path, checkpoint_dir)
