@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -188,3 +189,18 @@ def test_builtin_trainer_gets_the_checkpoint_dir():
     assert pvc is None
     cmd = container(job, "Master")["command"]
     assert cmd[cmd.index("--checkpoint-dir") + 1] == "/checkpoints"
+
+
+EXAMPLES = sorted(
+    (Path(__file__).resolve().parents[1] / "k8s" / "examples").glob("*.ddpdeploy.yaml")
+)
+
+
+@pytest.mark.parametrize("spec_file", EXAMPLES, ids=lambda p: p.name)
+def test_committed_examples_are_what_render_produces(spec_file):
+    from ddpdeploy.render.output import folder_files
+    from ddpdeploy.spec import load_spec
+
+    folder = spec_file.with_name(spec_file.name.removesuffix(".ddpdeploy.yaml"))
+    expected = folder_files(render_objects(load_spec(spec_file)))
+    assert {p.name: p.read_text() for p in folder.iterdir()} == expected
