@@ -106,11 +106,3 @@ def spec_command(fn: Callable[..., Any]) -> Callable[..., Any]:
 OutputOpt = Annotated[
     str, typer.Option("-o", "--output", help="Output format: yaml or json.", case_sensitive=False)
 ]
-ContextOpt = Annotated[
-    str | None,
-    typer.Option("--context", help="kubeconfig context to use."),
-]
-KubeconfigOpt = Annotated[
-    Path | None,
-    typer.Option("--kubeconfig", help="Path to the kubeconfig file."),
-]

@@ -13,7 +13,7 @@ import yaml
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 SCHEMAS = SHARED / "schemas"
-K8S_VERSION = "1.36"
+K8S_VERSION = "1.37"  # the newest minor kubernetes-validate ships schemas for
 
 
 def structural_to_jsonschema(node: Any) -> Any:
