@@ -6,6 +6,7 @@ Validation errors become one line naming the field (or the flag) and what is all
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -24,36 +25,42 @@ from pydantic.alias_generators import to_camel
 
 from ddpdeploy.errors import UserError
 
+# Model classes build their validators at definition; pydantic then scans every installed
+# distribution's entry points for plugins, a large share of `ddpdeploy render`'s start-up.
+# ddpdeploy uses none, so the scan is skipped while the classes below are defined, and the
+# user's setting is restored afterwards (children such as torchrun inherit it unchanged).
+_USER_PLUGINS = os.environ.get("PYDANTIC_DISABLE_PLUGINS")
+os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
+
 DEFAULT_FILE = "ddpdeploy.yaml"
 DEFAULT_PORT = 23456  # the operator's default for the port named pytorchjob-port
 # Pod and per-pod Service names are "<job>-worker-<i>"; Services must be DNS-1035 labels.
 MAX_DNS_LABEL = 63
 
-_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# Patterns as strings: `re` compiles (and caches) only those a run uses, at first use.
+_DNS1035 = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+_DNS1123 = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # Kubernetes resource.Quantity, as the apiserver's own pattern accepts it.
-_QUANTITY = re.compile(
-    r"^[+]?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
-)
+_QUANTITY = r"^[+]?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 # Image reference grammar of the distribution project: [domain[:port]/]path[:tag][@digest].
 _DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
 _DOMAIN = rf"{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::[0-9]+)?"
 _PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_IMAGE = re.compile(
+_IMAGE = (
     rf"^(?:{_DOMAIN}/)?{_PATH_PART}(?:/{_PATH_PART})*"
     r"(?::[\w][\w.-]{0,127})?"
     r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
 )
-_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_QUALIFIED_NAME = re.compile(
+_ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+_LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+_QUALIFIED_NAME = (
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
     r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 )
 
 
 def _dns1035(value: str) -> str:
-    if len(value) > MAX_DNS_LABEL or not _DNS1035.match(value):
+    if len(value) > MAX_DNS_LABEL or not re.match(_DNS1035, value):
         raise ValueError(
             "must be a DNS-1035 label: lowercase letters, digits and '-', starting with a "
             f"letter, ending with a letter or digit, at most {MAX_DNS_LABEL} characters"
@@ -62,7 +69,7 @@ def _dns1035(value: str) -> str:
 
 
 def _dns1123(value: str) -> str:
-    if len(value) > MAX_DNS_LABEL or not _DNS1123.match(value):
+    if len(value) > MAX_DNS_LABEL or not re.match(_DNS1123, value):
         raise ValueError(
             "must be a DNS-1123 label: lowercase letters, digits and '-', starting and "
             f"ending with a letter or digit, at most {MAX_DNS_LABEL} characters"
@@ -72,7 +79,7 @@ def _dns1123(value: str) -> str:
 
 def _quantity(value: Any) -> str:
     text = str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
-    if not isinstance(text, str) or not _QUANTITY.match(text):
+    if not isinstance(text, str) or not re.match(_QUANTITY, text):
         raise ValueError(
             f"{value!r} is not a Kubernetes quantity: use a number with an optional suffix, "
             "e.g. 500m, 4, 16Gi, 512Mi"
@@ -81,7 +88,7 @@ def _quantity(value: Any) -> str:
 
 
 def _image(value: str) -> str:
-    if not _IMAGE.match(value):
+    if not re.match(_IMAGE, value):
         raise ValueError(
             f"{value!r} is not an image reference: use [registry[:port]/]repo[:tag][@sha256:…] "
             "with a lowercase repository, e.g. ghcr.io/team/train:v1"
@@ -100,7 +107,7 @@ def _scalar_to_str(value: Any) -> Any:
 
 def _env_names(env: dict[str, str]) -> dict[str, str]:
     for key in env:
-        if not _ENV_NAME.match(key):
+        if not re.match(_ENV_NAME, key):
             raise ValueError(
                 f"env name {key!r} is invalid: use letters, digits, '_', '-', '.', "
                 "not starting with a digit"
@@ -110,9 +117,9 @@ def _env_names(env: dict[str, str]) -> dict[str, str]:
 
 def _labels(labels: dict[str, str]) -> dict[str, str]:
     for key, value in labels.items():
-        if not _QUALIFIED_NAME.match(key) or len(key.rsplit("/", 1)[-1]) > 63:
+        if not re.match(_QUALIFIED_NAME, key) or len(key.rsplit("/", 1)[-1]) > 63:
             raise ValueError(f"label key {key!r} is not a qualified name (e.g. team or a.b/team)")
-        if len(value) > 63 or not _LABEL_VALUE.match(value):
+        if len(value) > 63 or not re.match(_LABEL_VALUE, value):
             raise ValueError(
                 f"label value {value!r} is invalid: at most 63 letters, digits, '-', '_', '.', "
                 "starting and ending with a letter or digit"
@@ -122,7 +129,7 @@ def _labels(labels: dict[str, str]) -> dict[str, str]:
 
 def _annotation_keys(annotations: dict[str, str]) -> dict[str, str]:
     for key in annotations:
-        if not _QUALIFIED_NAME.match(key):
+        if not re.match(_QUALIFIED_NAME, key):
             raise ValueError(f"annotation key {key!r} is not a qualified name (e.g. a.b/note)")
     return annotations
 
@@ -305,6 +312,11 @@ class JobSpec(Model):
             return self.backend
         return "nccl" if self.gpus else "gloo"
 
+
+if _USER_PLUGINS is None:
+    del os.environ["PYDANTIC_DISABLE_PLUGINS"]
+else:
+    os.environ["PYDANTIC_DISABLE_PLUGINS"] = _USER_PLUGINS
 
 # Flags that override file fields: flag name -> path in the spec document.
 FLAG_FIELDS: dict[str, tuple[str, ...]] = {

@@ -120,3 +120,17 @@ def test_env_and_label_scalars_become_strings(tmp_path):
 )
 def test_real_image_references_are_accepted(image):
     assert load_spec(None, {"--image": image}).image == image
+
+
+@pytest.mark.parametrize("user_value", [None, "logfire"])
+def test_pydantic_plugin_setting_is_left_as_the_user_had_it(user_value):
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}
+    if user_value is not None:
+        env["PYDANTIC_DISABLE_PLUGINS"] = user_value
+    code = "import os, ddpdeploy.spec; print(os.environ.get('PYDANTIC_DISABLE_PLUGINS'))"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == str(user_value)

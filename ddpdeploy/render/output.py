@@ -19,7 +19,7 @@ KUSTOMIZATION = "kustomization.yaml"
 _MARKER = "# Written by ddpdeploy render; edit ddpdeploy.yaml and render again.\n"
 
 
-class _Dumper(yaml.SafeDumper):
+class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
     """Block style, no anchors (replica templates repeat in full, as kubectl shows them),
     multi-line strings as literal blocks."""
 
