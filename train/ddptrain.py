@@ -469,9 +469,14 @@ def main(argv: list[str] | None = None) -> int:
                 x, y = next(it)
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 if first:
-                    # Local (un-averaged) gradients of the same batch, for the semantics test.
+                    # Local (un-averaged) gradients of the same batch, for the semantics test;
+                    # buffers restored so this extra forward leaves no trace in BN stats.
+                    saved = [b.detach().clone() for b in ddp.module.buffers()]
                     with ddp.no_sync():
                         compute_loss(args.loss, ddp(x), y).backward()
+                    with torch.no_grad():
+                        for b, v in zip(ddp.module.buffers(), saved, strict=True):
+                            b.copy_(v)
                     dump["grads_local"] = {
                         n: p.grad.detach().cpu().clone()
                         for n, p in ddp.module.named_parameters() if p.grad is not None
