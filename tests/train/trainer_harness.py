@@ -41,6 +41,20 @@ def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def descendants(pid: int) -> list[int]:
+    """All live descendants of ``pid`` (children first), read from /proc."""
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        cur = todo.pop()
+        for task in Path(f"/proc/{cur}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                kids = [int(k) for k in (task / "children").read_text().split()]
+                out += kids
+                todo += kids
+    return out
+
+
 class Proc:
     """One torchrun agent (or plain python) in its own session, output in files."""
 
@@ -96,8 +110,17 @@ class Proc:
         return rc
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.p.pid, sig)
+        """Signal the agent and every descendant.
+
+        torchrun starts each worker in its own session, so killing the agent's process
+        group alone would leave the workers running (and training on).
+        """
+        pids = [self.p.pid, *descendants(self.p.pid)]
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, sig)  # each worker leads its own group (its own children)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
         if sig == signal.SIGKILL:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.p.wait(timeout=10)

@@ -1,0 +1,136 @@
+"""Checkpoint/resume: every interrupted run must end bit-identical to an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from trainer_harness import Launcher, Proc, done_hash, free_port, start_event  # noqa: E402
+
+STEPS = 24
+ARGS = ["--steps", str(STEPS), "--batch-size", "16", "--bn"]
+CKPT_EVERY = 5  # checkpoints at 5, 10, 15, 20 and the final 24
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """weights_sha256 of the uninterrupted run (no checkpointing at all)."""
+    tmp = tmp_path_factory.mktemp("reference")
+    with Launcher(tmp) as L:
+        return done_hash(L.run_ok(ARGS + ["--log-every", "8"]))
+
+
+def ckpt_args(d: Path, *extra: str) -> list[str]:
+    return ARGS + ["--checkpoint-dir", str(d), "--checkpoint-every", str(CKPT_EVERY), *extra]
+
+
+def wait_step(p: Proc, step: int) -> None:
+    p.wait_for(lambda: p.last_step() >= step)
+
+
+def test_worker_sigkill_torchrun_restart(tmp_path: Path, reference: str) -> None:
+    ck = tmp_path / "ck"
+    with Launcher(tmp_path) as L:
+        # No TORCH_DISABLE_SHARE_RDZV_TCP_STORE here: the trainer's own store namespacing
+        # must make the restart work on one node with the agent's shared store.
+        p = L.torchrun(ckpt_args(ck, "--debug-step-delay", "0.15"),
+                       torchrun_args=["--standalone", "--max-restarts", "2"],
+                       env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"})
+        wait_step(p, 12)
+        os.kill(p.workers()[-1], signal.SIGKILL)  # one worker, not rank 0's
+        assert p.wait(180) == 0, p.tail()
+    starts = [e for e in p.events() if e["event"] == "start"]
+    assert len(starts) == 2 and starts[1]["restart_count"] == 1
+    assert starts[1]["resume_step"] in (10, 15)  # the newest checkpoint before the kill
+    assert done_hash(p) == reference
+
+
+def test_static_rendezvous_restart_without_contract_env(tmp_path: Path, reference: str) -> None:
+    """Plain `torchrun --nproc-per-node 2` (static rendezvous) also restarts cleanly."""
+    ck = tmp_path / "ck"
+    with Launcher(tmp_path) as L:
+        p = L.torchrun(ckpt_args(ck, "--debug-step-delay", "0.15"),
+                       torchrun_args=["--master-port", str(free_port()), "--max-restarts", "1"],
+                       env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"})
+        wait_step(p, 7)
+        os.kill(p.workers()[0], signal.SIGKILL)  # rank 0's worker this time
+        assert p.wait(180) == 0, p.tail()
+    assert start_event(p)["resume_step"] in (5, 10)
+    assert done_hash(p) == reference
+
+
+def test_agent_sigkill_then_fresh_launch(tmp_path: Path, reference: str) -> None:
+    ck = tmp_path / "ck"
+    with Launcher(tmp_path) as L:
+        p = L.torchrun(ckpt_args(ck, "--debug-step-delay", "0.15"), name="first")
+        wait_step(p, 12)
+        p.kill(signal.SIGKILL)  # agent and workers at once, as a node loss would
+        killed_at = p.last_step()
+        assert killed_at % CKPT_EVERY != 0 or killed_at > 12
+        q = L.run_ok(ckpt_args(ck), name="second")
+    st = start_event(q)
+    assert st["resumed"] and st["resume_step"] in (10, 15)
+    assert done_hash(q) == reference
+
+
+def test_corrupt_newest_checkpoint_is_skipped(tmp_path: Path, reference: str) -> None:
+    ck = tmp_path / "ck"
+    with Launcher(tmp_path) as L:
+        L.run_ok(ckpt_args(ck, "--keep", "3"), name="first")
+        steps = sorted(int(p.stem.split("-")[-1]) for p in ck.glob("ckpt-step-*.json"))
+        assert steps == [15, 20, 24]  # --keep 3
+        newest = ck / "ckpt-step-000000024.pt"
+        data = bytearray(newest.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        newest.write_bytes(bytes(data))
+        # Re-running the finished job: falls back to step 20 and re-does the last 4 steps.
+        q = L.run_ok(ckpt_args(ck), name="second")
+    assert start_event(q)["resume_step"] == 20
+    assert "fails its sha256 check" in q.stderr
+    assert done_hash(q) == reference
+
+
+def test_kill_during_save_leaves_previous_checkpoint(tmp_path: Path, reference: str) -> None:
+    ck = tmp_path / "ck"
+    with Launcher(tmp_path) as L:
+        p = L.torchrun(ckpt_args(ck, "--debug-slow-save", "3"), name="first")
+        # Step 5's write takes 3 s; wait until it is committed, then until the step-10
+        # write is half-way (its temp file exists), and kill everything.
+        p.wait_for(lambda: any(e["event"] == "checkpoint" for e in p.events()), timeout=90)
+        p.wait_for(lambda: any(ck.glob(".tmp-*.pt")), timeout=60)
+        p.kill(signal.SIGKILL)
+        assert not (ck / "ckpt-step-000000010.json").exists()
+        q = L.run_ok(ckpt_args(ck), name="second")
+    assert start_event(q)["resume_step"] == 5
+    assert not list(ck.glob(".tmp-*"))  # leftovers cleaned
+    assert done_hash(q) == reference
+
+
+def test_sigterm_checkpoints_and_exits_143(tmp_path: Path, reference: str) -> None:
+    ck = tmp_path / "ck"
+    with Launcher(tmp_path) as L:
+        # No periodic checkpoints: the one we find must come from the SIGTERM.
+        p = L.torchrun(ARGS + ["--checkpoint-dir", str(ck), "--debug-step-delay", "0.15"],
+                       name="first")
+        wait_step(p, 6)
+        os.kill(p.workers()[-1], signal.SIGTERM)  # one rank only: all must agree to stop
+        assert p.wait(120) != 0  # torchrun reports the workers' non-zero exit
+        ev = p.events()
+        assert ev[-1]["event"] == "stopped", p.tail()
+        stop_step = ev[-1]["step"]
+        assert 6 <= stop_step < STEPS
+        ckpts = [e for e in ev if e["event"] == "checkpoint"]
+        assert [c["step"] for c in ckpts] == [stop_step]
+        assert ckpts[0]["rank"] == 0 and ckpts[0]["host"]
+        side = json.loads((ck / f"ckpt-step-{stop_step:09d}.json").read_text())
+        assert side["step"] == stop_step and side["world_size"] == 2 and len(side["sha256"]) == 64
+        assert "exitcode  : 143" in p.stderr or "exitcode: 143" in p.stderr, p.tail()
+        q = L.run_ok(ARGS + ["--checkpoint-dir", str(ck)], name="second")
+    assert start_event(q)["resume_step"] == stop_step
+    assert done_hash(q) == reference
