@@ -50,6 +50,9 @@ class LaunchContract:
     port: int
     rdzv_host_template: str  # a node hostname; targets may map it to an address
     base_env: dict[str, str] = field(default_factory=dict)
+    # Env vars that hold the pod's own address: the downward API's status.podIP in the
+    # cluster, the node's mapped address elsewhere.
+    own_address_env: tuple[str, ...] = ()
     trainer_path: str = TRAINER_IN_IMAGE
 
     @property
@@ -132,6 +135,9 @@ class LaunchContract:
             env["PET_NNODES"] = str(total)
         # Ours, not the operator's: in base_env with the cluster hostname, mapped here.
         env["DDPDEPLOY_RDZV_HOST"] = host_of.get(self.rdzv_host_template, self.rdzv_host_template)
+        hostname = node.hostname(job)
+        for name in self.own_address_env:
+            env[name] = host_of.get(hostname, hostname)
         return env
 
     def rdzv_conf_items(self) -> dict[str, str]:
@@ -159,8 +165,17 @@ def launch_contract(spec: JobSpec) -> LaunchContract:
         # Bounded wait for peers' DNS, in seconds (the rendezvous join timeout).
         "DDPDEPLOY_DNS_WAIT": str(spec.rendezvous.join_timeout),
         "DDPDEPLOY_RDZV_HOST": rdzv_host,
-        **spec.env,
     }
+    own_address_env: tuple[str, ...] = ()
+    if spec.elastic:
+        # By default agents share one TCPStore with their workers that outlives a restart;
+        # restarted workers then read peers' stale addresses and fail ("Connection
+        # refused"). Unshared, each round's rank-0 agent publishes a fresh port and rank 0's
+        # worker hosts a fresh store.
+        base_env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        # That store's host is the rank-0 agent's --local-addr: its pod IP, so no DNS.
+        own_address_env = ("PET_LOCAL_ADDR",)
+    base_env.update(spec.env)
     return LaunchContract(
         spec=spec,
         replicas=replicas,
@@ -168,4 +183,5 @@ def launch_contract(spec: JobSpec) -> LaunchContract:
         port=spec.rendezvous.port,
         rdzv_host_template=rdzv_host,
         base_env=base_env,
+        own_address_env=own_address_env,
     )

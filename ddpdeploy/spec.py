@@ -41,7 +41,8 @@ MAX_DNS_LABEL = 63
 _DNS1035 = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 _DNS1123 = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # Kubernetes resource.Quantity, as the apiserver's own pattern accepts it.
-_QUANTITY = r"^[+]?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+_NUMBER = r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+_QUANTITY = rf"^[+]?{_NUMBER}(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?{_NUMBER}))?$"
 # Image reference grammar of the distribution project: [domain[:port]/]path[:tag][@digest].
 _DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
 _DOMAIN = rf"{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::[0-9]+)?"

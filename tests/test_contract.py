@@ -57,7 +57,15 @@ def operator_env(job: dict[str, Any], rtype: str, index: int) -> dict[str, str]:
         if policy.get("rdzvConf"):
             env["PET_RDZV_CONF"] = ",".join(f"{c['key']}={c['value']}" for c in policy["rdzvConf"])
     container = specs[rtype]["template"]["spec"]["containers"][0]
-    return {**{e["name"]: e["value"] for e in container.get("env", [])}, **env}
+    own = {}
+    for e in container.get("env", []):
+        if "valueFrom" in e:
+            # The downward API's pod IP; the pod's name stands for its address here.
+            assert e["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+            own[e["name"]] = f"{name}-{rtype.lower()}-{index}"
+        else:
+            own[e["name"]] = e["value"]
+    return {**own, **env}
 
 
 CASES = {
@@ -102,9 +110,12 @@ def test_host_mapping_for_local_targets():
             {"nodes": 2, "rendezvous": {"mode": "elastic", "minNodes": 1, "maxNodes": 2}}
         )
     )
-    env = contract.node_env(contract.nodes[1], {"ddp-train-worker-0": "127.0.0.1"})
+    hosts = {"ddp-train-worker-0": "127.0.0.1", "ddp-train-worker-1": "127.0.0.2"}
+    env = contract.node_env(contract.nodes[1], hosts)
     assert env["PET_RDZV_ENDPOINT"] == "127.0.0.1:23456"
     assert env["DDPDEPLOY_RDZV_HOST"] == "127.0.0.1"
+    assert env["PET_LOCAL_ADDR"] == "127.0.0.2"
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
 
 
 def test_torchrun_gets_no_topology_flags():

@@ -106,7 +106,8 @@ def build(
             step = state.current
             if step is None:
                 return
-            info = f"{step.instruction[:60]}{' (cached)' if step.cached else ''}"
+            instruction = " ".join(step.instruction.split())
+            info = f"{instruction[:60]}{' (cached)' if step.cached else ''}"
             bar.update(
                 task,
                 total=state.total,
@@ -117,9 +118,10 @@ def build(
             if not live and step.number not in seen:
                 seen.add(step.number)
                 console.print(
-                    f"step {step.number}/{state.total}: {step.instruction}",
+                    f"step {step.number}/{state.total}: {instruction[:100]}",
                     markup=False,
                     highlight=False,
+                    soft_wrap=True,
                 )
 
         with engine.context_file(entries) as context:

@@ -59,13 +59,20 @@ def _resources(spec: JobSpec) -> Obj:
     return out
 
 
+def _env(contract: LaunchContract) -> list[Obj]:
+    env: dict[str, Obj] = {k: {"name": k, "value": v} for k, v in contract.base_env.items()}
+    for name in contract.own_address_env:
+        env[name] = {"name": name, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    return [env[k] for k in sorted(env)]
+
+
 def _container(spec: JobSpec, contract: LaunchContract) -> Obj:
     container: Obj = {
         "name": CONTAINER_NAME,
         "image": spec.image,
         "imagePullPolicy": "IfNotPresent",
         "command": contract.container_command(),
-        "env": [{"name": k, "value": v} for k, v in sorted(contract.base_env.items())],
+        "env": _env(contract),
         "ports": [{"name": PORT_NAME, "containerPort": contract.port, "protocol": "TCP"}],
     }
     resources = _resources(spec)
