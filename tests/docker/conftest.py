@@ -70,17 +70,18 @@ def run_cli(
     )
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def cli() -> Any:
     return run_cli
 
 
 @pytest.fixture(scope="module")
 def cleanup_images(engine: Any) -> Iterator[list[str]]:
-    """Repositories a test module tags; removed at its end so runs do not pile up images."""
+    """Repositories a test module tags; untagged at its end so runs do not pile up images.
+    noprune keeps their layers as build cache: the next run's builds start warm."""
     repos: list[str] = []
     yield repos
     for repo in repos:
         for image in engine.images.list(name=repo):
             for tag in image.tags:
-                engine.images.remove(tag, force=True)
+                engine.images.remove(tag, force=True, noprune=True)
