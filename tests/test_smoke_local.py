@@ -143,3 +143,51 @@ def test_ctrl_c_leaves_no_process_behind(tmp_path, marker):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert leftovers(marker) == []
+
+
+def workers(marker: str) -> list[int]:
+    """Trainer worker processes (not agents) of the run tagged with ``marker``."""
+    out = []
+    for pid in leftovers(marker):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (
+            any(part.endswith(b"ddptrain.py") for part in cmd)
+            and b"torch.distributed.run" not in cmd
+        ):
+            out.append(pid)
+    return out
+
+
+def test_elastic_worker_restart_resumes_from_checkpoint(tmp_path, marker):
+    # The contract's env for elastic jobs is what lets torchrun's own restarts reconnect
+    # across two agents; SIGKILL one worker mid-run and the job must still finish.
+    (tmp_path / "ddpdeploy.yaml").write_text(
+        "name: restart\nnodes: 2\nprocs: 2\ncheckpoint: {claimName: local}\n"
+        "rendezvous: {mode: elastic, minNodes: 2, maxNodes: 2, maxRestarts: 2}\n"
+        "command: {args: [--checkpoint-every, '5', --debug-step-delay, '0.2']}\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddpdeploy", "smoke", "--local", "--steps", "30"],
+        cwd=tmp_path,
+        env={**os.environ, "DDPDEPLOY_TEST_MARKER": marker},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    ckpts = tmp_path / ".ddpdeploy" / "checkpoints" / "restart"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not any(ckpts.glob("*.json")):
+        time.sleep(0.5)
+    time.sleep(1.5)  # past the checkpoint, at a step that is not a checkpoint step
+    victims = workers(marker)
+    assert len(victims) == 4, victims
+    os.kill(victims[-1], signal.SIGKILL)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert re.search(r"^steps\s+30$", out, re.M)
+    # The workers started again (a second "start" line) and resumed from the checkpoint.
+    assert err.count('"event": "start"') == 2
+    assert '"resumed": true' in err
