@@ -189,5 +189,5 @@ def test_elastic_worker_restart_resumes_from_checkpoint(tmp_path, marker):
     assert proc.returncode == 0, err[-3000:]
     assert re.search(r"^steps\s+30$", out, re.M)
     # The workers started again (a second "start" line) and resumed from the checkpoint.
-    assert err.count('"event": "start"') == 2
+    assert err.count('"event": "start"') >= 2
     assert '"resumed": true' in err

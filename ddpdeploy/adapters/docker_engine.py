@@ -159,8 +159,21 @@ def build(
     return progress
 
 
-def tag(client: Any, image_id: str, repository: str, tag_name: str) -> None:
+def tag(client: Any, image_id: str, repository: str, tag_name: str) -> bool:
+    """Tag the image; True when the tag is new (so a failed push may take it back)."""
+    import docker.errors
+
+    try:
+        existed = client.api.inspect_image(f"{repository}:{tag_name}")["Id"] == image_id
+    except docker.errors.ImageNotFound:
+        existed = False
     client.api.tag(image_id, repository, tag_name)
+    return not existed
+
+
+def untag(client: Any, repository: str, tag_name: str) -> None:
+    # noprune: the layers stay as build cache; only the name goes.
+    client.api.remove_image(f"{repository}:{tag_name}", noprune=True)
 
 
 def push(

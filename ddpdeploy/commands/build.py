@@ -128,7 +128,7 @@ def build(
             result = engine.build(
                 client, context, build_args, base, on_build, no_cache=no_cache, network=network
             )
-    engine.tag(client, result.image_id or "", repository, tag)
+    new_tag = engine.tag(client, result.image_id or "", repository, tag)
     cached = len(result.cached_steps)
     console.print(
         f"built {repository}:{tag} ({cached}/{len(result.steps)} steps cached)",
@@ -160,6 +160,12 @@ def build(
                     total=total or None,
                 )
 
-        digest = engine.push(client, repository, tag, on_push)
+        try:
+            digest = engine.push(client, repository, tag, on_push)
+        except UserError:
+            # A failed command leaves nothing tagged that was not there before.
+            if new_tag:
+                engine.untag(client, repository, tag)
+            raise
     console.print(f"pushed {repository}:{tag}", markup=False, highlight=False)
     typer.echo(f"{repository}@{digest}")

@@ -48,12 +48,24 @@ def engine() -> Any:
 
 
 @pytest.fixture(scope="session")
-def torch_image(engine: Any, request: pytest.FixtureRequest) -> str:
-    """The local stand-in for the pytorch runtime image, built once per machine."""
+def test_images(engine: Any, request: pytest.FixtureRequest) -> dict[str, str]:
+    """The local images, built once per machine: "base" (Debian + python3) and "torch"."""
     capture = request.config.pluginmanager.getplugin("capturemanager")
     # Show the few-minute cold build's progress instead of a silent pause.
     with capture.global_and_fixture_disabled():
-        return base_images.ensure_images(engine)["torch"]
+        return base_images.ensure_images(engine)
+
+
+@pytest.fixture(scope="session")
+def torch_image(test_images: dict[str, str]) -> str:
+    """The local stand-in for the pytorch runtime image."""
+    return test_images["torch"]
+
+
+@pytest.fixture(scope="session")
+def base_image(test_images: dict[str, str]) -> str:
+    """Debian with python3 only: enough to build (not train), and quick to push."""
+    return test_images["base"]
 
 
 def run_cli(
