@@ -109,6 +109,12 @@ def write_context(entries: list[ContextEntry], fileobj: IO[bytes]) -> None:
                 info.type, info.linkname = tarfile.SYMTYPE, entry.link_target
                 tar.addfile(info)
                 continue
+            if entry.source is not None:
+                # Streamed from disk: a large file never sits in memory whole.
+                with entry.source.open("rb") as fh:
+                    info.size = os.fstat(fh.fileno()).st_size
+                    tar.addfile(info, fh)
+                continue
             body = entry.content()
             info.size = len(body)
             tar.addfile(info, io.BytesIO(body))
