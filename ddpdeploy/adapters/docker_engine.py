@@ -161,7 +161,12 @@ def build(
         progress.error = str(exc)
     progress.finish()
     if progress.error or not progress.image_id:
-        raise OperationError(progress.failure_message(base_image))
+        # The one-line error carries the failing step's tail; the whole log goes to a file.
+        with tempfile.NamedTemporaryFile(
+            "w", prefix="ddpdeploy-build-", suffix=".log", delete=False
+        ) as fh:
+            fh.write("\n".join(progress.log) + "\n")
+        raise OperationError(f"{progress.failure_message(base_image)} (full log: {fh.name})")
     return progress
 
 

@@ -128,6 +128,7 @@ def build(
             result = engine.build(
                 client, context, build_args, base, on_build, no_cache=no_cache, network=network
             )
+        bar.update(task, completed=result.total)
     new_tag = engine.tag(client, result.image_id or "", repository, tag)
     cached = len(result.cached_steps)
     console.print(

@@ -153,6 +153,9 @@ def has_registry(repository: str) -> bool:
 
 
 _STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
+# The engine colours a step's stderr (ESC[91m … ESC[0m); logs and messages want plain text.
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_NONZERO = re.compile(r"^The command .* returned a non-zero code: (\d+)$", re.S)
 
 
 @dataclass
@@ -213,6 +216,7 @@ class BuildProgress:
             self._partial = ""
 
     def _line(self, line: str) -> None:
+        line = _ANSI.sub("", line)
         self.log.append(line)
         match = _STEP.match(line)
         if match:
@@ -234,7 +238,7 @@ class BuildProgress:
     def cached_steps(self) -> list[int]:
         return [s.number for s in self.steps if s.cached]
 
-    def failure_message(self, base_image: str, tail: int = 5) -> str:
+    def failure_message(self, base_image: str, tail: int = 3) -> str:
         """One line for a failed build: which step, the engine's error, the step's last output."""
         step = self.current
         error = " ".join((self.error or "the build stopped without an error").split())
@@ -245,8 +249,12 @@ class BuildProgress:
                 f"base image {base_image} is not available locally and could not be pulled "
                 f"({error}); pull it first or pass --base-image IMAGE"
             )
-        lines = [ln.strip() for ln in step.output if ln.strip()][-tail:]
-        where = f"step {step.number}/{self.total} `{_short(step.instruction)}` failed: {error}"
+        # The engine repeats the whole command; the step already names it.
+        nonzero = _NONZERO.match(error)
+        if nonzero:
+            error = f"exit code {nonzero[1]}"
+        lines = [_short(ln, 200) for ln in step.output if ln.strip()][-tail:]
+        where = f"step {step.number}/{self.total} `{_short(step.instruction)}` failed ({error})"
         return f"{where}; last output: {' | '.join(lines)}" if lines else where
 
 

@@ -124,8 +124,11 @@ def test_failing_step_is_one_line_and_tags_nothing(
     assert result.stdout == ""
     errors = [ln for ln in result.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1, result.stderr
-    assert "pip install" in errors[0] and "failed" in errors[0]
+    assert "pip install" in errors[0] and "failed (exit code 1)" in errors[0]
     assert "ddpdeploy-no-such-package" in errors[0]  # the step's last output lines
+    log = Path(errors[0].rsplit("(full log: ", 1)[1].rstrip(")"))
+    assert "Step 1/" in log.read_text()  # the whole build log, kept for the post-mortem
+    log.unlink()
     assert engine.images.list(name=FAIL_REPO) == []
 
 

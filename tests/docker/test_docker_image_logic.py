@@ -128,14 +128,17 @@ def build_events(fail: bool) -> list[dict[str, object]]:
         {"stream": " ---> Using cache\n ---> 5678\n"},
         {"stream": "Step 4/4 : RUN pip install -r req.txt\n"},
         {"stream": " ---> Running in abc\n"},
-        {"stream": "Collecting nope\nERROR: No matching "},
+        {"stream": "Collecting nope\n\x1b[91mERROR: No matching "},
         {"stream": "distribution found for nope\n"},
     ]
     if fail:
         events.append(
             {
-                "errorDetail": {"code": 1, "message": "The command returned a non-zero code: 1"},
-                "error": "The command returned a non-zero code: 1",
+                "errorDetail": {
+                    "code": 1,
+                    "message": "The command '/bin/sh -c pip install' returned a non-zero code: 1",
+                },
+                "error": "The command '/bin/sh -c pip install' returned a non-zero code: 1",
             }
         )
     else:
@@ -154,8 +157,11 @@ def test_build_progress_steps_cache_and_failure() -> None:
     assert state.image_id is None
     message = state.failure_message("base:1")
     assert "\n" not in message
-    assert message.startswith("step 4/4 `RUN pip install -r req.txt` failed: The command")
-    assert "No matching distribution found for nope" in message
+    assert message.startswith("step 4/4 `RUN pip install -r req.txt` failed (exit code 1)")
+    assert message.endswith(
+        "last output: Collecting nope | ERROR: No matching distribution found for nope"
+    )
+    assert "\x1b" not in "".join(state.log)
 
     ok = image.BuildProgress()
     for event in build_events(fail=False):
