@@ -287,6 +287,30 @@ def compute_loss(kind: str, out: torch.Tensor, target: torch.Tensor) -> torch.Te
     return F.mse_loss(out, target.to(out.dtype))
 
 
+def warm_up_buckets(
+    ddp: DDP, x: torch.Tensor, y: torch.Tensor, loss_kind: str, amp: Any
+) -> None:
+    """One synced forward/backward that changes no state, run before the first real step.
+
+    DDP all-reduces the first iteration with one bucket in parameter order and then rebuilds
+    the buckets in gradient-ready order. With 3+ ranks the summation order of an element
+    depends on its offset in the bucket, so a run resumed mid-way (whose first step uses the
+    initial layout) would drift by rounding from an uninterrupted one (which used the rebuilt
+    layout there). Rebuilding before any real step, in every run, makes resume bit-exact.
+    """
+    rng = get_rng_state()
+    buffers = [b.detach().clone() for b in ddp.module.buffers()]
+    with amp:
+        loss = compute_loss(loss_kind, ddp(x), y)
+    loss.backward()
+    with torch.no_grad():
+        for b, v in zip(ddp.module.buffers(), buffers, strict=True):
+            b.copy_(v)
+        for p in ddp.parameters():
+            p.grad = None
+    set_rng_state(rng)
+
+
 # ---- the trainer -------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
@@ -456,6 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     last_saved = step if resumed_from else -1
     t_log, steps_since_log = time.perf_counter(), 0
     stall_total, saves = 0.0, 0
+    warmed_up = False
     while step < total_steps and not stopped:
         sampler.set_epoch(epoch)  # new shuffle each epoch, identical on every rank
         order = list(iter(sampler))
@@ -468,6 +493,9 @@ def main(argv: list[str] | None = None) -> int:
             for micro in range(args.grad_accum):
                 x, y = next(it)
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                if not warmed_up:
+                    warm_up_buckets(ddp, x, y, args.loss, amp)
+                    warmed_up = True
                 if first:
                     # Local (un-averaged) gradients of the same batch, for the semantics test;
                     # buffers restored so this extra forward leaves no trace in BN stats.
