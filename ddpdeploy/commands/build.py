@@ -66,9 +66,9 @@ def build(
     if not workspace.is_dir():
         raise UserError(f"--workspace: {workspace} is not a folder")
     repository = image.repository_for(spec.image, spec.name)
-    if push and not image.has_registry(repository):
+    if push and not spec.image:
         raise UserError(
-            f"--push: {repository} names no registry; pass --image REGISTRY/REPO "
+            "--push needs a repository to push to: pass --image REGISTRY/REPO "
             "(e.g. ghcr.io/me/train) or set image: in ddpdeploy.yaml"
         )
     base = base_image or image.DEFAULT_BASE_IMAGE
@@ -94,7 +94,8 @@ def build(
     with Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
-        TextColumn("{task.fields[info]}"),
+        # Not markup: an instruction like CMD ["a"] must print as written.
+        TextColumn("{task.fields[info]}", markup=False),
         console=console,
         transient=True,
         disable=not live,

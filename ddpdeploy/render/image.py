@@ -146,12 +146,6 @@ def repository_for(image: str | None, job_name: str) -> str:
     return f"ddpdeploy/{job_name}"
 
 
-def has_registry(repository: str) -> bool:
-    """True when the first path part names a registry host (has a '.' or ':' or is localhost)."""
-    first, _, rest = repository.partition("/")
-    return bool(rest) and ("." in first or ":" in first or first == "localhost")
-
-
 _STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 # The engine colours a step's stderr (ESC[91m … ESC[0m); logs and messages want plain text.
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

@@ -14,6 +14,7 @@ Run by hand: ``python tests/docker/base_images.py`` prints the torch image refer
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -77,22 +78,13 @@ def apt_mirror() -> str:
 
 
 def fetch_wheels(dest: Path) -> list[Path]:
-    """Wheels for Debian's python3 (3.11, like this host's), resolved afresh each run so no
-    stale version lingers; copies from the local wheel store take seconds."""
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--only-binary=:all:",
-        "--quiet",
-        "-d",
-        str(dest),
-        *WHEELS,
-    ]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    """Wheels for Debian's python3 (3.11, like this host's) into the empty folder ``dest``,
+    resolved afresh each run so no stale version lingers; from the local wheel store this
+    takes seconds."""
+    cmd = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--quiet"]
+    done = subprocess.run([*cmd, "-d", str(dest), *WHEELS], capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"pip download {' '.join(WHEELS)} failed:\n{done.stderr[-2000:]}")
     return sorted(dest.glob("*.whl"))
 
 
@@ -191,6 +183,40 @@ def build_torch(client: Any, base: str, ref: str, wheels: list[Path]) -> None:
         container.remove(force=True)
 
 
+def remove_old_keys(client: Any, refs: dict[str, str]) -> None:
+    """Older keys' images are dead weight on a long-lived CI machine: remove them and the
+    untagged build cache built on them (tests untag their images but keep the layers as
+    cache). Only these two repositories: other images under ddpdeploy-test/ may be in use."""
+    current = {client.images.get(ref).id for ref in refs.values()}
+    old: dict[str, list[str]] = {}
+    for name in refs.values():
+        for image in client.images.list(name=name.split(":")[0]):
+            if image.id not in current:
+                old[image.id] = image.tags
+    if not old:
+        return
+    rows = client.api.images(all=True)
+    parent = {row["Id"]: row.get("ParentId") or None for row in rows}
+    untagged = {
+        row["Id"] for row in rows if not row.get("RepoTags") or row["RepoTags"] == ["<none>:<none>"]
+    }
+
+    def depth_below_old(image_id: str) -> int | None:
+        depth, cur = 0, image_id
+        while cur and cur not in old:
+            cur, depth = parent.get(cur), depth + 1
+        return depth if cur else None
+
+    stale = [(d, i) for i in untagged if (d := depth_below_old(i)) is not None and d > 0]
+    for _, image_id in sorted(stale, reverse=True):  # children before their parents
+        with contextlib.suppress(Exception):  # in use by a container: leave it
+            client.api.remove_image(image_id, noprune=True)
+    for tags in old.values():
+        for tag in tags:
+            with contextlib.suppress(Exception):
+                client.api.remove_image(tag)
+
+
 def ensure_images(client: Any | None = None) -> dict[str, str]:
     """Return {"base": ref, "torch": ref}, building whichever is missing."""
     if client is None:
@@ -199,19 +225,17 @@ def ensure_images(client: Any | None = None) -> dict[str, str]:
         client = docker.from_env()
     cache = cache_dir()
     start = time.monotonic()
-    wheels = fetch_wheels(cache / "wheels")
-    key = image_key(wheels)
-    refs = {"base": f"{REPO}/base:{key}", "torch": f"{REPO}/torch:{key}"}
-    if has_image(client, refs["torch"]):
-        return refs
-    if not has_image(client, refs["base"]):
-        build_base(client, refs["base"], cache)
-    build_torch(client, refs["base"], refs["torch"], wheels)
-    # Older keys' images are dead weight on a long-lived CI machine.
-    for image in client.images.list(name=f"{REPO}/*"):
-        if not set(image.tags) & set(refs.values()):
-            for tag in image.tags:
-                client.images.remove(tag, noprune=False)
+    # A folder per run: concurrent sessions (two clones, one machine) never share one.
+    with tempfile.TemporaryDirectory(dir=cache, prefix="wheels-") as tmp:
+        wheels = fetch_wheels(Path(tmp))
+        key = image_key(wheels)
+        refs = {"base": f"{REPO}/base:{key}", "torch": f"{REPO}/torch:{key}"}
+        if has_image(client, refs["torch"]):
+            return refs
+        if not has_image(client, refs["base"]):
+            build_base(client, refs["base"], cache)
+        build_torch(client, refs["base"], refs["torch"], wheels)
+    remove_old_keys(client, refs)
     log(f"ready in {time.monotonic() - start:.0f}s: {refs['torch']}")
     return refs
 

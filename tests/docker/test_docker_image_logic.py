@@ -112,13 +112,6 @@ def test_repository_for(image_ref: str | None, repo: str) -> None:
     assert image.repository_for(image_ref, "job") == repo
 
 
-def test_has_registry() -> None:
-    assert image.has_registry("ghcr.io/me/x")
-    assert image.has_registry("localhost:5000/x")
-    assert not image.has_registry("me/x")
-    assert not image.has_registry("x")
-
-
 def build_events(fail: bool) -> list[dict[str, object]]:
     events: list[dict[str, object]] = [
         {"stream": "Step 1/4 : ARG BASE_IMAGE=x\n"},
