@@ -151,6 +151,8 @@ def build(
     ) as bar:
         tasks: dict[str, int] = {}
 
+        done: set[str] = set()
+
         def on_push(state: image.PushProgress) -> None:
             for layer, (status, current, total) in state.layers.items():
                 if layer not in tasks:
@@ -161,6 +163,10 @@ def build(
                     completed=current,
                     total=total or None,
                 )
+                # Non-terminals: one line per layer once it is settled.
+                if not live and layer not in done and status.startswith(image.PUSH_DONE):
+                    done.add(layer)
+                    console.print(f"layer {layer}: {status}", markup=False, highlight=False)
 
         try:
             digest = engine.push(client, repository, tag, on_push)

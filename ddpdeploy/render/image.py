@@ -257,6 +257,8 @@ def _short(text: str, width: int = 80) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+# Push statuses after which a layer is in the registry ("Mounted from other/repo" too).
+PUSH_DONE = ("Pushed", "Layer already exists", "Mounted from")
 _DIGEST = re.compile(r"digest: (sha256:[0-9a-f]{64})")
 
 
@@ -292,7 +294,7 @@ class PushProgress:
                 current = int(detail.get("current") or 0)
                 total = int(detail.get("total") or 0)
             _, old_current, old_total = self.layers.get(ident, ("", 0, 0))
-            if status in ("Pushed", "Layer already exists", "Mounted from"):
+            if status.startswith(PUSH_DONE):
                 current = total = max(old_total, total, old_current, 1)
             self.layers[ident] = (status, current or old_current, total or old_total)
 

@@ -60,6 +60,7 @@ def test_push_prints_the_digest_reference(
     assert result.returncode == 0, result.stderr
     ref = result.stdout.strip()
     assert result.stdout.count("\n") == 1
+    assert "layer " in result.stderr and ": Pushed" in result.stderr  # per-layer progress
     name, digest = ref.split("@")
     assert name == repo
     # The digest printed is the one of the manifest the registry stored.
