@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import hashlib
 import importlib
 import json
@@ -54,6 +55,8 @@ except ImportError:  # pragma: no cover - depends on the image
 EXIT_OK = 0
 EXIT_BAD_ARGS = 2
 EXIT_PREEMPTED = 143  # 128 + SIGTERM, returned only after the SIGTERM checkpoint is durable
+
+STOP_CHECK_S = 0.25  # auto cadence of the SIGTERM agreement (--stop-check-every 0)
 
 _print_lock = threading.Lock()
 
@@ -116,8 +119,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a("--keep", type=_positive, default=3, help="checkpoints to keep")
     a("--save-final", help="rank 0 writes ddp.module.state_dict() here at the end")
     a("--log-every", type=_positive, default=1)
-    a("--stop-check-every", type=_positive, default=1,
-      help="steps between the all-reduce that agrees on a SIGTERM stop")
+    a("--stop-check-every", type=_non_negative, default=0,
+      help="steps between the all-reduces that agree on a SIGTERM stop (0: auto, about "
+           "every 0.25 s)")
     a("--timeout-s", type=_positive, default=300, help="collective / store timeout")
     # Test and teaching hooks; documented in train/README.md.
     a("--debug-dump", help="every rank writes rank<R>.pt with per-rank state here")
@@ -243,8 +247,10 @@ def state_sha256(module: nn.Module) -> str:
     h = hashlib.sha256()
     for k, v in module.state_dict().items():
         h.update(k.encode())
-        t = v.detach().cpu().contiguous().clone()  # clone: storage exactly the tensor
-        h.update(bytes(t.untyped_storage()))
+        t = v.detach().cpu().contiguous().clone()  # clone: storage is exactly the tensor
+        # ctypes reads the raw bytes at C speed without needing numpy.
+        if t.nbytes:
+            h.update(ctypes.string_at(t.data_ptr(), t.nbytes))
     return h.hexdigest()
 
 
@@ -481,6 +487,11 @@ def main(argv: list[str] | None = None) -> int:
     t_log, steps_since_log = time.perf_counter(), 0
     stall_total, saves = 0.0, 0
     warmed_up = False
+    pending_stop: tuple[Any, torch.Tensor] | None = None
+    check_every = args.stop_check_every or 1
+    since_check = 0
+    first_step, t_first = step, time.perf_counter()
+    calibrate_at = None if args.stop_check_every else step + 10
     while step < total_steps and not stopped:
         sampler.set_epoch(epoch)  # new shuffle each epoch, identical on every rank
         order = list(iter(sampler))
@@ -539,11 +550,27 @@ def main(argv: list[str] | None = None) -> int:
                      "samples_per_s": round(global_batch * steps_since_log / (now - t_log), 1)})
                 t_log, steps_since_log = now, 0
 
-            if step % args.stop_check_every == 0 or step == total_steps:
-                # All ranks agree on the stop step, whichever of them got the SIGTERM.
-                flag = torch.tensor([1 if stop_requested.is_set() else 0], device=device)
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-                stopped = bool(flag.item())
+            since_check += 1
+            if since_check >= check_every:
+                # All ranks agree on the stop step, whichever of them got the SIGTERM. The
+                # all-reduce is asynchronous and read one check later, so it overlaps the
+                # next step instead of adding a round trip to every step.
+                since_check = 0
+                if pending_stop is not None:
+                    pending_stop[0].wait()
+                    stopped = bool(pending_stop[1][0].item())
+                    if pending_stop[1][1].item() > 0:  # the agreed cadence (auto mode)
+                        check_every = int(pending_stop[1][1].item())
+                proposal = 0
+                if calibrate_at is not None and step >= calibrate_at:
+                    # Auto cadence: about one check per STOP_CHECK_S of training; the MAX
+                    # over ranks' proposals is what every rank adopts at the next check.
+                    per_step = (time.perf_counter() - t_first) / max(1, step - first_step)
+                    proposal = max(1, min(1000, round(STOP_CHECK_S / max(per_step, 1e-6))))
+                    calibrate_at = None
+                flag = torch.tensor([1 if stop_requested.is_set() else 0, proposal],
+                                    device=device)
+                pending_stop = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True), flag)
 
             # The checkpoint records where the *next* step starts.
             at_epoch, at_pos = (epoch + 1, 0) if pos == steps_per_epoch else (epoch, pos)
@@ -556,6 +583,8 @@ def main(argv: list[str] | None = None) -> int:
         if pos == steps_per_epoch:
             epoch, pos = epoch + 1, 0
 
+    if pending_stop is not None:
+        pending_stop[0].wait()  # every rank completes the same collectives
     # ---- finish --------------------------------------------------------------------------
     if ckpt and not stopped and last_saved != step:
         save(step, epoch, pos)  # the final state is resumable too

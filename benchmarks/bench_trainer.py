@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Benchmark train/ddptrain.py against a minimal textbook DDP loop (run by hand).
+
+  python benchmarks/bench_trainer.py [--trials 3] [--steps 400]
+
+Reports, for two model sizes (the built-in MLP and a ~4M-parameter MLP), with 2 processes
+on gloo and the same data, batch and optimizer:
+  * steps/s of ddptrain.py with checkpointing on, divided by steps/s of the textbook loop
+    (which does no checkpointing at all), median over alternating trials;
+  * the training stall per checkpoint (ddptrain.py's own measurement: waiting for the
+    previous write + CPU snapshot + RNG gather), divided by the time of a synchronous
+    torch.save of the same state (the newest checkpoint's payload) to the same directory.
+Throughput is timed between step lines read from rank 0's stdout, identically for both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAINER = ROOT / "train" / "ddptrain.py"
+
+TEXTBOOK = '''
+import json, os, sys, time
+import torch, torch.distributed as dist, torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
+sys.path.insert(0, os.environ["DDPTRAIN_DIR"])
+import ddptrain_model
+sys.path.append(os.getcwd())
+import bench_models
+
+steps, bs, log_every, size = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(rank)
+model = DDP(bench_models.large() if size == "large" else ddptrain_model.build_mlp())
+data = ddptrain_model.SyntheticClassification()
+sampler = DistributedSampler(data, seed=0)
+opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+step, epoch = 0, 0
+while step < steps:
+    sampler.set_epoch(epoch)
+    for x, y in DataLoader(data, batch_size=bs, sampler=sampler, drop_last=True):
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        step += 1
+        if rank == 0 and step % log_every == 0:
+            print(json.dumps({"event": "step", "step": step, "loss": loss.item()}), flush=True)
+        if step == steps:
+            break
+    epoch += 1
+dist.destroy_process_group()
+'''
+
+MODELS = '''
+import torch
+def large():
+    # ~4.3M parameters (17 MB fp32; 34 MB with SGD momentum): checkpoints worth timing.
+    return torch.nn.Sequential(torch.nn.Linear(32, 2048), torch.nn.ReLU(),
+                               torch.nn.Linear(2048, 2048), torch.nn.ReLU(),
+                               torch.nn.Linear(2048, 10))
+'''
+
+
+def run_timed(argv: list[str], cwd: Path, warm: int, steps: int) -> tuple[float, str]:
+    """Run one torchrun job; steps/s between the step-`warm` and step-`steps` lines."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               DDPTRAIN_DIR=str(TRAINER.parent), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    p = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    t_warm = t_end = None
+    assert p.stdout is not None
+    for line in p.stdout:
+        if not line.startswith("{"):
+            continue
+        ev = json.loads(line)
+        if ev.get("event") == "step":
+            if ev["step"] == warm:
+                t_warm = time.perf_counter()
+            if ev["step"] == steps:
+                t_end = time.perf_counter()
+    _, err = p.communicate(timeout=600)
+    if p.returncode != 0 or t_warm is None or t_end is None:
+        raise SystemExit(f"benchmark run failed ({p.returncode}):\n{err[-3000:]}")
+    return (steps - warm) / (t_end - t_warm), err
+
+
+def sync_save_seconds(ckpt_dir: Path, reps: int = 5) -> float:
+    """Median time of a synchronous torch.save of the newest checkpoint's state."""
+    import torch
+
+    newest = sorted(ckpt_dir.glob("ckpt-step-*.pt"))[-1]
+    state = torch.load(newest, weights_only=True)
+    times = []
+    for i in range(reps):
+        target = ckpt_dir / f"sync-save-{i}.pt"
+        t0 = time.perf_counter()
+        torch.save(state, target)
+        times.append(time.perf_counter() - t0)
+        target.unlink()
+    return statistics.median(times)
+
+
+def bench(size: str, trials: int, steps: int, every: int, workdir: Path) -> dict[str, float]:
+    bs, log_every = 32, 10
+    warm = max(log_every, steps // 5 // log_every * log_every)  # must be a logged step
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", "2"]
+    textbook = workdir / "textbook_ddp.py"
+    ratios, stalls, sync_saves = [], [], []
+    for t in range(trials):
+        ck = workdir / f"ck-{size}-{t}"
+        model = ["--model", "bench_models:large"] if size == "large" else []
+        mine, err = run_timed(
+            torchrun + [str(TRAINER), "--steps", str(steps), "--batch-size", str(bs),
+                        "--log-every", str(log_every), "--checkpoint-dir", str(ck),
+                        "--checkpoint-every", str(every), "--keep", "2", *model],
+            workdir, warm, steps)
+        base, _ = run_timed(
+            torchrun + [str(textbook), str(steps), str(bs), str(log_every), size],
+            workdir, warm, steps)
+        ratios.append(mine / base)
+        m = re.search(r"mean training stall ([0-9.]+) ms", err)
+        assert m, err[-2000:]
+        stalls.append(float(m.group(1)) / 1000)
+        sync_saves.append(sync_save_seconds(ck))
+        print(f"  {size} trial {t}: ddptrain {mine:.1f} steps/s, textbook {base:.1f} steps/s, "
+              f"stall {1000 * stalls[-1]:.2f} ms, sync torch.save {1000 * sync_saves[-1]:.1f} ms",
+              flush=True)
+    return {
+        "steps_per_s_ratio": statistics.median(ratios),
+        "stall_ms": 1000 * statistics.median(stalls),
+        "sync_save_ms": 1000 * statistics.median(sync_saves),
+        "stall_ratio": statistics.median(s / b for s, b in zip(stalls, sync_saves, strict=True)),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=400, help="steps per run, small model")
+    ap.add_argument("--large-steps", type=int, default=100, help="steps per run, large model")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="bench-ddptrain-") as d:
+        work = Path(d)
+        (work / "textbook_ddp.py").write_text(TEXTBOOK)
+        (work / "bench_models.py").write_text(MODELS)
+        results = {
+            "small": bench("small", args.trials, args.steps, args.steps // 4, work),
+            "large": bench("large", args.trials, args.large_steps, args.large_steps // 4, work),
+        }
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
