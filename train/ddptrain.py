@@ -454,25 +454,40 @@ def main(argv: list[str] | None = None) -> int:
         "resume_path": resumed_from, "resume_step": step,
     })
 
+    buffer_names = {n for n, _ in ddp.module.named_buffers()}
+
     def save(at_step: int, at_epoch: int, at_pos: int) -> float:
-        """Collective: gather every rank's RNG state, rank 0 snapshots and writes async."""
+        """Collective: gather every rank's RNG state, rank 0 snapshots and writes async.
+
+        Returns the seconds this call blocked training (rank 0), gather included.
+        """
         assert ckpt is not None
+        t0 = time.perf_counter()
         rngs: list[Any] = [None] * env.world_size if env.rank == 0 else []
         # gather_object is also the barrier: no rank runs ahead of the snapshot point.
         dist.gather_object(get_rng_state(), rngs if env.rank == 0 else None, dst=0)
         if env.rank != 0:
             return 0.0
-        state = {
-            "model": ddp.module.state_dict(), "optimizer": optimizer.state_dict(),
+        model_sd = ddp.module.state_dict()
+        # Buffers (BN stats) change in the next forward: copy now. Parameters and optimizer
+        # state change only in the next optimizer.step(): the writer thread copies them
+        # while the next forward/backward runs (None keeps each key's place in the order).
+        now = {
+            "model": {k: (v if k in buffer_names else None) for k, v in model_sd.items()},
             "scheduler": scheduler.state_dict(), "step": at_step, "epoch": at_epoch,
             "pos": at_pos, "world_size": env.world_size, "batch_size": args.batch_size,
             "grad_accum": args.grad_accum, "rng": rngs,
+        }
+        deferred = {
+            "model": {k: v for k, v in model_sd.items() if k not in buffer_names},
+            "optimizer": optimizer.state_dict(),
         }
         meta = {
             "step": at_step, "world_size": env.world_size, "host": env.host,
             "rank": env.rank, "restart_count": env.restart_count, "time": time.time(),
         }
-        return ckpt.save_async(state, meta)
+        ckpt.save_async(now, deferred, meta)
+        return time.perf_counter() - t0
 
     # ---- loop ----------------------------------------------------------------------------
     amp = contextlib.nullcontext()
@@ -533,6 +548,8 @@ def main(argv: list[str] | None = None) -> int:
                     n: p.grad.detach().cpu().clone()
                     for n, p in ddp.module.named_parameters() if p.grad is not None
                 }
+            if ckpt is not None:
+                stall_total += ckpt.wait_snapshot()  # the writer copies params first
             if args.clip_grad > 0:
                 torch.nn.utils.clip_grad_norm_(ddp.parameters(), args.clip_grad)
             optimizer.step()

@@ -84,6 +84,7 @@ class CheckpointManager:
         self.log = log
         self.debug_slow_save = debug_slow_save
         self._thread: threading.Thread | None = None
+        self._snapshot_done: threading.Event | None = None
         self._error: BaseException | None = None
 
     # ---- paths -------------------------------------------------------------------------
@@ -110,19 +111,39 @@ class CheckpointManager:
                     os.unlink(os.path.join(self.dir, n))
 
     # ---- save --------------------------------------------------------------------------
-    def save_async(self, state: dict[str, Any], meta: dict[str, Any]) -> float:
-        """Snapshot ``state`` to CPU now, write it in a background thread.
+    def save_async(
+        self,
+        now: dict[str, Any],
+        deferred: dict[str, dict[str, Any]],
+        meta: dict[str, Any],
+    ) -> float:
+        """Checkpoint without stopping training for the write.
 
-        Returns the seconds the caller was stalled (waiting for the previous write plus the
-        snapshot copy).
+        ``now`` (state the next forward may change in place: BN buffers, RNG, counters) is
+        copied to CPU before returning. ``deferred`` (parameters and optimizer state, which
+        only the next optimizer step changes) is copied by the writer thread while the next
+        forward/backward runs; the caller must call wait_snapshot() before that optimizer
+        step. Each ``deferred[k]`` dict is merged into ``now[k]`` (keeping ``now[k]``'s key
+        order when it lists every key, as the trainer arranges for the model).
+        Returns the seconds the caller was blocked.
         """
         t0 = time.perf_counter()
         self.wait()  # one write in flight at a time bounds memory to one extra copy
-        snapshot = _to_cpu_copy(state)
+        snapshot = _to_cpu_copy(now)
+        self._snapshot_done = threading.Event()
         self._thread = threading.Thread(
-            target=self._write_guarded, args=(snapshot, dict(meta)), daemon=True
+            target=self._write_guarded, args=(snapshot, deferred, dict(meta)), daemon=True
         )
         self._thread.start()
+        return time.perf_counter() - t0
+
+    def wait_snapshot(self) -> float:
+        """Block until the deferred part is copied; returns the seconds blocked."""
+        if self._snapshot_done is None:
+            return 0.0
+        t0 = time.perf_counter()
+        self._snapshot_done.wait()
+        self._snapshot_done = None
         return time.perf_counter() - t0
 
     def wait(self) -> None:
@@ -130,12 +151,27 @@ class CheckpointManager:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        self._snapshot_done = None
         if self._error is not None:
             err, self._error = self._error, None
             raise RuntimeError(f"checkpoint write failed: {err}") from err
 
-    def _write_guarded(self, snapshot: dict[str, Any], meta: dict[str, Any]) -> None:
+    def _write_guarded(
+        self, snapshot: dict[str, Any], deferred: dict[str, dict[str, Any]], meta: dict[str, Any]
+    ) -> None:
+        done = self._snapshot_done
         try:
+            try:
+                # Tensor copies release the GIL, so this overlaps the next forward/backward.
+                for key, part in deferred.items():
+                    copied = _to_cpu_copy(part)
+                    merged = dict(snapshot.get(key) or {})
+                    for k, v in copied.items():
+                        merged[k] = v
+                    snapshot[key] = merged
+            finally:
+                if done is not None:
+                    done.set()
             self.write(snapshot, meta)
         except BaseException as e:  # surfaced to the main thread by wait()
             self._error = e
