@@ -455,19 +455,19 @@ def main(argv: list[str] | None = None) -> int:
     })
 
     buffer_names = {n for n, _ in ddp.module.named_buffers()}
+    # Checkpoint RNG gathers run in background threads on their own (gloo, CPU) group.
+    ckpt_group = dist.new_group(backend="gloo") if ckpt is not None else None
 
     def save(at_step: int, at_epoch: int, at_pos: int) -> float:
-        """Collective: gather every rank's RNG state, rank 0 snapshots and writes async.
-
-        Returns the seconds this call blocked training (rank 0), gather included.
+        """Collective (in the background): every rank's RNG state goes to rank 0, which
+        snapshots the state and writes it asynchronously. Returns the seconds it blocked.
         """
         assert ckpt is not None
         t0 = time.perf_counter()
-        rngs: list[Any] = [None] * env.world_size if env.rank == 0 else []
-        # gather_object is also the barrier: no rank runs ahead of the snapshot point.
-        dist.gather_object(get_rng_state(), rngs if env.rank == 0 else None, dst=0)
+        rng = get_rng_state()  # this step boundary's state; shipped to rank 0 in background
         if env.rank != 0:
-            return 0.0
+            ckpt.send_rng_async(rng, ckpt_group)
+            return time.perf_counter() - t0
         model_sd = ddp.module.state_dict()
         # Buffers (BN stats) change in the next forward: copy now. Parameters and optimizer
         # state change only in the next optimizer.step(): the writer thread copies them
@@ -476,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
             "model": {k: (v if k in buffer_names else None) for k, v in model_sd.items()},
             "scheduler": scheduler.state_dict(), "step": at_step, "epoch": at_epoch,
             "pos": at_pos, "world_size": env.world_size, "batch_size": args.batch_size,
-            "grad_accum": args.grad_accum, "rng": rngs,
+            "grad_accum": args.grad_accum,
         }
         deferred = {
             "model": {k: v for k, v in model_sd.items() if k not in buffer_names},
@@ -486,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
             "step": at_step, "world_size": env.world_size, "host": env.host,
             "rank": env.rank, "restart_count": env.restart_count, "time": time.time(),
         }
-        ckpt.save_async(now, deferred, meta)
+        ckpt.save_async(now, deferred, meta, rng, ckpt_group, env.world_size)
         return time.perf_counter() - t0
 
     # ---- loop ----------------------------------------------------------------------------
@@ -605,9 +605,9 @@ def main(argv: list[str] | None = None) -> int:
     # ---- finish --------------------------------------------------------------------------
     if ckpt and not stopped and last_saved != step:
         save(step, epoch, pos)  # the final state is resumable too
-    if ckpt and env.rank == 0:
-        ckpt.wait()  # durable before anyone reports success or exits
-        if saves:
+    if ckpt:
+        ckpt.wait()  # rank 0: durable; others: RNG handed over, before anyone exits
+        if saves and env.rank == 0:
             print(f"ddptrain: {saves} checkpoint(s), mean training stall "
                   f"{1000 * stall_total / saves:.2f} ms", file=sys.stderr, flush=True)
     if args.save_final and env.rank == 0 and not stopped:

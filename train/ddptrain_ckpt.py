@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 _NAME = re.compile(r"^ckpt-step-(\d+)\.json$")
 
@@ -111,11 +112,32 @@ class CheckpointManager:
                     os.unlink(os.path.join(self.dir, n))
 
     # ---- save --------------------------------------------------------------------------
+    def send_rng_async(self, rng: Any, group: Any) -> None:
+        """Ranks != 0: hand this rank's RNG state to rank 0's writer, off the training path.
+
+        The gather runs on ``group``, a process group used only for checkpoints, so it can
+        run in a thread without interleaving with DDP's collectives on the default group.
+        """
+        self.wait()
+        self._thread = threading.Thread(
+            target=self._guard, args=(dist.gather_object, rng, None, 0, group), daemon=True
+        )
+        self._thread.start()
+
+    def _guard(self, fn: Callable[..., Any], *a: Any) -> None:
+        try:
+            fn(*a)
+        except BaseException as e:  # surfaced to the main thread by wait()
+            self._error = e
+
     def save_async(
         self,
         now: dict[str, Any],
         deferred: dict[str, dict[str, Any]],
         meta: dict[str, Any],
+        rng: Any = None,
+        group: Any = None,
+        world_size: int = 1,
     ) -> float:
         """Checkpoint without stopping training for the write.
 
@@ -125,14 +147,17 @@ class CheckpointManager:
         forward/backward runs; the caller must call wait_snapshot() before that optimizer
         step. Each ``deferred[k]`` dict is merged into ``now[k]`` (keeping ``now[k]``'s key
         order when it lists every key, as the trainer arranges for the model).
-        Returns the seconds the caller was blocked.
+        With ``group``, the writer also gathers every rank's RNG state (``rng`` is this
+        rank's) into ``now["rng"]`` (see send_rng_async). Returns the seconds blocked.
         """
         t0 = time.perf_counter()
         self.wait()  # one write in flight at a time bounds memory to one extra copy
         snapshot = _to_cpu_copy(now)
         self._snapshot_done = threading.Event()
         self._thread = threading.Thread(
-            target=self._write_guarded, args=(snapshot, deferred, dict(meta)), daemon=True
+            target=self._write_guarded,
+            args=(snapshot, deferred, dict(meta), rng, group, world_size),
+            daemon=True,
         )
         self._thread.start()
         return time.perf_counter() - t0
@@ -157,7 +182,13 @@ class CheckpointManager:
             raise RuntimeError(f"checkpoint write failed: {err}") from err
 
     def _write_guarded(
-        self, snapshot: dict[str, Any], deferred: dict[str, dict[str, Any]], meta: dict[str, Any]
+        self,
+        snapshot: dict[str, Any],
+        deferred: dict[str, dict[str, Any]],
+        meta: dict[str, Any],
+        rng: Any,
+        group: Any,
+        world_size: int,
     ) -> None:
         done = self._snapshot_done
         try:
@@ -172,6 +203,10 @@ class CheckpointManager:
             finally:
                 if done is not None:
                     done.set()
+            if group is not None:
+                rngs: list[Any] = [None] * world_size
+                dist.gather_object(rng, rngs, dst=0, group=group)
+                snapshot["rng"] = rngs
             self.write(snapshot, meta)
         except BaseException as e:  # surfaced to the main thread by wait()
             self._error = e

@@ -156,3 +156,17 @@ def test_distributed_sampler_covers_each_sample_once(tmp_path: Path) -> None:
     for ep in epochs:
         assert sorted(ep[0] + ep[1]) == list(range(64))  # each sample exactly once
     assert epochs[0][0] != epochs[1][0]  # set_epoch reshuffles
+
+
+def test_grad_accum_equals_bigger_micro_batch(tmp_path: Path) -> None:
+    """--grad-accum 2 with micro-batch 8 (no_sync on the first) == micro-batch 16."""
+    with Launcher(tmp_path) as L:
+        a = L.torchrun(STEPS + ["--batch-size", "8", "--grad-accum", "2",
+                                "--save-final", str(tmp_path / "accum.pt")], name="accum")
+        b = L.torchrun(STEPS + ["--batch-size", "16", "--save-final", str(tmp_path / "b16.pt")],
+                       name="b16")
+        for p in (a, b):
+            assert p.wait(180) == 0, p.tail()
+    wa = torch.load(tmp_path / "accum.pt", weights_only=True)
+    wb = torch.load(tmp_path / "b16.pt", weights_only=True)
+    assert _max_abs_diff(wa, wb) <= 1e-6
