@@ -12,13 +12,14 @@ import os
 import subprocess
 import tarfile
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
 from ddpdeploy.errors import OperationError
 from ddpdeploy.render.image import (
+    DOCKERFILE,
     FIXED_MTIME,
     WORKSPACE_DIR,
     BuildProgress,
@@ -27,13 +28,10 @@ from ddpdeploy.render.image import (
     dockerignore_patterns,
 )
 
-Event = Mapping[str, Any]
-
 
 def connect() -> Any:
     """A client for the engine DOCKER_HOST (or the default socket) names, checked with a ping."""
-    import docker.errors
-
+    # One plain import: ruff would file `docker.*` as first-party (this repo has docker/).
     import docker
 
     where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
@@ -140,13 +138,14 @@ def build(
 ) -> BuildProgress:
     """Build without a tag (so a failure tags nothing); raise OperationError on failure."""
     import docker.errors
+    import requests
 
     progress = BuildProgress()
     try:
         stream = client.api.build(
             fileobj=context,
             custom_context=True,
-            dockerfile="ddpdeploy-build/Dockerfile",
+            dockerfile=DOCKERFILE,
             buildargs=build_args,
             rm=True,
             forcerm=True,
@@ -157,7 +156,8 @@ def build(
         for event in stream:
             progress.feed(event)
             on_event(progress)
-    except docker.errors.DockerException as exc:
+    # requests' errors: the engine went away mid-stream.
+    except (docker.errors.DockerException, requests.RequestException) as exc:
         progress.error = str(exc)
     progress.finish()
     if progress.error or not progress.image_id:
@@ -192,6 +192,7 @@ def push(
 ) -> str:
     """Push with the credentials of the user's docker config; return the manifest digest."""
     import docker.errors
+    import requests
 
     progress = PushProgress()
     try:
@@ -199,14 +200,17 @@ def push(
         for event in client.api.push(repository, tag=tag_name, stream=True, decode=True):
             progress.feed(event)
             on_event(progress)
-    except docker.errors.DockerException as exc:
+    except (docker.errors.DockerException, requests.RequestException) as exc:
         progress.error = " ".join(str(exc).split())
     ref = f"{repository}:{tag_name}"
     if progress.auth_failure:
-        registry = repository.split("/", 1)[0]
+        first = repository.split("/", 1)[0]
+        # No host part (me/train): Docker Hub, where plain `docker login` logs in.
+        is_host = "/" in repository and ("." in first or ":" in first or first == "localhost")
+        login = f"docker login {first}" if is_host else "docker login"
         raise OperationError(
             f"the registry refused to push {ref}: {progress.error}; log in with "
-            f"`docker login {registry}` (credentials are read from your docker config)"
+            f"`{login}` (credentials are read from your docker config)"
         )
     if progress.error:
         raise OperationError(f"pushing {ref} failed: {progress.error}")

@@ -6,6 +6,7 @@ code-only change, and break the build in the ways users do.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,8 +18,10 @@ from ddpdeploy.contract import TRAINER_IN_IMAGE
 
 pytestmark = pytest.mark.docker
 
-REPO = "ddpdeploy-test/build-it"
-FAIL_REPO = "ddpdeploy-test/build-fail"
+# Per process: two test sessions on one engine (two clones, CI and a developer) must not
+# untag each other's images. Layers are shared through the cache all the same.
+REPO = f"ddpdeploy-test/build-it-{os.getpid()}"
+FAIL_REPO = f"ddpdeploy-test/build-fail-{os.getpid()}"
 
 
 def run_in(engine: Any, ref: str, command: list[str], timeout: int = 180) -> tuple[int, str]:

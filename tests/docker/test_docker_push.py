@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ def test_push_prints_the_digest_reference(
     tmp_path: Path,
     cleanup_images: list[str],
 ) -> None:
-    repo = f"{registry.host}/ddpdeploy-test/pushed"
+    repo = f"{registry.host}/ddpdeploy-test/pushed-{os.getpid()}"
     cleanup_images.append(repo)
     config = tmp_path / "docker-config"
     config.mkdir()
@@ -79,7 +80,7 @@ def test_push_without_credentials_says_docker_login(
     config.mkdir()
     ws = tmp_path / "ws"
     ws.mkdir()
-    repo = f"{registry.host}/ddpdeploy-test/denied"
+    repo = f"{registry.host}/ddpdeploy-test/denied-{os.getpid()}"
     result = push(cli, ws, base_image, repo, config)
     assert result.returncode == 1
     assert result.stdout == ""
