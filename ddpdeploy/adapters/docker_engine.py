@@ -19,6 +19,7 @@ from typing import IO, Any
 
 from ddpdeploy.errors import OperationError
 from ddpdeploy.render.image import (
+    DEFAULT_IGNORES,
     DOCKERFILE,
     FIXED_MTIME,
     WORKSPACE_DIR,
@@ -52,7 +53,9 @@ def workspace_files(workspace: Path) -> set[str]:
     from docker.utils.build import exclude_paths
 
     ignore = workspace / ".dockerignore"
-    patterns = dockerignore_patterns(ignore.read_text()) if ignore.is_file() else []
+    patterns = list(DEFAULT_IGNORES)
+    if ignore.is_file():
+        patterns += dockerignore_patterns(ignore.read_text())
     # exclude_paths re-includes a file named like its dockerfile argument; name one that the
     # workspace cannot hold so an ignored Dockerfile of the user's stays ignored.
     return set(exclude_paths(str(workspace), patterns, dockerfile="\0ddpdeploy-none"))

@@ -52,6 +52,12 @@ class ContextEntry:
         return self.source.read_bytes()
 
 
+# Left out of every context before the user's .dockerignore applies (a `!.git` line there
+# brings it back): git history would change the context hash on every commit and bloat the
+# code layer; bytecode is rebuilt anyway.
+DEFAULT_IGNORES = (".git", "**/__pycache__", "**/*.pyc")
+
+
 def dockerignore_patterns(text: str) -> list[str]:
     """Patterns of a .dockerignore file, read the way the docker SDK and CLI read them."""
     lines = (line.strip() for line in text.splitlines())

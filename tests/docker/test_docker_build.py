@@ -7,6 +7,7 @@ code-only change, and break the build in the ways users do.
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,7 @@ pytestmark = pytest.mark.docker
 # untag each other's images. Layers are shared through the cache all the same.
 REPO = f"ddpdeploy-test/build-it-{os.getpid()}"
 FAIL_REPO = f"ddpdeploy-test/build-fail-{os.getpid()}"
+GIT_REPO = f"ddpdeploy-test/build-git-{os.getpid()}"
 
 
 def run_in(engine: Any, ref: str, command: list[str], timeout: int = 180) -> tuple[int, str]:
@@ -153,3 +155,42 @@ def test_unreachable_engine_is_one_line(cli: Callable[..., Any], tmp_path: Path)
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith(f"error: cannot reach the Docker engine at {dead}")
     assert "DOCKER_HOST" in lines[0]
+
+
+def test_git_workspace_tag_and_labels(
+    base_image: str,
+    engine: Any,
+    cli: Callable[..., Any],
+    tmp_path: Path,
+    cleanup_images: list[str],
+) -> None:
+    cleanup_images.append(GIT_REPO)
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    git("remote", "add", "origin", "https://user:token@git.example.com/team/proj.git")
+    (tmp_path / "main.py").write_text("print('x')\n")
+    git("add", "main.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    rev = subprocess.run(
+        ["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    result, _ = build(cli, tmp_path, base_image, repo=GIT_REPO)
+    assert result.returncode == 0, result.stderr
+    ref = result.stdout.strip()
+    assert ref.startswith(f"{GIT_REPO}:git-{rev[:12]}-")
+    labels = engine.images.get(ref).attrs["Config"]["Labels"]
+    assert labels["org.opencontainers.image.revision"] == rev
+    # The origin URL without the credentials in it: nothing secret reaches the image.
+    assert labels["org.opencontainers.image.source"] == "https://git.example.com/team/proj.git"
+    engine.images.remove(ref, noprune=True)
+
+    # An uncommitted change: same revision, new tag.
+    (tmp_path / "main.py").write_text("print('y')\n")
+    dirty, _ = build(cli, tmp_path, base_image, repo=GIT_REPO)
+    assert dirty.returncode == 0, dirty.stderr
+    assert dirty.stdout.strip().startswith(f"{GIT_REPO}:git-{rev[:12]}-")
+    assert dirty.stdout.strip() != ref
+    engine.images.remove(dirty.stdout.strip(), noprune=True)

@@ -59,6 +59,18 @@ def test_context_layout_honours_dockerignore(tmp_path: Path) -> None:
     }
 
 
+def test_git_and_bytecode_left_out_unless_asked(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / ".git").mkdir(parents=True)
+    (ws / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (ws / "pkg" / "__pycache__").mkdir(parents=True)
+    (ws / "pkg" / "__pycache__" / "m.cpython-311.pyc").write_bytes(b"x")
+    (ws / "pkg" / "m.py").write_text("")
+    assert workspace_files(ws) == {"pkg", "pkg/m.py"}
+    (ws / ".dockerignore").write_text("!.git\n")
+    assert ".git/HEAD" in workspace_files(ws)
+
+
 def test_requirements_copied_or_empty(tmp_path: Path) -> None:
     ws = make_workspace(tmp_path)
     by_name = {e.arcname: e for e in plan(tmp_path / "a", ws)}
