@@ -16,7 +16,6 @@ from ddpdeploy.spec import JobSpec
 
 # Where the built-in trainer lives inside images built by `ddpdeploy build`.
 TRAINER_IN_IMAGE = "/opt/ddpdeploy/train/ddptrain.py"
-WORKDIR_IN_IMAGE = "/workspace"
 CONTAINER_NAME = "pytorch"  # the operator finds the training container by this name
 PORT_NAME = "pytorchjob-port"  # ...and the rendezvous port by this one
 
@@ -48,12 +47,11 @@ class LaunchContract:
     replicas: dict[str, int]
     nproc_per_node: int
     port: int
-    rdzv_host_template: str  # a node hostname; targets may map it to an address
+    rdzv_host: str  # a node hostname; targets may map it to an address
     base_env: dict[str, str] = field(default_factory=dict)
     # Env vars that hold the pod's own address: the downward API's status.podIP in the
     # cluster, the node's mapped address elsewhere.
     own_address_env: tuple[str, ...] = ()
-    trainer_path: str = TRAINER_IN_IMAGE
 
     @property
     def nodes(self) -> list[Node]:
@@ -76,7 +74,7 @@ class LaunchContract:
             return ["-m", cmd.module, *cmd.args]
         if cmd.script:
             return [cmd.script, *cmd.args]
-        args = [trainer_path or self.trainer_path, "--backend", self.spec.resolved_backend]
+        args = [trainer_path or TRAINER_IN_IMAGE, "--backend", self.spec.resolved_backend]
         if self.spec.checkpoint:
             args += ["--checkpoint-dir", checkpoint_dir or self.spec.checkpoint.mount_path]
         return [*args, *cmd.args]
@@ -121,7 +119,7 @@ class LaunchContract:
             }
         rdzv = self.spec.rendezvous
         if self.spec.elastic:
-            host = host_of.get(self.rdzv_host_template, self.rdzv_host_template)
+            host = host_of.get(self.rdzv_host, self.rdzv_host)
             env |= {
                 "PET_RDZV_ENDPOINT": f"{host}:{self.port}",
                 "PET_RDZV_BACKEND": "c10d",
@@ -134,7 +132,7 @@ class LaunchContract:
         else:
             env["PET_NNODES"] = str(total)
         # Ours, not the operator's: in base_env with the cluster hostname, mapped here.
-        env["DDPDEPLOY_RDZV_HOST"] = host_of.get(self.rdzv_host_template, self.rdzv_host_template)
+        env["DDPDEPLOY_RDZV_HOST"] = host_of.get(self.rdzv_host, self.rdzv_host)
         hostname = node.hostname(job)
         for name in self.own_address_env:
             env[name] = host_of.get(hostname, hostname)
@@ -181,7 +179,7 @@ def launch_contract(spec: JobSpec) -> LaunchContract:
         replicas=replicas,
         nproc_per_node=spec.procs_per_node,
         port=spec.rendezvous.port,
-        rdzv_host_template=rdzv_host,
+        rdzv_host=rdzv_host,
         base_env=base_env,
         own_address_env=own_address_env,
     )
