@@ -102,7 +102,7 @@ def main() -> None:
     print(f"user-code layer     {mb(code_layer['Size'])}")
     for tag in client.images.list(name=REPO):
         for name in tag.tags:
-            client.images.remove(name, noprune=True)
+            client.images.remove(name)
 
 
 if __name__ == "__main__":

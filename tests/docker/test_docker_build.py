@@ -185,7 +185,7 @@ def test_git_workspace_tag_and_labels(
     assert labels["org.opencontainers.image.revision"] == rev
     # The origin URL without the credentials in it: nothing secret reaches the image.
     assert labels["org.opencontainers.image.source"] == "https://git.example.com/team/proj.git"
-    engine.images.remove(ref, noprune=True)
+    engine.images.remove(ref)
 
     # An uncommitted change: same revision, new tag.
     (tmp_path / "main.py").write_text("print('y')\n")
@@ -193,4 +193,4 @@ def test_git_workspace_tag_and_labels(
     assert dirty.returncode == 0, dirty.stderr
     assert dirty.stdout.strip().startswith(f"{GIT_REPO}:git-{rev[:12]}-")
     assert dirty.stdout.strip() != ref
-    engine.images.remove(dirty.stdout.strip(), noprune=True)
+    engine.images.remove(dirty.stdout.strip())
