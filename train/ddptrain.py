@@ -381,13 +381,6 @@ def main(argv: list[str] | None = None) -> int:
     if steps_per_epoch == 0:
         bad_args(f"--batch-size {args.batch_size} x --grad-accum {args.grad_accum} exceeds "
                  f"the {len(sampler)} samples each rank gets per epoch")
-    if args.steps:
-        total_steps = args.steps
-        if args.epochs:
-            total_steps = min(total_steps, args.epochs * steps_per_epoch)
-    else:
-        total_steps = (args.epochs or 1) * steps_per_epoch
-
     lr = args.lr * (2.0 if args.debug_desync_opt and env.rank != 0 else 1.0)
     params = [p for p in ddp.parameters() if p.requires_grad]
     optimizer: torch.optim.Optimizer
@@ -446,6 +439,14 @@ def main(argv: list[str] | None = None) -> int:
                 seed_everything(args.seed + env.rank + 1_000_003 * step)
             resumed_from = ckpt.payload_path(cand)
             break
+
+    # Epoch-based ends count the remaining epochs in the current layout, which after a
+    # world-size change at an epoch boundary has a different number of steps per epoch.
+    epochs_end = step + ((args.epochs or 1) - epoch) * steps_per_epoch - pos
+    if args.steps:
+        total_steps = min(args.steps, epochs_end) if args.epochs else args.steps
+    else:
+        total_steps = epochs_end
 
     log({
         "event": "start", "world_size": env.world_size, "backend": backend,

@@ -103,11 +103,16 @@ class CheckpointManager:
         return sorted(steps, reverse=True)
 
     def remove_stale_temp_files(self) -> None:
-        """Delete temp files a killed writer left behind (rank 0, before the first save)."""
+        """Delete what a killed writer left behind (rank 0, before the first save): temp
+        files, and payloads whose sidecar (the commit point) was never written."""
         if not os.path.isdir(self.dir):
             return
-        for n in os.listdir(self.dir):
-            if n.startswith(".tmp-"):
+        names = set(os.listdir(self.dir))
+        for n in names:
+            orphan = n.startswith("ckpt-step-") and n.endswith(".pt") and (
+                n[: -len(".pt")] + ".json" not in names
+            )
+            if n.startswith(".tmp-") or orphan:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(self.dir, n))
 

@@ -134,3 +134,22 @@ def test_sigterm_checkpoints_and_exits_143(tmp_path: Path, reference: str) -> No
         q = L.run_ok(ARGS + ["--checkpoint-dir", str(ck)], name="second")
     assert start_event(q)["resume_step"] == stop_step
     assert done_hash(q) == reference
+
+
+def test_world_size_change_only_at_epoch_boundary(tmp_path: Path) -> None:
+    mid, edge = tmp_path / "mid", tmp_path / "edge"
+    with Launcher(tmp_path) as L:
+        # Mid-epoch checkpoint from 2 ranks: 1 rank refuses it with one clear line.
+        L.run_ok(["--steps", "3", "--checkpoint-dir", str(mid)], name="mid2")
+        p = L.torchrun(["--steps", "6", "--checkpoint-dir", str(mid)], nproc=1, name="mid1")
+        assert p.wait(120) != 0
+        assert "written mid-epoch with world size 2" in p.stderr, p.tail()
+        # Epoch-boundary checkpoint (1 epoch = 32 steps at 2 x 64): 1 rank continues with
+        # the second epoch, which has 64 steps in its layout.
+        L.run_ok(["--epochs", "1", "--batch-size", "64", "--log-every", "32",
+                  "--checkpoint-dir", str(edge)], name="edge2")
+        q = L.run_ok(["--epochs", "2", "--batch-size", "64", "--log-every", "32",
+                      "--checkpoint-dir", str(edge)], nproc=1, name="edge1")
+    st = start_event(q)
+    assert st["resume_step"] == 32 and st["world_size"] == 1 and st["total_steps"] == 96
+    assert q.events()[-1]["step"] == 96
