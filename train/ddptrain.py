@@ -409,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         dist.broadcast_object_list(cands, src=0)
         for cand in cands[0]:
             data = ckpt.read_verified(cand)
-            ok = torch.tensor([1 if data is not None else 0])
+            ok = torch.tensor([1 if data is not None else 0], device=device)  # nccl: on GPU
             dist.all_reduce(ok, op=dist.ReduceOp.MIN)  # every rank must be able to read it
             if not ok.item():
                 if env.rank == 0:
