@@ -256,6 +256,9 @@ class JobSpec(Model):
     checkpoint: Checkpoint | None = None
     # /dev/shm is 64 MB in pods; DataLoader workers and NCCL need more. null: no mount.
     shm_size: Quantity | None = "2Gi"
+    # On pod deletion torchrun forwards SIGTERM and gives workers 30 s before SIGKILL; the
+    # trainer needs a step plus a checkpoint write on top, and Kubernetes' default is 30 s.
+    termination_grace_period_seconds: int = Field(default=120, ge=0)
     env: EnvMap = Field(default_factory=dict)
     image_pull_secrets: list[Namespace] = Field(default_factory=list)
     node_selector: dict[str, Str] = Field(default_factory=dict)

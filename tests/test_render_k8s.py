@@ -167,6 +167,7 @@ def test_full_spec_reaches_the_pod():
     assert {"name": "checkpoints", "mountPath": "/ckpt"} in pod["containers"][0]["volumeMounts"]
     assert pod["imagePullSecrets"] == [{"name": "regcred"}]
     assert pod["serviceAccountName"] == "trainer"
+    assert pod["terminationGracePeriodSeconds"] == 120
     assert pod["priorityClassName"] == "high"
     assert pod["tolerations"][0]["operator"] == "Exists"
     env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}

@@ -44,6 +44,7 @@ rendezvous:
 #   mountPath: /checkpoints
 
 shmSize: 2Gi               # /dev/shm as a memory emptyDir; null = no mount (64 MB default)
+terminationGracePeriodSeconds: 120  # SIGTERM -> checkpoint -> exit; torchrun alone takes 30 s
 env: {}                    # e.g. {NCCL_DEBUG: INFO}
 imagePullSecrets: []
 nodeSelector: {}

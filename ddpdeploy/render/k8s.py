@@ -89,7 +89,10 @@ def _container(spec: JobSpec, contract: LaunchContract) -> Obj:
 
 
 def _pod_template(spec: JobSpec, contract: LaunchContract) -> Obj:
-    pod: Obj = {"containers": [_container(spec, contract)]}
+    pod: Obj = {
+        "containers": [_container(spec, contract)],
+        "terminationGracePeriodSeconds": spec.termination_grace_period_seconds,
+    }
     volumes = []
     if spec.shm_size:
         volumes.append(
