@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import run_cli
+from cli_runner import run_cli
 
 ARGS = ["render", "--image", "ghcr.io/t/train:v1", "--nodes", "2", "--gpus", "8"]
 

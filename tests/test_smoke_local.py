@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from cli_runner import run_cli
 
 pytest.importorskip("torch")
 

@@ -1,4 +1,7 @@
-"""Shared fixtures: run the real CLI as a subprocess, as users do."""
+"""Run the real CLI as a subprocess, as users do.
+
+A plain module, not conftest.py: tests/docker has a conftest of its own, and two modules
+named `conftest` cannot both be imported by that name."""
 
 from __future__ import annotations
 
@@ -6,10 +9,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_cli(
@@ -24,8 +23,3 @@ def run_cli(
         text=True,
         timeout=timeout,
     )
-
-
-@pytest.fixture
-def cli():
-    return run_cli
