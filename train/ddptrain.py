@@ -318,7 +318,7 @@ def warm_up_buckets(
 
 
 # ---- the trainer -------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> NoReturn:
     args = parse_args(argv)
     env = read_env()
     log = Logger(env.rank)
@@ -630,12 +630,27 @@ def main(argv: list[str] | None = None) -> int:
     if stopped:
         log({"event": "stopped", "step": step, "reason": "SIGTERM",
              "checkpoint": ckpt.payload_path(step) if ckpt else None})
-        dist.destroy_process_group()
-        return EXIT_PREEMPTED
-    log({"event": "done", "step": step, "weights_sha256": state_sha256(ddp.module)})
+        code = EXIT_PREEMPTED
+    else:
+        log({"event": "done", "step": step, "weights_sha256": state_sha256(ddp.module)})
+        code = EXIT_OK
     dist.destroy_process_group()
-    return EXIT_OK
+    exit_now(code)
+
+
+def exit_now(code: int) -> NoReturn:
+    """Exit without tearing down torch's objects: everything is durable and flushed here.
+
+    torch 2.13 can deadlock at exit with gloo: when DDP's Reducer (which still holds the
+    process group) is freed, the main thread joins the group's worker thread while holding
+    the GIL, and that thread may be freeing the last work object, which needs the GIL.
+    Seen as a rare hang after "done" with two agents (py-spy: ~ProcessGroupGloo in
+    std::thread::join vs gil_scoped_acquire in ~AsyncBarrierWork).
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
