@@ -54,11 +54,19 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _atomic_write_bytes(path: str, data: bytes) -> None:
+def _atomic_write_bytes(path: str, data: bytes | memoryview, pause_mid_write: float = 0.0) -> None:
+    """Temp file, fsync, rename, fsync the directory: the file is whole or absent."""
     d = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".json")
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.splitext(path)[1])
     try:
         with os.fdopen(fd, "wb") as f:
+            if pause_mid_write:
+                # Test hook: widen the window in which a kill lands mid-write.
+                half = len(data) // 2
+                f.write(data[:half])
+                f.flush()
+                time.sleep(pause_mid_write)
+                data = data[half:]
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -221,29 +229,12 @@ class CheckpointManager:
         os.makedirs(self.dir, exist_ok=True)
         step = int(meta["step"])
         final = self.payload_path(step)
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".tmp-", suffix=".pt")
-        try:
-            # Serialise to memory first so the sha256 is computed without re-reading the file.
-            buf = io.BytesIO()
-            torch.save(snapshot, buf)
-            data = buf.getbuffer()
-            digest = hashlib.sha256(data).hexdigest()
-            with os.fdopen(fd, "wb") as f:
-                half = len(data) // 2
-                f.write(data[:half])
-                if self.debug_slow_save:
-                    # Test hook: widen the window in which a kill lands mid-write.
-                    f.flush()
-                    time.sleep(self.debug_slow_save)
-                f.write(data[half:])
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        _fsync_dir(self.dir)
+        # Serialise to memory first so the sha256 is computed without re-reading the file.
+        buf = io.BytesIO()
+        torch.save(snapshot, buf)
+        data = buf.getbuffer()
+        digest = hashlib.sha256(data).hexdigest()
+        _atomic_write_bytes(final, data, self.debug_slow_save)
         sidecar = dict(meta, sha256=digest, file=os.path.basename(final))
         _atomic_write_bytes(self.sidecar_path(step), json.dumps(sidecar).encode())
         self._apply_retention()
