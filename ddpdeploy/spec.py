@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -60,22 +61,24 @@ _QUALIFIED_NAME = (
 )
 
 
-def _dns1035(value: str) -> str:
-    if len(value) > MAX_DNS_LABEL or not re.match(_DNS1035, value):
-        raise ValueError(
-            "must be a DNS-1035 label: lowercase letters, digits and '-', starting with a "
-            f"letter, ending with a letter or digit, at most {MAX_DNS_LABEL} characters"
-        )
-    return value
+def _dns_label(pattern: str, rule: str) -> Callable[[str], str]:
+    def check(value: str) -> str:
+        if len(value) > MAX_DNS_LABEL or not re.match(pattern, value):
+            raise ValueError(f"must be a {rule}, at most {MAX_DNS_LABEL} characters")
+        return value
+
+    return check
 
 
-def _dns1123(value: str) -> str:
-    if len(value) > MAX_DNS_LABEL or not re.match(_DNS1123, value):
-        raise ValueError(
-            "must be a DNS-1123 label: lowercase letters, digits and '-', starting and "
-            f"ending with a letter or digit, at most {MAX_DNS_LABEL} characters"
-        )
-    return value
+_dns1035 = _dns_label(
+    _DNS1035,
+    "DNS-1035 label: lowercase letters, digits and '-', starting with a letter, ending with "
+    "a letter or digit",
+)
+_dns1123 = _dns_label(
+    _DNS1123,
+    "DNS-1123 label: lowercase letters, digits and '-', starting and ending with a letter or digit",
+)
 
 
 def _quantity(value: Any) -> str:
