@@ -79,7 +79,7 @@ def smoke(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from ddpdeploy.adapters.local import LocalRun
+    from ddpdeploy.adapters.local import Line, LocalRun
     from ddpdeploy.paths import trainer_script
     from ddpdeploy.render.local import plan
 
@@ -109,7 +109,6 @@ def smoke(
     )
     done: dict[str, Any] | None = None
     first_step_at: float | None = None
-    last_step = 0
     started = time.monotonic()
     progress = Progress(
         TextColumn("[bold]training"),
@@ -119,25 +118,33 @@ def smoke(
         console=console,
         transient=False,
     )
+    task = progress.add_task("train", total=steps, info="rendezvous…")
+
+    def show(line: Line) -> None:
+        """Rank 0's JSON lines drive the display; the last `done` is the result."""
+        nonlocal done, first_step_at
+        event = _event(line.text) if line.stream == "stdout" else None
+        if event is None:
+            return
+        if event["event"] == "step":
+            first_step_at = first_step_at or time.monotonic()
+            progress.update(
+                task,
+                completed=int(event["step"]),
+                info=f"loss {event.get('loss', float('nan')):.4f}",
+            )
+        elif event["event"] == "done":
+            done = event
+            progress.update(task, completed=done["step"], info="done")
+        elif event["event"] in ("start", "checkpoint"):
+            if event.get("total_steps"):
+                progress.update(task, total=event["total_steps"])
+            progress.console.print(f"[dim]{line.hostname}: {line.text}", soft_wrap=True)
+
     with progress, LocalRun(nodes, Path.cwd()) as run:
-        task = progress.add_task("train", total=steps, info="rendezvous…")
         for line in run.events():
             if line is not None:
-                event = _event(line.text) if line.stream == "stdout" else None
-                if event and event["event"] == "step":
-                    last_step = int(event["step"])
-                    first_step_at = first_step_at or time.monotonic()
-                    progress.update(
-                        task,
-                        completed=last_step,
-                        info=f"loss {event.get('loss', float('nan')):.4f}",
-                    )
-                elif event and event["event"] == "done":
-                    done = event
-                elif event and event["event"] in ("start", "checkpoint"):
-                    if event.get("total_steps"):
-                        progress.update(task, total=event["total_steps"])
-                    progress.console.print(f"[dim]{line.hostname}: {line.text}", soft_wrap=True)
+                show(line)
             failed = run.failed()
             if failed is not None:
                 run.drain()
@@ -151,14 +158,10 @@ def smoke(
                 )
             if run.finished():
                 for rest in run.drain():
-                    event = _event(rest.text) if rest.stream == "stdout" else None
-                    if event and event["event"] == "done":
-                        done = event
+                    show(rest)
                 break
             if time.monotonic() - started > timeout:
                 raise OperationError(f"--timeout: the run did not finish within {timeout:g}s")
-        if done:
-            progress.update(task, completed=done["step"], info="done")
     wall = time.monotonic() - started
     if done is None:
         raise OperationError("the trainer ended without its final 'done' line")
