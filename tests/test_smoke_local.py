@@ -42,11 +42,30 @@ def marker():
         os.kill(pid, signal.SIGKILL)
 
 
+def smoke(cwd: Path, marker: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`ddpdeploy smoke --local ARGS` to the end, its processes tagged with ``marker``."""
+    return run_cli(
+        "smoke", "--local", *args, cwd=cwd, env={"DDPDEPLOY_TEST_MARKER": marker}, timeout=300
+    )
+
+
+def start_smoke(cwd: Path, marker: str, *args: str) -> subprocess.Popen[str]:
+    """The same, left running so the test can interrupt it."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "ddpdeploy", "smoke", "--local", *args],
+        cwd=cwd,
+        env={**os.environ, "DDPDEPLOY_TEST_MARKER": marker},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
 @pytest.mark.parametrize("extra", [[], ["--elastic", "2:2"]], ids=["static", "elastic"])
 def test_two_nodes_train_to_the_end(tmp_path, marker, extra):
-    res = run_cli(
-        "smoke",
-        "--local",
+    res = smoke(
+        tmp_path,
+        marker,
         "--nodes",
         "2",
         "--procs",
@@ -54,9 +73,6 @@ def test_two_nodes_train_to_the_end(tmp_path, marker, extra):
         "--steps",
         "6",
         *extra,
-        cwd=tmp_path,
-        env={"DDPDEPLOY_TEST_MARKER": marker},
-        timeout=300,
     )
     assert res.returncode == 0, res.stderr
     assert HASH.search(res.stdout), res.stdout
@@ -75,9 +91,9 @@ def test_failing_node_is_named_with_its_last_lines(tmp_path, marker):
         "        raise RuntimeError('boom on node one')\n"
         "    return nn.Linear(16, 4)\n"
     )
-    res = run_cli(
-        "smoke",
-        "--local",
+    res = smoke(
+        tmp_path,
+        marker,
         "--nodes",
         "2",
         "--steps",
@@ -85,9 +101,6 @@ def test_failing_node_is_named_with_its_last_lines(tmp_path, marker):
         "--",
         "--model",
         "flaky:model",
-        cwd=tmp_path,
-        env={"DDPDEPLOY_TEST_MARKER": marker},
-        timeout=300,
     )
     assert res.returncode == 1
     assert "error: node ddp-train-worker-0 (node rank 1, global rank 1) exited with code" in (
@@ -98,16 +111,13 @@ def test_failing_node_is_named_with_its_last_lines(tmp_path, marker):
 
 
 def test_bad_trainer_args_fail_cleanly(tmp_path, marker):
-    res = run_cli(
-        "smoke",
-        "--local",
+    res = smoke(
+        tmp_path,
+        marker,
         "--nodes",
         "1",
         "--",
         "--no-such-flag",
-        cwd=tmp_path,
-        env={"DDPDEPLOY_TEST_MARKER": marker},
-        timeout=300,
     )
     assert res.returncode == 1
     assert "exited with code" in res.stderr and "--no-such-flag" in res.stderr
@@ -115,24 +125,7 @@ def test_bad_trainer_args_fail_cleanly(tmp_path, marker):
 
 
 def test_ctrl_c_leaves_no_process_behind(tmp_path, marker):
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "ddpdeploy",
-            "smoke",
-            "--local",
-            "--nodes",
-            "2",
-            "--steps",
-            "100000",
-        ],
-        cwd=tmp_path,
-        env={**os.environ, "DDPDEPLOY_TEST_MARKER": marker},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_smoke(tmp_path, marker, "--nodes", "2", "--steps", "100000")
     deadline = time.monotonic() + 120
     # Wait until training runs (workers exist), then interrupt as a terminal would.
     while time.monotonic() < deadline and len(leftovers(marker)) < 5:
@@ -169,14 +162,7 @@ def test_elastic_worker_restart_resumes_from_checkpoint(tmp_path, marker):
         "rendezvous: {mode: elastic, minNodes: 2, maxNodes: 2, maxRestarts: 2}\n"
         "command: {args: [--checkpoint-every, '5', --debug-step-delay, '0.2']}\n"
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ddpdeploy", "smoke", "--local", "--steps", "30"],
-        cwd=tmp_path,
-        env={**os.environ, "DDPDEPLOY_TEST_MARKER": marker},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_smoke(tmp_path, marker, "--steps", "30")
     ckpts = tmp_path / ".ddpdeploy" / "checkpoints" / "restart"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and not any(ckpts.glob("*.json")):

@@ -6,8 +6,8 @@ where a missing engine is a failure: CI must not go green by skipping.
 
 from __future__ import annotations
 
+import functools
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +18,10 @@ import pytest
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))  # for base_images, a plain script beside these tests
+sys.path.insert(0, str(HERE.parent))  # for cli_runner, shared with the other CLI tests
 
 import base_images  # noqa: E402
+from cli_runner import run_cli  # noqa: E402
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -68,23 +70,10 @@ def base_image(test_images: dict[str, str]) -> str:
     return test_images["base"]
 
 
-def run_cli(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 600
-) -> subprocess.CompletedProcess[str]:
-    """`python -m ddpdeploy ARGS` in a fresh interpreter, as users run it."""
-    return subprocess.run(
-        [sys.executable, "-m", "ddpdeploy", *args],
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 @pytest.fixture(scope="session")
 def cli() -> Any:
-    return run_cli
+    """`python -m ddpdeploy ARGS` from the source root, with room for a cold build."""
+    return functools.partial(run_cli, cwd=ROOT, timeout=600)
 
 
 @pytest.fixture(scope="module")
