@@ -25,25 +25,24 @@ def test_render_yaml_is_deterministic_and_parses():
     assert cmd[-2:] == ["--steps", "100"]
 
 
-def test_render_json_lists_several_objects():
-    out = run_cli("render", "--image", "t:1", "-o", "json", "-f", str(_spec_with_pvc()))
+@pytest.fixture
+def spec_with_pvc(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("spec") / "job.yaml"
+    path.write_text("name: j\ncheckpoint: {size: 10Gi}\n")
+    return path
+
+
+def test_render_json_lists_several_objects(spec_with_pvc):
+    out = run_cli("render", "--image", "t:1", "-o", "json", "-f", str(spec_with_pvc))
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["kind"] == "List"
     assert [o["kind"] for o in doc["items"]] == ["PersistentVolumeClaim", "PyTorchJob"]
 
 
-def _spec_with_pvc() -> Path:
-    import tempfile
-
-    path = Path(tempfile.mkdtemp()) / "job.yaml"
-    path.write_text("name: j\ncheckpoint: {size: 10Gi}\n")
-    return path
-
-
-def test_out_dir_writes_kustomize_folder(tmp_path):
+def test_out_dir_writes_kustomize_folder(tmp_path, spec_with_pvc):
     out = tmp_path / "deploy"
-    res = run_cli("render", "--image", "t:1", "-f", str(_spec_with_pvc()), "--out-dir", str(out))
+    res = run_cli("render", "--image", "t:1", "-f", str(spec_with_pvc), "--out-dir", str(out))
     assert res.returncode == 0, res.stderr
     assert sorted(p.name for p in out.iterdir()) == [
         "kustomization.yaml",
