@@ -7,6 +7,7 @@ Validation errors become one line naming the field (or the flag) and what is all
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -37,71 +38,163 @@ DEFAULT_FILE = "ddpdeploy.yaml"
 DEFAULT_PORT = 23456  # the operator's default for the port named pytorchjob-port
 # Pod and per-pod Service names are "<job>-worker-<i>"; Services must be DNS-1035 labels.
 MAX_DNS_LABEL = 63
+MAX_DNS_SUBDOMAIN = 253
+INT32_MAX = 2**31 - 1  # replicas, counts and most seconds fields are int32 in the API
+INT64_MAX = 2**63 - 1  # activeDeadlineSeconds, terminationGracePeriodSeconds, tolerationSeconds
+# Kubernetes caps all annotations of an object at 256 KiB; ddpdeploy adds a few of its own.
+MAX_USER_ANNOTATIONS = 256 * 1024 - 1024
+MAX_IMAGE_NAME = 255  # the registry's limit on [domain/]path
+SHM_PATH = "/dev/shm"
 
-# Patterns as strings: `re` compiles (and caches) only those a run uses, at first use.
-_DNS1035 = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
-_DNS1123 = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# Env the launch contract sets on every node (torchrun's, the operator's and ddpdeploy's own);
+# a user value would silently change the topology or break the launch. contract.py reads these.
+RESERVED_ENV = frozenset(
+    {
+        "WORLD_SIZE",
+        "RANK",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "GROUP_WORLD_SIZE",
+        "ROLE_RANK",
+        "ROLE_WORLD_SIZE",
+        "ROLE_NAME",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "PYTHONUNBUFFERED",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
+    }
+)
+RESERVED_ENV_PREFIXES = ("PET_", "TORCHELASTIC_", "DDPDEPLOY_")
+
+
+def is_reserved_env(name: str) -> bool:
+    """True for env names the launch contract owns (see RESERVED_ENV)."""
+    return name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES)
+
+
+# Patterns as strings, matched whole (re.fullmatch: `$` would let a trailing newline through);
+# `re` compiles (and caches) only those a run uses, at first use.
+_DNS1035 = r"[a-z]([-a-z0-9]*[a-z0-9])?"
+_DNS1123 = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_SUBDOMAIN = rf"{_DNS1123}(\.{_DNS1123})*"
 # Kubernetes resource.Quantity, as the apiserver's own pattern accepts it.
 _NUMBER = r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
-_QUANTITY = rf"^[+]?{_NUMBER}(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?{_NUMBER}))?$"
+_QUANTITY = rf"[+]?(?P<number>{_NUMBER})(?P<suffix>([KMGTPE]i)|[numkMGTPE]|([eE][+-]?{_NUMBER}))?"
 # Image reference grammar of the distribution project: [domain[:port]/]path[:tag][@digest].
 _DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
 _DOMAIN = rf"{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::[0-9]+)?"
 _PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _IMAGE = (
-    rf"^(?:{_DOMAIN}/)?{_PATH_PART}(?:/{_PATH_PART})*"
-    r"(?::[\w][\w.-]{0,127})?"
-    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
+    rf"(?P<name>(?:{_DOMAIN}/)?{_PATH_PART}(?:/{_PATH_PART})*)"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(?:@(?P<algorithm>[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*):(?P<hex>[^:@/]+))?"
 )
-_ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
-_LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
-_QUALIFIED_NAME = (
-    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
-)
+_DIGEST_HEX = {"sha256": 64, "sha384": 96, "sha512": 128}
+_ENV_NAME = r"[-._a-zA-Z][-._a-zA-Z0-9]*"
+_LABEL_VALUE = r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?"
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+_MODULE = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
+_QUANTITY_HINT = "use a number with an optional suffix, e.g. 500m, 4, 16Gi, 512Mi"
 
 
-def _dns_label(pattern: str, rule: str) -> Callable[[str], str]:
+def _dns_name(pattern: str, limit: int, rule: str) -> Callable[[str], str]:
     def check(value: str) -> str:
-        if len(value) > MAX_DNS_LABEL or not re.match(pattern, value):
-            raise ValueError(f"must be a {rule}, at most {MAX_DNS_LABEL} characters")
+        if len(value) > limit or not re.fullmatch(pattern, value):
+            raise ValueError(f"must be a {rule}, at most {limit} characters")
         return value
 
     return check
 
 
-_dns1035 = _dns_label(
+_dns1035 = _dns_name(
     _DNS1035,
+    MAX_DNS_LABEL,
     "DNS-1035 label: lowercase letters, digits and '-', starting with a letter, ending with "
     "a letter or digit",
 )
-_dns1123 = _dns_label(
+_dns1123 = _dns_name(
     _DNS1123,
+    MAX_DNS_LABEL,
     "DNS-1123 label: lowercase letters, digits and '-', starting and ending with a letter or digit",
 )
+_subdomain = _dns_name(
+    _SUBDOMAIN,
+    MAX_DNS_SUBDOMAIN,
+    "DNS-1123 subdomain: lowercase letters, digits, '-' and '.', starting and ending with a "
+    "letter or digit",
+)
+
+_MULTIPLIERS = {
+    "": 1,
+    "n": 1e-9,
+    "u": 1e-6,
+    "m": 1e-3,
+    "k": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "P": 1e15,
+    "E": 1e18,
+    **{s + "i": 1024.0 ** (i + 1) for i, s in enumerate("KMGTPE")},
+}
 
 
-def _quantity(value: Any) -> str:
+def _parse_quantity(value: Any) -> tuple[str, float, str]:
+    """``value`` -> (text, amount in base units, suffix); ValueError when not a quantity."""
     text = str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
-    if not isinstance(text, str) or not re.match(_QUANTITY, text):
-        raise ValueError(
-            f"{value!r} is not a Kubernetes quantity: use a number with an optional suffix, "
-            "e.g. 500m, 4, 16Gi, 512Mi"
-        )
+    match = re.fullmatch(_QUANTITY, text) if isinstance(text, str) else None
+    if not match:
+        raise ValueError(f"{value!r} is not a Kubernetes quantity: {_QUANTITY_HINT}")
+    suffix = match["suffix"] or ""
+    number = float(match["number"])
+    if suffix[:1] in ("e", "E"):
+        amount = float(match["number"] + suffix)
+    else:
+        amount = number * _MULTIPLIERS[suffix]
+    if amount <= 0:
+        raise ValueError(f"{text!r} must be greater than zero")
+    return text, amount, suffix
+
+
+def _cpu(value: Any) -> str:
+    text, amount, _ = _parse_quantity(value)
+    if amount < 1e-3:
+        raise ValueError(f"{text!r} is below the smallest CPU unit, 1m")
+    return text
+
+
+def _bytes(value: Any) -> str:
+    text, amount, suffix = _parse_quantity(value)
+    if suffix in ("", "n", "u", "m"):
+        # `memory: 16` is 16 bytes and `16m` is 0.016 bytes: a unit was surely forgotten.
+        raise ValueError(f"{text!r} is {amount:g} bytes; give a unit, e.g. {text.rstrip('num')}Gi")
     return text
 
 
 def _image(value: str) -> str:
-    if not re.match(_IMAGE, value):
+    match = re.fullmatch(_IMAGE, value)
+    if not match:
         raise ValueError(
             f"{value!r} is not an image reference: use [registry[:port]/]repo[:tag][@sha256:…] "
             "with a lowercase repository, e.g. ghcr.io/team/train:v1"
         )
+    if len(match["name"]) > MAX_IMAGE_NAME:
+        raise ValueError(
+            f"image name {match['name'][:40]!r}… is longer than {MAX_IMAGE_NAME} characters"
+        )
+    if match["algorithm"]:
+        size = _DIGEST_HEX.get(match["algorithm"])
+        if size is None or not re.fullmatch(rf"[a-f0-9]{{{size}}}", match["hex"]):
+            raise ValueError(
+                f"digest {match['algorithm']}:{match['hex'][:16]}… is invalid: use sha256 with "
+                "64 lowercase hex digits (or sha384: 96, sha512: 128)"
+            )
     return value
 
 
 def _scalar_to_str(value: Any) -> Any:
-    # YAML reads `OMP_NUM_THREADS: 4` as an int; env values and labels are strings.
+    # Files keep scalars as typed (specfile.py); this is for documents built in Python.
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
@@ -109,64 +202,160 @@ def _scalar_to_str(value: Any) -> Any:
     return value
 
 
-def _env_names(env: dict[str, str]) -> dict[str, str]:
+def _no_expansion(value: str) -> str:
+    # The kubelet expands $(VAR) and turns $$ into $ in args and env; local runs do not.
+    if "$(" in value or "$$" in value:
+        raise ValueError(
+            f"{value!r} contains '$(' or '$$', which Kubernetes expands but local runs do "
+            "not; ddpdeploy passes text unchanged everywhere, so write it without them"
+        )
+    if "\0" in value:
+        raise ValueError(f"{value!r} contains a NUL character")
+    return value
+
+
+def _env(env: dict[str, str]) -> dict[str, str]:
     for key in env:
-        if not re.match(_ENV_NAME, key):
+        if not re.fullmatch(_ENV_NAME, key):
             raise ValueError(
                 f"env name {key!r} is invalid: use letters, digits, '_', '-', '.', "
                 "not starting with a digit"
             )
+        if is_reserved_env(key):
+            raise ValueError(
+                f"{key} is set by ddpdeploy's launch contract (torchrun/operator topology); "
+                "use the matching field or flag (--nodes, --procs, --elastic, …) instead"
+            )
     return env
+
+
+def _qualified_name(key: str, what: str, example: str) -> None:
+    prefix, _, name = key.rpartition("/")
+    valid = re.fullmatch(_LABEL_NAME, name) and len(name) <= MAX_DNS_LABEL
+    if "/" in key:
+        valid = valid and len(prefix) <= MAX_DNS_SUBDOMAIN and re.fullmatch(_SUBDOMAIN, prefix)
+    if not valid:
+        raise ValueError(
+            f"{what} {key!r} is not a qualified name: [DNS subdomain of at most "
+            f"{MAX_DNS_SUBDOMAIN} characters/]name of at most {MAX_DNS_LABEL} letters, digits, "
+            f"'-', '_', '.' (e.g. {example})"
+        )
+
+
+def _label_value(value: str, what: str) -> None:
+    if len(value) > MAX_DNS_LABEL or not re.fullmatch(_LABEL_VALUE, value):
+        raise ValueError(
+            f"{what} {value!r} is invalid: at most 63 letters, digits, '-', '_', '.', "
+            "starting and ending with a letter or digit"
+        )
 
 
 def _labels(labels: dict[str, str]) -> dict[str, str]:
     for key, value in labels.items():
-        if not re.match(_QUALIFIED_NAME, key) or len(key.rsplit("/", 1)[-1]) > 63:
-            raise ValueError(f"label key {key!r} is not a qualified name (e.g. team or a.b/team)")
-        if len(value) > 63 or not re.match(_LABEL_VALUE, value):
-            raise ValueError(
-                f"label value {value!r} is invalid: at most 63 letters, digits, '-', '_', '.', "
-                "starting and ending with a letter or digit"
-            )
+        _qualified_name(key, "label key", "team or example.com/team")
+        _label_value(value, "label value")
     return labels
 
 
-def _annotation_keys(annotations: dict[str, str]) -> dict[str, str]:
+def _annotations(annotations: dict[str, str]) -> dict[str, str]:
     for key in annotations:
-        if not re.match(_QUALIFIED_NAME, key):
-            raise ValueError(f"annotation key {key!r} is not a qualified name (e.g. a.b/note)")
+        _qualified_name(key, "annotation key", "example.com/note")
+    total = sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items())
+    if total > MAX_USER_ANNOTATIONS:
+        raise ValueError(
+            f"annotations total {total} bytes; Kubernetes allows 256 KiB per object and "
+            f"ddpdeploy adds its own: keep them within {MAX_USER_ANNOTATIONS} bytes"
+        )
     return annotations
 
 
-DnsName = Annotated[str, AfterValidator(_dns1035)]
-Namespace = Annotated[str, AfterValidator(_dns1123)]
-Quantity = Annotated[str, BeforeValidator(_quantity)]
+def _mount_path(value: str) -> str:
+    parts = value.split("/")
+    if not value.startswith("/") or ".." in parts or any(ord(c) < 32 for c in value):
+        raise ValueError(f"mountPath must be an absolute path without '..' (got {value!r})")
+    if posixpath.normpath(value) == "/":
+        raise ValueError("mountPath '/' would hide the image's whole file system")
+    return value
+
+
+def _scalar_schema(schema: dict[str, Any]) -> None:
+    # In YAML, `OMP_NUM_THREADS: 4` is a number; ddpdeploy reads it as the text "4".
+    schema.pop("type", None)
+    schema["type"] = ["string", "number", "boolean"]
+
+
+def _quantity_schema(schema: dict[str, Any]) -> None:
+    schema.pop("type", None)
+    pattern = re.sub(r"\?P<\w+>", "?:", _QUANTITY)  # JSON Schema regexes have no named groups
+    schema["anyOf"] = [{"type": "string", "pattern": f"^{pattern}$"}, {"type": "number"}]
+
+
+def _json_pattern(pattern: str) -> Callable[[dict[str, Any]], None]:
+    def update(schema: dict[str, Any]) -> None:
+        schema["pattern"] = f"^(?:{pattern})$"
+
+    return update
+
+
+def _int(low: int, high: int) -> Any:
+    # strict: `nodes: true` or `nodes: 2.0` is refused instead of read as 1 or 2.
+    return Annotated[int, Field(strict=True, ge=low, le=high)]
+
+
+DnsName = Annotated[str, AfterValidator(_dns1035), Field(json_schema_extra=_json_pattern(_DNS1035))]
+Namespace = Annotated[
+    str, AfterValidator(_dns1123), Field(json_schema_extra=_json_pattern(_DNS1123))
+]
+Subdomain = Annotated[
+    str, AfterValidator(_subdomain), Field(json_schema_extra=_json_pattern(_SUBDOMAIN))
+]
+CpuQuantity = Annotated[str, BeforeValidator(_cpu), Field(json_schema_extra=_quantity_schema)]
+ByteQuantity = Annotated[str, BeforeValidator(_bytes), Field(json_schema_extra=_quantity_schema)]
 ImageRef = Annotated[str, AfterValidator(_image)]
-Str = Annotated[str, BeforeValidator(_scalar_to_str)]
-EnvMap = Annotated[dict[str, Str], AfterValidator(_env_names)]
+Str = Annotated[str, BeforeValidator(_scalar_to_str), Field(json_schema_extra=_scalar_schema)]
+ArgStr = Annotated[Str, AfterValidator(_no_expansion)]
+EnvMap = Annotated[dict[str, ArgStr], AfterValidator(_env)]
 LabelMap = Annotated[dict[str, Str], AfterValidator(_labels)]
-AnnotationMap = Annotated[dict[str, Str], AfterValidator(_annotation_keys)]
+AnnotationMap = Annotated[dict[str, Str], AfterValidator(_annotations)]
+Int32 = _int(0, INT32_MAX)
+Count = _int(1, INT32_MAX)
 
 
 class Model(BaseModel):
-    """camelCase keys in files, snake_case in Python; unknown keys are errors."""
+    """camelCase keys in files (only), snake_case in Python; unknown keys are errors."""
 
     model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+        alias_generator=to_camel, populate_by_name=False, extra="forbid", frozen=True
     )
 
 
 class Command(Model):
     """What torchrun starts on every node. Neither script nor module: the built-in trainer."""
 
-    script: str | None = None
-    module: str | None = None
-    args: list[Str] = Field(default_factory=list)
+    script: str | None = Field(
+        default=None,
+        min_length=1,
+        description="A Python script in your workspace, run by torchrun (e.g. train.py).",
+    )
+    module: str | None = Field(
+        default=None,
+        description="A Python module run by torchrun -m (e.g. mypkg.train).",
+        json_schema_extra=_json_pattern(_MODULE),
+    )
+    args: list[ArgStr] = Field(
+        default_factory=list,
+        description="Arguments passed to the script, module or built-in trainer, as written; "
+        "`ddpdeploy render -- ARGS` appends more.",
+    )
 
     @model_validator(mode="after")
     def _one_entry(self) -> Command:
-        if self.script and self.module:
+        if self.script is not None and self.module is not None:
             raise ValueError("set either script or module, not both")
+        if self.script is not None:
+            _no_expansion(self.script)
+        if self.module is not None and not re.fullmatch(_MODULE, self.module):
+            raise ValueError(f"module {self.module!r} is not a dotted Python module name")
         return self
 
     @property
@@ -177,13 +366,23 @@ class Command(Model):
 class Rendezvous(Model):
     """static: fixed node count, rank 0 on master-0. elastic: c10d with min:max nodes."""
 
-    mode: Literal["static", "elastic"] = "static"
-    min_nodes: int | None = Field(default=None, ge=1)
-    max_nodes: int | None = Field(default=None, ge=1)
-    max_restarts: int | None = Field(default=None, ge=0)
-    port: int = Field(default=DEFAULT_PORT, ge=1, le=65535)
-    # How long agents wait for all peers (and their DNS) before giving up, in seconds.
-    join_timeout: int = Field(default=900, ge=1)
+    mode: Literal["static", "elastic"] = Field(
+        default="static",
+        description="static: a fixed node count, rank 0 on master-0. elastic: c10d rendezvous "
+        "between minNodes and maxNodes (--elastic MIN:MAX).",
+    )
+    min_nodes: Count | None = Field(default=None, description="Elastic only: fewest nodes.")
+    max_nodes: Count | None = Field(default=None, description="Elastic only: most nodes.")
+    max_restarts: Int32 | None = Field(
+        default=None, description="Elastic only: torchrun restarts of the worker group."
+    )
+    port: int = Field(
+        default=DEFAULT_PORT, strict=True, ge=1, le=65535, description="Rendezvous TCP port."
+    )
+    join_timeout: Count = Field(
+        default=900,
+        description="Seconds agents wait for all peers (and their DNS) before giving up.",
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> Rendezvous:
@@ -207,12 +406,23 @@ class Rendezvous(Model):
 class Checkpoint(Model):
     """Where checkpoints live: an existing PVC (claimName) or a new one (size)."""
 
-    claim_name: Namespace | None = None
-    size: Quantity | None = None
-    storage_class: str | None = None
+    claim_name: Subdomain | None = Field(
+        default=None, description="An existing PersistentVolumeClaim to mount."
+    )
+    size: ByteQuantity | None = Field(
+        default=None, description="Size of a new PVC named <name>-checkpoints, e.g. 100Gi."
+    )
+    storage_class: Subdomain | None = Field(
+        default=None, description="Storage class of the new PVC (with size)."
+    )
     # Several pods mount it: under c10d global rank 0 can land on any of them.
-    access_mode: Literal["ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"] = "ReadWriteMany"
-    mount_path: str = "/checkpoints"
+    access_mode: Literal["ReadWriteMany", "ReadWriteOnce", "ReadWriteOncePod"] = Field(
+        default="ReadWriteMany",
+        description="Access mode of the new PVC; every pod mounts it, so ReadWriteMany.",
+    )
+    mount_path: str = Field(
+        default="/checkpoints", description="Where the volume is mounted in every pod."
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> Checkpoint:
@@ -222,55 +432,142 @@ class Checkpoint(Model):
             )
         if self.storage_class and not self.size:
             raise ValueError("storageClass applies only to a new PVC (set size)")
-        if not self.mount_path.startswith("/"):
-            raise ValueError("mountPath must be an absolute path")
+        _mount_path(self.mount_path)
         return self
 
 
 class Toleration(Model):
-    key: str | None = None
-    operator: Literal["Exists", "Equal"] = "Equal"
-    value: str | None = None
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: int | None = None
+    """A Kubernetes toleration, as in a pod spec."""
+
+    key: str | None = Field(default=None, description="Taint key (empty: every taint).")
+    operator: Literal["Exists", "Equal"] = Field(
+        default="Equal", description="Equal: key and value match. Exists: any value."
+    )
+    value: str | None = Field(default=None, description="Taint value (operator Equal only).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to tolerate (empty: all)."
+    )
+    toleration_seconds: int | None = Field(
+        default=None,
+        strict=True,
+        ge=-(2**63),
+        le=INT64_MAX,
+        description="NoExecute only: seconds the pod stays bound after the taint appears.",
+    )
+
+    @model_validator(mode="after")
+    def _kubernetes_rules(self) -> Toleration:
+        # The apiserver's own toleration checks, so a render is never refused there.
+        if self.key:
+            _qualified_name(self.key, "toleration key", "nvidia.com/gpu")
+        elif self.operator != "Exists":
+            raise ValueError("a toleration without a key needs operator: Exists")
+        if self.operator == "Exists" and self.value:
+            raise ValueError("operator Exists takes no value; remove value or use Equal")
+        if self.operator == "Equal":
+            _label_value(self.value or "", "toleration value")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError("tolerationSeconds applies only to effect: NoExecute")
+        return self
 
 
 class RunPolicy(Model):
-    backoff_limit: int | None = Field(default=None, ge=0)
-    active_deadline_seconds: int | None = Field(default=None, ge=1)
-    ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
-    clean_pod_policy: Literal["None", "Running", "All"] | None = None
+    """The PyTorchJob's runPolicy."""
+
+    backoff_limit: Int32 | None = Field(
+        default=None, description="Retries of a failed job before it is marked failed."
+    )
+    active_deadline_seconds: int | None = Field(
+        default=None,
+        strict=True,
+        ge=1,
+        le=INT64_MAX,
+        description="Seconds the job may run before it is stopped.",
+    )
+    ttl_seconds_after_finished: Int32 | None = Field(
+        default=None, description="Seconds after completion before the job is deleted."
+    )
+    clean_pod_policy: Literal["None", "Running", "All"] | None = Field(
+        default=None, description="Which pods are deleted when the job ends."
+    )
 
 
 class JobSpec(Model):
     """One training job: what runs, on how many nodes, with what resources."""
 
-    name: DnsName = "ddp-train"
-    namespace: Namespace = "default"
-    image: ImageRef | None = None
-    nodes: int = Field(default=1, ge=1)
-    gpus: int = Field(default=0, ge=0, description="GPUs per node; 0 is a CPU job")
-    procs: int | None = Field(default=None, ge=1, description="processes per node")
-    cpu: Quantity | None = None
-    memory: Quantity | None = None
-    command: Command = Field(default_factory=Command)
-    backend: Literal["auto", "nccl", "gloo"] = "auto"
-    rendezvous: Rendezvous = Field(default_factory=Rendezvous)
-    checkpoint: Checkpoint | None = None
+    model_config = ConfigDict(title="ddpdeploy.yaml")
+
+    name: DnsName = Field(
+        default="ddp-train",
+        description="Job name (DNS-1035 label); pods are <name>-master-0, <name>-worker-<i>.",
+    )
+    namespace: Namespace = Field(default="default", description="Kubernetes namespace.")
+    image: ImageRef | None = Field(
+        default=None,
+        description="Training image, [registry[:port]/]repo[:tag][@sha256:…]; "
+        "`ddpdeploy build` prints one.",
+    )
+    nodes: Count = Field(default=1, description="Number of nodes (pods).")
+    gpus: Int32 = Field(default=0, description="GPUs per node; 0 is a CPU job.")
+    procs: Count | None = Field(
+        default=None, description="Processes per node (default: gpus, or 1 on CPU)."
+    )
+    cpu: CpuQuantity | None = Field(
+        default=None, description="CPU request per node, a Kubernetes quantity (e.g. 8, 500m)."
+    )
+    memory: ByteQuantity | None = Field(
+        default=None, description="Memory per node (request and limit), e.g. 64Gi."
+    )
+    command: Command = Field(
+        default_factory=Command,
+        description="What torchrun runs; neither script nor module: the built-in trainer.",
+    )
+    backend: Literal["auto", "nccl", "gloo"] = Field(
+        default="auto", description="auto: nccl on GPUs, gloo on CPU."
+    )
+    rendezvous: Rendezvous = Field(
+        default_factory=Rendezvous, description="How the nodes find each other."
+    )
+    checkpoint: Checkpoint | None = Field(
+        default=None, description="A volume every pod mounts for checkpoints."
+    )
     # /dev/shm is 64 MB in pods; DataLoader workers and NCCL need more. null: no mount.
-    shm_size: Quantity | None = "2Gi"
+    shm_size: ByteQuantity | None = Field(
+        default="2Gi", description="/dev/shm size (a memory emptyDir); null: no mount (64 MB)."
+    )
     # On pod deletion torchrun forwards SIGTERM and gives workers 30 s before SIGKILL; the
     # trainer needs a step plus a checkpoint write on top, and Kubernetes' default is 30 s.
-    termination_grace_period_seconds: int = Field(default=120, ge=0)
-    env: EnvMap = Field(default_factory=dict)
-    image_pull_secrets: list[Namespace] = Field(default_factory=list)
-    node_selector: dict[str, Str] = Field(default_factory=dict)
-    tolerations: list[Toleration] = Field(default_factory=list)
-    service_account: Namespace | None = None
-    priority_class: Namespace | None = None
-    labels: LabelMap = Field(default_factory=dict)
-    annotations: AnnotationMap = Field(default_factory=dict)
-    run_policy: RunPolicy = Field(default_factory=RunPolicy)
+    termination_grace_period_seconds: int = Field(
+        default=120,
+        strict=True,
+        ge=0,
+        le=INT64_MAX,
+        description="Seconds between SIGTERM and SIGKILL: time to write a checkpoint.",
+    )
+    env: EnvMap = Field(
+        default_factory=dict,
+        description="Extra environment for every process (not the launch contract's own).",
+    )
+    image_pull_secrets: list[Subdomain] = Field(
+        default_factory=list, description="Secrets for pulling the image."
+    )
+    node_selector: LabelMap = Field(
+        default_factory=dict, description="Node labels the pods must land on."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="Taints the pods tolerate."
+    )
+    service_account: Subdomain | None = Field(default=None, description="Pod service account.")
+    priority_class: Subdomain | None = Field(default=None, description="Pod priority class name.")
+    labels: LabelMap = Field(
+        default_factory=dict, description="Labels on the job, its pods and its PVC."
+    )
+    annotations: AnnotationMap = Field(
+        default_factory=dict, description="Annotations on the job, its pods and its PVC."
+    )
+    run_policy: RunPolicy = Field(
+        default_factory=RunPolicy, description="The PyTorchJob's runPolicy."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
@@ -288,6 +585,11 @@ class JobSpec(Model):
                     f"nodes ({self.nodes}) must lie within the elastic range "
                     f"{rdzv.min_nodes}:{rdzv.max_nodes}"
                 )
+        ckpt = self.checkpoint
+        if ckpt and self.shm_size and posixpath.normpath(ckpt.mount_path) == SHM_PATH:
+            raise ValueError(
+                f"checkpoint.mountPath {SHM_PATH} is where shmSize mounts; use another path"
+            )
         longest = f"{self.name}-worker-{self.max_nodes - 1}"
         if len(longest) > MAX_DNS_LABEL:
             raise ValueError(
@@ -340,23 +642,29 @@ FLAG_FIELDS: dict[str, tuple[str, ...]] = {
 
 def parse_elastic(text: str) -> dict[str, Any]:
     """``MIN:MAX`` -> the rendezvous fields it sets."""
-    match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", text)
+    match = re.fullmatch(r"([0-9]+):([0-9]+)", text)
     if not match:
         raise UserError(f"--elastic: {text!r} is not MIN:MAX; use two node counts, e.g. 1:4")
     return {"mode": "elastic", "minNodes": int(match[1]), "maxNodes": int(match[2])}
 
 
-def read_spec_file(path: Path) -> dict[str, Any]:
+def read_spec_file(path: Path, label: str = "-f/--file") -> dict[str, Any]:
+    """The spec document in ``path``: strict YAML, string fields as typed, as a plain dict.
+
+    ``label`` names where the path came from in errors (the flag, or the default file)."""
+    from ddpdeploy import specfile  # imported on first use: render without a file skips it
+
     try:
-        text = path.read_text(encoding="utf-8")
+        text = specfile.read_text(path, label)
     except FileNotFoundError:
         raise UserError(
-            f"-f/--file: {path} not found; create one with `ddpdeploy init` or pass -f PATH"
+            f"{label}: {path} not found; create one with `ddpdeploy init` or pass -f PATH"
         ) from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise UserError(f"-f/--file: cannot read {path}: {exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = specfile.resolve(specfile.parse(text), JobSpec)
+    except specfile.SpecSyntaxError as exc:
+        where = f"{path}:{exc.line}" if exc.line else str(path)
+        raise UserError(f"{where}: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -369,6 +677,27 @@ def read_spec_file(path: Path) -> dict[str, Any]:
     return data
 
 
+def _section(doc: dict[str, Any], key: str, source: str, hint: str) -> dict[str, Any]:
+    """A copy of the mapping at ``doc[key]`` that flags or args are merged into."""
+    value = doc.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise UserError(f"{source}: {key} must be a mapping, e.g. {hint} (got {value!r})")
+    return dict(value)
+
+
+_HINTS = {"rendezvous": "{mode: static}", "command": "{script: train.py, args: [--lr, '0.1']}"}
+
+
+def _default_document() -> tuple[dict[str, Any], str]:
+    # lexists: a directory, a dangling link or a loop named ddpdeploy.yaml is refused, not
+    # silently skipped.
+    if os.path.lexists(DEFAULT_FILE):
+        return read_spec_file(Path(DEFAULT_FILE), f"./{DEFAULT_FILE}"), DEFAULT_FILE
+    return {}, "defaults"
+
+
 def load_spec(
     path: Path | None = None,
     flags: dict[str, Any] | None = None,
@@ -379,30 +708,28 @@ def load_spec(
     ``flags`` maps flag names (keys of FLAG_FIELDS) to values; None means "not given".
     With no path, ``./ddpdeploy.yaml`` is read when it exists, else the defaults apply.
     """
-    source = str(path) if path else DEFAULT_FILE
     if path is not None:
-        doc = read_spec_file(path)
-    elif Path(DEFAULT_FILE).is_file():
-        doc = read_spec_file(Path(DEFAULT_FILE))
+        doc, source = read_spec_file(path), str(path)
     else:
-        doc, source = {}, "defaults"
+        doc, source = _default_document()
     given = {k: v for k, v in (flags or {}).items() if v is not None}
     for flag, value in given.items():
         field_path = FLAG_FIELDS[flag]
-        if flag == "--elastic":
-            rdzv = dict(doc.get("rendezvous") or {})
-            rdzv.update(parse_elastic(value))
-            doc["rendezvous"] = rdzv
+        if len(field_path) == 1 and flag != "--elastic":
+            doc[field_path[0]] = value
             continue
-        target = doc
-        for key in field_path[:-1]:
-            target = target.setdefault(key, {})
-            if not isinstance(target, dict):
-                raise UserError(f"{source}: {key} must be a mapping")
-        target[field_path[-1]] = value
+        section = _section(doc, field_path[0], source, _HINTS[field_path[0]])
+        if flag == "--elastic":
+            section.update(parse_elastic(value))
+        else:
+            section[field_path[1]] = value
+        doc[field_path[0]] = section
     if extra_args:
-        command = dict(doc.get("command") or {})
-        command["args"] = [*(command.get("args") or []), *extra_args]
+        command = _section(doc, "command", source, _HINTS["command"])
+        args = command.get("args") or []
+        if not isinstance(args, list):
+            raise UserError(f"{source}: command.args must be a list, e.g. [--lr, '0.1']")
+        command["args"] = [*args, *extra_args]
         doc["command"] = command
     try:
         return JobSpec.model_validate(doc)
@@ -426,13 +753,20 @@ def _one_line(exc: ValidationError, source: str, flags: dict[str, Any]) -> str:
     message = first["msg"]
     if first["type"] == "extra_forbidden":
         message = f"unknown field {loc[-1]!r}; `ddpdeploy init` writes a file listing every field"
+        camel = to_camel(loc[-1])
+        if camel != loc[-1]:
+            message = f"unknown field {loc[-1]!r}; keys are camelCase like Kubernetes': {camel!r}"
         where = f"{prefix}{'.'.join(loc[:-1]) or '(top level)'}"
+    elif first["type"] in ("model_type", "model_attributes_type", "dict_type"):
+        message = f"must be a mapping of fields (got {first['input']!r})"
     elif message.startswith("Value error, "):
         message = message[len("Value error, ") :]
     else:
         message = message.replace("Input should be", "must be")
         if "input" in first and not isinstance(first["input"], dict | list):
             message += f" (got {first['input']!r})"
+    if first["type"] == "string_type":
+        message += "; quote it in YAML"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     if where == "defaults":
         return f"{message}{more}"
