@@ -566,7 +566,8 @@ class JobSpec(Model):
         default_factory=dict, description="Annotations on the job, its pods and its PVC."
     )
     run_policy: RunPolicy = Field(
-        default_factory=RunPolicy, description="The PyTorchJob's runPolicy."
+        default_factory=RunPolicy,
+        description="The PyTorchJob's runPolicy: retries, deadline, cleanup after the job.",
     )
 
     @model_validator(mode="after")
@@ -626,6 +627,28 @@ if _USER_PLUGINS is None:
     del os.environ["PYDANTIC_DISABLE_PLUGINS"]
 else:
     os.environ["PYDANTIC_DISABLE_PLUGINS"] = _USER_PLUGINS
+
+SCHEMA_FILE = ".ddpdeploy.schema.json"  # written by `ddpdeploy init` beside the spec file
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of ddpdeploy.yaml: camelCase keys, descriptions, allowed values."""
+    schema = JobSpec.model_json_schema(by_alias=True)
+    _drop_field_titles(schema)
+    return schema
+
+
+def _drop_field_titles(node: Any) -> None:
+    # pydantic titles every field after its Python name ("Claimname"); descriptions say more.
+    if isinstance(node, dict):
+        for prop in (node.get("properties") or {}).values():
+            prop.pop("title", None)
+        for value in node.values():
+            _drop_field_titles(value)
+    elif isinstance(node, list):
+        for value in node:
+            _drop_field_titles(value)
+
 
 # Flags that override file fields: flag name -> path in the spec document.
 FLAG_FIELDS: dict[str, tuple[str, ...]] = {

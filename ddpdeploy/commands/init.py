@@ -1,16 +1,25 @@
-"""`ddpdeploy init`: a commented starter ddpdeploy.yaml."""
+"""`ddpdeploy init`: a commented starter ddpdeploy.yaml, and its JSON Schema for editors."""
 
 from __future__ import annotations
 
+import json
+import os
+import stat
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from ddpdeploy.errors import UserError
-from ddpdeploy.spec import DEFAULT_FILE
+from ddpdeploy.spec import DEFAULT_FILE, SCHEMA_FILE, json_schema
 
-STARTER = """\
+# The modeline yaml-language-server (VS Code's YAML extension, Neovim's yamlls, …) reads; the
+# path is relative to the spec file, so completion and validation work offline.
+MODELINE = f"# yaml-language-server: $schema=./{SCHEMA_FILE}\n"
+
+STARTER = (
+    MODELINE
+    + """\
 # ddpdeploy job spec. CLI flags override these fields (e.g. --nodes 4 --gpus 8).
 # Every field is optional; the values shown are the defaults unless marked "example".
 
@@ -56,20 +65,69 @@ annotations: {}
 runPolicy: {}              # backoffLimit, activeDeadlineSeconds, ttlSecondsAfterFinished,
                            # cleanPodPolicy (None | Running | All)
 """
+)
 
 
 def init(
     path: Annotated[Path, typer.Argument(help="File to write.")] = Path(DEFAULT_FILE),
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
 ) -> None:
-    """Write a commented starter ddpdeploy.yaml.
+    """Write a commented starter ddpdeploy.yaml, and beside it the JSON Schema editors use.
 
     Example: ddpdeploy init && ddpdeploy render --image ghcr.io/me/train:v1
     """
-    if path.exists() and not force:
-        raise UserError(f"{path} exists; pass --force to overwrite it")
+    schema_path = path.parent / SCHEMA_FILE
+    _check_target(path, force)
+    _check_target(schema_path, force=True)
+    schema_existed = schema_path.exists()
+    _write(schema_path, json.dumps(json_schema(), indent=2) + "\n")
     try:
-        path.write_text(STARTER, encoding="utf-8")
+        _write(path, STARTER)
+    except UserError:
+        if not schema_existed:
+            schema_path.unlink(missing_ok=True)  # nothing half-written
+        raise
+    typer.echo(f"wrote {path} (and {schema_path} for editor completion)", err=True)
+
+
+def _check_target(path: Path, force: bool) -> None:
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
     except OSError as exc:
-        raise UserError(f"cannot write {path}: {exc}") from None
-    typer.echo(f"wrote {path}", err=True)
+        raise UserError(f"cannot write {path}: {exc.strerror}") from None
+    if stat.S_ISDIR(mode):
+        raise UserError(f"{path} is a directory; give a file path, e.g. {path / DEFAULT_FILE}")
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        raise UserError(f"{path} exists and is not a regular file")
+    if not force:
+        raise UserError(f"{path} exists; pass --force to overwrite it")
+
+
+def _write(path: Path, text: str) -> None:
+    """Replace ``path`` whole (temp file + rename): never a half-written file."""
+    import tempfile  # only init writes files this way; keeps other commands' start-up lean
+
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise UserError(f"cannot write {path}: {exc.strerror}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(tmp, _mode_for(path))
+        os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise UserError(f"cannot write {path}: {exc.strerror}") from None
+
+
+def _mode_for(path: Path) -> int:
+    # mkstemp makes 0600; keep an existing file's mode, else what open() would give.
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask

@@ -1,0 +1,17 @@
+"""`ddpdeploy schema`: the JSON Schema of ddpdeploy.yaml, for editors and CI checks."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from ddpdeploy.spec import json_schema
+
+
+def schema() -> None:
+    """Print the JSON Schema of ddpdeploy.yaml (camelCase fields, descriptions, allowed values).
+
+    Example: ddpdeploy schema > .ddpdeploy.schema.json   (what `ddpdeploy init` writes)
+    """
+    typer.echo(json.dumps(json_schema(), indent=2))
