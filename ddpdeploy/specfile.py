@@ -74,6 +74,11 @@ class _Loader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[str] = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                # `<<:` lets a merged key hide an explicit one without a word.
+                raise SpecSyntaxError(
+                    "merge keys (<<) are not supported", _line(key_node.start_mark)
+                )
             if isinstance(key_node, yaml.ScalarNode):
                 if key_node.value in seen:
                     raise SpecSyntaxError(

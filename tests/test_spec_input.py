@@ -59,6 +59,11 @@ def test_quantities_keep_the_text_as_typed(tmp_path, text):
 def test_counts_must_be_plain_decimal(tmp_path, text):
     message = refused(write(tmp_path, f"nodes: {text}\n"))
     assert f"ddpdeploy.yaml:1: nodes: write '{text}' as a plain decimal integer" in message
+    nested = f"rendezvous:\n  mode: elastic\n  minNodes: 1\n  maxNodes: {text}\n"
+    assert "ddpdeploy.yaml:4: rendezvous.maxNodes: write" in refused(write(tmp_path, nested))
+    assert "runPolicy.backoffLimit: write" in refused(
+        write(tmp_path, f"runPolicy: {{backoffLimit: {text}}}\n")
+    )
 
 
 @pytest.mark.parametrize("text", ["true", "yes", "2.0", "'2'", "1e2", "0o10"])
@@ -78,8 +83,9 @@ def test_duplicate_keys_are_refused(tmp_path, text, where):
     assert where in refused(write(tmp_path, text))
 
 
-def test_aliases_and_deep_nesting_are_refused(tmp_path):
+def test_aliases_merge_keys_and_deep_nesting_are_refused(tmp_path):
     assert "aliases" in refused(write(tmp_path, "a: &x [1]\ncommand: {args: *x}\n"))
+    assert "merge keys" in refused(write(tmp_path, "env: {<<: {A: x}, A: y}\n"))
     deep = "env: " + "[" * 5000 + "]" * 5000 + "\n"
     assert "nested deeper than" in refused(write(tmp_path, deep))
 
@@ -174,6 +180,25 @@ def test_launch_contract_env_cannot_be_overridden(tmp_path, name):
     assert is_reserved_env(name)
     message = refused(write(tmp_path, f"env: {{{name}: '1'}}\n"))
     assert f"{name} is set by ddpdeploy's launch contract" in message
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"nodes": 2},
+        {
+            "nodes": 2,
+            "rendezvous": {"mode": "elastic", "minNodes": 1, "maxNodes": 3, "maxRestarts": 1},
+        },
+    ],
+)
+def test_every_variable_the_contract_sets_is_reserved(doc):
+    from ddpdeploy.contract import launch_contract
+    from ddpdeploy.spec import JobSpec
+
+    contract = launch_contract(JobSpec.model_validate(doc))
+    names = {name for node in contract.nodes for name in contract.node_env(node)}
+    assert names and [n for n in sorted(names) if not is_reserved_env(n)] == []
 
 
 def test_ordinary_env_is_not_reserved():
