@@ -47,7 +47,8 @@ MAX_IMAGE_NAME = 255  # the registry's limit on [domain/]path
 SHM_PATH = "/dev/shm"
 
 # Env the launch contract sets on every node (torchrun's, the operator's and ddpdeploy's own);
-# a user value would silently change the topology or break the launch. contract.py reads these.
+# a user value would silently change the topology or break the launch. One list, here, so
+# contract.py (which imports this module) can use it too.
 RESERVED_ENV = frozenset(
     {
         "WORLD_SIZE",
@@ -286,13 +287,17 @@ def _scalar_schema(schema: dict[str, Any]) -> None:
 
 def _quantity_schema(schema: dict[str, Any]) -> None:
     schema.pop("type", None)
-    pattern = re.sub(r"\?P<\w+>", "?:", _QUANTITY)  # JSON Schema regexes have no named groups
-    schema["anyOf"] = [{"type": "string", "pattern": f"^{pattern}$"}, {"type": "number"}]
+    schema["anyOf"] = [{"type": "string", "pattern": _ecma(_QUANTITY)}, {"type": "number"}]
+
+
+def _ecma(pattern: str) -> str:
+    # JSON Schema regexes are ECMA-262: anchored by hand, and no named groups.
+    return "^(?:" + re.sub(r"\?P<\w+>", "", pattern) + ")$"
 
 
 def _json_pattern(pattern: str) -> Callable[[dict[str, Any]], None]:
     def update(schema: dict[str, Any]) -> None:
-        schema["pattern"] = f"^(?:{pattern})$"
+        schema["pattern"] = _ecma(pattern)
 
     return update
 
@@ -311,7 +316,7 @@ Subdomain = Annotated[
 ]
 CpuQuantity = Annotated[str, BeforeValidator(_cpu), Field(json_schema_extra=_quantity_schema)]
 ByteQuantity = Annotated[str, BeforeValidator(_bytes), Field(json_schema_extra=_quantity_schema)]
-ImageRef = Annotated[str, AfterValidator(_image)]
+ImageRef = Annotated[str, AfterValidator(_image), Field(json_schema_extra=_json_pattern(_IMAGE))]
 Str = Annotated[str, BeforeValidator(_scalar_to_str), Field(json_schema_extra=_scalar_schema)]
 ArgStr = Annotated[Str, AfterValidator(_no_expansion)]
 EnvMap = Annotated[dict[str, ArgStr], AfterValidator(_env)]

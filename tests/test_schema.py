@@ -85,6 +85,9 @@ def test_init_output_validates_and_its_modeline_names_the_schema(tmp_path):
         {"rendezvous": {"mode": "sometimes"}},
         {"checkpoint": {"size": "lots"}},
         {"name": "Bad_Name"},
+        {"image": "Repo:tag"},
+        {"memory": "4GB"},
+        {"command": {"module": "a b"}},
         {"tolerations": [{"operator": "Maybe"}]},
     ],
 )
