@@ -99,6 +99,15 @@ _MODULE = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
 _QUANTITY_HINT = "use a number with an optional suffix, e.g. 500m, 4, 16Gi, 512Mi"
 
 
+def _show(value: Any) -> str:
+    """repr for one-line messages, cut short: a value can be a megabyte long."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int with more digits than Python will print
+        return "a number too long to print"
+    return text if len(text) <= 80 else f"{text[:60]}…({len(text)} characters)"
+
+
 def _dns_name(pattern: str, limit: int, rule: str) -> Callable[[str], str]:
     def check(value: str) -> str:
         if len(value) > limit or not re.fullmatch(pattern, value):
@@ -146,7 +155,7 @@ def _parse_quantity(value: Any) -> tuple[str, float, str]:
     text = str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
     match = re.fullmatch(_QUANTITY, text) if isinstance(text, str) else None
     if not match:
-        raise ValueError(f"{value!r} is not a Kubernetes quantity: {_QUANTITY_HINT}")
+        raise ValueError(f"{_show(value)} is not a Kubernetes quantity: {_QUANTITY_HINT}")
     suffix = match["suffix"] or ""
     number = float(match["number"])
     if suffix[:1] in ("e", "E"):
@@ -154,14 +163,14 @@ def _parse_quantity(value: Any) -> tuple[str, float, str]:
     else:
         amount = number * _MULTIPLIERS[suffix]
     if amount <= 0:
-        raise ValueError(f"{text!r} must be greater than zero")
+        raise ValueError(f"{_show(text)} must be greater than zero")
     return text, amount, suffix
 
 
 def _cpu(value: Any) -> str:
     text, amount, _ = _parse_quantity(value)
     if amount < 1e-3:
-        raise ValueError(f"{text!r} is below the smallest CPU unit, 1m")
+        raise ValueError(f"{_show(text)} is below the smallest CPU unit, 1m")
     return text
 
 
@@ -169,7 +178,8 @@ def _bytes(value: Any) -> str:
     text, amount, suffix = _parse_quantity(value)
     if suffix in ("", "n", "u", "m"):
         # `memory: 16` is 16 bytes and `16m` is 0.016 bytes: a unit was surely forgotten.
-        raise ValueError(f"{text!r} is {amount:g} bytes; give a unit, e.g. {text.rstrip('num')}Gi")
+        number = text.rstrip("num") if len(text) < 20 else "16"
+        raise ValueError(f"{_show(text)} is {amount:g} bytes; give a unit, e.g. {number}Gi")
     return text
 
 
@@ -177,8 +187,9 @@ def _image(value: str) -> str:
     match = re.fullmatch(_IMAGE, value)
     if not match:
         raise ValueError(
-            f"{value!r} is not an image reference: use [registry[:port]/]repo[:tag][@sha256:…] "
-            "with a lowercase repository, e.g. ghcr.io/team/train:v1"
+            f"{_show(value)} is not an image reference: use "
+            "[registry[:port]/]repo[:tag][@sha256:…] with a lowercase repository, "
+            "e.g. ghcr.io/team/train:v1"
         )
     if len(match["name"]) > MAX_IMAGE_NAME:
         raise ValueError(
@@ -207,11 +218,11 @@ def _no_expansion(value: str) -> str:
     # The kubelet expands $(VAR) and turns $$ into $ in args and env; local runs do not.
     if "$(" in value or "$$" in value:
         raise ValueError(
-            f"{value!r} contains '$(' or '$$', which Kubernetes expands but local runs do "
+            f"{_show(value)} contains '$(' or '$$', which Kubernetes expands but local runs do "
             "not; ddpdeploy passes text unchanged everywhere, so write it without them"
         )
     if "\0" in value:
-        raise ValueError(f"{value!r} contains a NUL character")
+        raise ValueError(f"{_show(value)} contains a NUL character")
     return value
 
 
@@ -219,7 +230,7 @@ def _env(env: dict[str, str]) -> dict[str, str]:
     for key in env:
         if not re.fullmatch(_ENV_NAME, key):
             raise ValueError(
-                f"env name {key!r} is invalid: use letters, digits, '_', '-', '.', "
+                f"env name {_show(key)} is invalid: use letters, digits, '_', '-', '.', "
                 "not starting with a digit"
             )
         if is_reserved_env(key):
@@ -237,7 +248,7 @@ def _qualified_name(key: str, what: str, example: str) -> None:
         valid = valid and len(prefix) <= MAX_DNS_SUBDOMAIN and re.fullmatch(_SUBDOMAIN, prefix)
     if not valid:
         raise ValueError(
-            f"{what} {key!r} is not a qualified name: [DNS subdomain of at most "
+            f"{what} {_show(key)} is not a qualified name: [DNS subdomain of at most "
             f"{MAX_DNS_SUBDOMAIN} characters/]name of at most {MAX_DNS_LABEL} letters, digits, "
             f"'-', '_', '.' (e.g. {example})"
         )
@@ -246,7 +257,7 @@ def _qualified_name(key: str, what: str, example: str) -> None:
 def _label_value(value: str, what: str) -> None:
     if len(value) > MAX_DNS_LABEL or not re.fullmatch(_LABEL_VALUE, value):
         raise ValueError(
-            f"{what} {value!r} is invalid: at most 63 letters, digits, '-', '_', '.', "
+            f"{what} {_show(value)} is invalid: at most 63 letters, digits, '-', '_', '.', "
             "starting and ending with a letter or digit"
         )
 
@@ -273,7 +284,7 @@ def _annotations(annotations: dict[str, str]) -> dict[str, str]:
 def _mount_path(value: str) -> str:
     parts = value.split("/")
     if not value.startswith("/") or ".." in parts or any(ord(c) < 32 for c in value):
-        raise ValueError(f"mountPath must be an absolute path without '..' (got {value!r})")
+        raise ValueError(f"mountPath must be an absolute path without '..' (got {_show(value)})")
     if posixpath.normpath(value) == "/":
         raise ValueError("mountPath '/' would hide the image's whole file system")
     return value
@@ -360,7 +371,7 @@ class Command(Model):
         if self.script is not None:
             _no_expansion(self.script)
         if self.module is not None and not re.fullmatch(_MODULE, self.module):
-            raise ValueError(f"module {self.module!r} is not a dotted Python module name")
+            raise ValueError(f"module {_show(self.module)} is not a dotted Python module name")
         return self
 
     @property
@@ -599,7 +610,7 @@ class JobSpec(Model):
         longest = f"{self.name}-worker-{self.max_nodes - 1}"
         if len(longest) > MAX_DNS_LABEL:
             raise ValueError(
-                f"name is too long: pod and Service names like {longest!r} must stay within "
+                f"name is too long: pod and Service names like {_show(longest)} must stay within "
                 f"{MAX_DNS_LABEL} characters; shorten name to at most "
                 f"{self.name_budget} characters"
             )
@@ -670,9 +681,9 @@ FLAG_FIELDS: dict[str, tuple[str, ...]] = {
 
 def parse_elastic(text: str) -> dict[str, Any]:
     """``MIN:MAX`` -> the rendezvous fields it sets."""
-    match = re.fullmatch(r"([0-9]+):([0-9]+)", text)
+    match = re.fullmatch(r"([0-9]{1,100}):([0-9]{1,100})", text)
     if not match:
-        raise UserError(f"--elastic: {text!r} is not MIN:MAX; use two node counts, e.g. 1:4")
+        raise UserError(f"--elastic: {_show(text)} is not MIN:MAX; use two node counts, e.g. 1:4")
     return {"mode": "elastic", "minNodes": int(match[1]), "maxNodes": int(match[2])}
 
 
@@ -711,7 +722,7 @@ def _section(doc: dict[str, Any], key: str, source: str, hint: str) -> dict[str,
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise UserError(f"{source}: {key} must be a mapping, e.g. {hint} (got {value!r})")
+        raise UserError(f"{source}: {key} must be a mapping, e.g. {hint} (got {_show(value)})")
     return dict(value)
 
 
@@ -780,19 +791,24 @@ def _one_line(exc: ValidationError, source: str, flags: dict[str, Any]) -> str:
             break
     message = first["msg"]
     if first["type"] == "extra_forbidden":
-        message = f"unknown field {loc[-1]!r}; `ddpdeploy init` writes a file listing every field"
+        message = (
+            f"unknown field {_show(loc[-1])}; `ddpdeploy init` writes a file listing every field"
+        )
         camel = to_camel(loc[-1])
         if camel != loc[-1]:
-            message = f"unknown field {loc[-1]!r}; keys are camelCase like Kubernetes': {camel!r}"
+            message = (
+                f"unknown field {_show(loc[-1])}; keys are camelCase like Kubernetes': "
+                f"{_show(camel)}"
+            )
         where = f"{prefix}{'.'.join(loc[:-1]) or '(top level)'}"
     elif first["type"] in ("model_type", "model_attributes_type", "dict_type"):
-        message = f"must be a mapping of fields (got {first['input']!r})"
+        message = f"must be a mapping of fields (got {_show(first['input'])})"
     elif message.startswith("Value error, "):
         message = message[len("Value error, ") :]
     else:
         message = message.replace("Input should be", "must be")
         if "input" in first and not isinstance(first["input"], dict | list):
-            message += f" (got {first['input']!r})"
+            message += f" (got {_show(first['input'])})"
     if first["type"] == "string_type":
         message += "; quote it in YAML"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""

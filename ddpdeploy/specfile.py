@@ -25,6 +25,7 @@ from ddpdeploy.errors import UserError
 MAX_BYTES = 1024 * 1024  # a job spec is a few hundred bytes; anything near this is a mistake
 MAX_DEPTH = 32  # the deepest real spec nests 4 levels (tolerations: - key:)
 _DECIMAL = r"[-+]?(0|[1-9][0-9]*)"
+OVERSIZED = "<a number too long to convert>"
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,8 @@ class _Loader(yaml.SafeLoader):
             if isinstance(key_node, yaml.ScalarNode):
                 if key_node.value in seen:
                     raise SpecSyntaxError(
-                        f"duplicate key {key_node.value!r} (YAML would keep only the last one)",
+                        f"duplicate key {key_node.value[:80]!r} "
+                        "(YAML would keep only the last one)",
                         _line(key_node.start_mark),
                     )
                 seen.add(key_node.value)
@@ -93,7 +95,11 @@ def _keep_text(tag: str) -> None:
     base = _Loader.yaml_constructors[tag]
 
     def construct(loader: _Loader, node: yaml.ScalarNode) -> Plain:
-        return Plain(base(loader, node), node.value, node.start_mark.line + 1)
+        try:
+            value = base(loader, node)
+        except ValueError:  # more digits than Python converts; fine where text is wanted
+            value = OVERSIZED
+        return Plain(value, node.value, node.start_mark.line + 1)
 
     _Loader.add_constructor(tag, construct)
 
@@ -198,13 +204,17 @@ def _child_kind(kind: Any, key: Any) -> Any:
 def _scalar(node: Plain, kind: Any, where: str) -> Any:
     if kind == TEXT:
         return node.text
+    if node.value is OVERSIZED:
+        raise SpecSyntaxError(
+            f"{where}: a number of {len(node.text)} digits is out of range", node.line
+        )
     is_int = isinstance(node.value, int) and not isinstance(node.value, bool)
     if kind == INT and is_int and not re.fullmatch(_DECIMAL, node.text):
         raise SpecSyntaxError(
-            f"{where}: write {node.text!r} as a plain decimal integer "
-            f"(YAML 1.1 reads it as {node.value}, YAML 1.2 readers differ)",
+            f"{where}: write {node.text[:40]!r} as a plain decimal integer "
+            "(YAML 1.1 and 1.2 readers differ on what it means)",
             node.line,
         )
     if kind == BOOL and node.text not in ("true", "false"):
-        raise SpecSyntaxError(f"{where}: write true or false, not {node.text!r}", node.line)
+        raise SpecSyntaxError(f"{where}: write true or false, not {node.text[:40]!r}", node.line)
     return node.value

@@ -119,6 +119,7 @@ def test_trailing_newline_is_refused_everywhere(tmp_path, text, flags, expected)
 def test_elastic_range_is_digits_only():
     assert "is not MIN:MAX" in refused(None, {"--elastic": "1:2\n"})
     assert "is not MIN:MAX" in refused(None, {"--elastic": "1:\u0663"})  # an Arabic-Indic 3
+    assert "is not MIN:MAX" in refused(None, {"--elastic": "1:" + "9" * 5000})
 
 
 BIG = 2**70
@@ -265,3 +266,19 @@ def test_cli_prints_one_line_and_writes_nothing(tmp_path, text, argv):
     assert result.stdout == ""
     assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ddpdeploy.yaml"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "image: " + "a" * 500_000 + "\n",
+        "memory: " + "1" * 500_000 + "\n",
+        "a" * 500_000 + ": 1\n",
+        "labels: {team: " + "a" * 500_000 + "}\n",
+        "command: " + "a" * 500_000 + "\n",
+        "nodes: 0x" + "1" * 500_000 + "\n",
+    ],
+)
+def test_messages_stay_short_for_huge_values(tmp_path, text):
+    args = ["x"] if text.startswith("command") else None
+    assert len(refused(write(tmp_path, text), None, args)) < 400
