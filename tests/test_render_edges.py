@@ -237,3 +237,28 @@ def test_the_oracle_refuses_what_the_api_server_would():
     errors = "\n".join(api_errors(job))
     for expected in ["2147483648", "bad key", "1180591620717411303424", "Exists with", "duplicate"]:
         assert expected in errors
+
+
+def test_random_combinations_render_valid_or_fail_in_one_line(tmp_path):
+    # A seeded property test: documents combining several edge values at once (flags too),
+    # so checks that only hold field by field are caught.
+    import random
+
+    rng = random.Random(8)
+    flags_pool = [{"--nodes": 3}, {"--gpus": 2**40}, {"--elastic": "1:4"}, {"--procs": 2}]
+    path = tmp_path / "ddpdeploy.yaml"
+    rendered = 0
+    for _ in range(100):
+        fields = rng.sample(sorted(EDGES), rng.randint(1, 4))
+        lines = [f"{f}: {rng.choice(EDGES[f])}" for f in fields if f != "image"]
+        path.write_text("image: train:v1\n" + "\n".join(lines) + "\n")
+        flags = rng.choice([{}, {}, *flags_pool])
+        try:
+            objects = render_objects(load_spec(path, flags))
+        except UserError as exc:
+            assert exc.exit_code == 2 and "\n" not in str(exc), path.read_text()
+            continue
+        rendered += 1
+        for obj in objects:
+            assert api_errors(obj) == [], path.read_text()
+    assert rendered >= 10
