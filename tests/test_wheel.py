@@ -92,6 +92,7 @@ def test_wheel_ships_trainer_and_dockerfile_but_no_tests_or_caches(wheels) -> No
 
 
 def test_sdist_builds_the_same_wheel(wheels) -> None:
+    # A difference here can also be a stale build/ folder in the checkout: rm -rf build.
     assert contents(wheels["sdist"]) == contents(wheels["tree"])
 
 
