@@ -36,7 +36,7 @@ echo $? >"$out/tests.rc"
 
 backend=nccl bench=(--trials 3)
 if [ -n "$dry" ]; then backend=gloo bench=(--trials 1 --steps 40 --large-steps 20); fi
-if "$py" benchmarks/bench_trainer.py --help | grep -q -- --backend; then
+if [[ "$("$py" benchmarks/bench_trainer.py --help 2>&1)" == *--backend* ]]; then
     echo "gpu_check: benchmarks/bench_trainer.py --backend $backend ${bench[*]}" >&2
     timeout 110 "$py" benchmarks/bench_trainer.py --backend "$backend" "${bench[@]}" \
         >"$out/bench.out" 2>"$out/bench.err"
