@@ -1,23 +1,34 @@
-"""Where the files ddpdeploy ships beside its code live (trainer, Dockerfile)."""
+"""Where the files ddpdeploy ships beside its code live (trainer, Dockerfile).
+
+A wheel carries them as package data, ddpdeploy/_data/{train,docker} (setup.py copies them
+there at build time); an editable install or a source checkout has them at the top of the
+repository, next to the package. Both are real folders: the trainer runs by path under
+torchrun, and the image build copies them into its context.
+"""
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 
 from ddpdeploy.errors import UserError
 
-_ROOT = Path(__file__).resolve().parent.parent
+
+def _shipped(name: str, marker: str) -> Path:
+    package = Path(str(resources.files("ddpdeploy")))
+    candidates = (package / "_data" / name, package.parent / name)
+    for path in candidates:
+        if (path / marker).is_file():
+            return path
+    raise UserError(
+        f"ddpdeploy's {name}/{marker} is missing (looked in {candidates[0]} and "
+        f"{candidates[1]}); reinstall ddpdeploy (pip install --force-reinstall ddpdeploy)"
+    )
 
 
 def trainer_dir() -> Path:
-    """The in-container trainer's folder (train/ of the source tree)."""
-    path = _ROOT / "train"
-    if not (path / "ddptrain.py").is_file():
-        raise UserError(
-            f"the built-in trainer is missing at {path}; install ddpdeploy from its source tree "
-            "(pip install -e .)"
-        )
-    return path
+    """The in-container trainer's folder: ddptrain.py and its sibling modules."""
+    return _shipped("train", "ddptrain.py")
 
 
 def trainer_script() -> Path:
@@ -25,4 +36,5 @@ def trainer_script() -> Path:
 
 
 def docker_dir() -> Path:
-    return _ROOT / "docker"
+    """The folder holding the image's Dockerfile."""
+    return _shipped("docker", "Dockerfile")

@@ -11,8 +11,8 @@ from typing import Any
 import jsonschema
 import yaml
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-SCHEMAS = SHARED / "schemas"
+# Copies in the repository, with their sources and licenses in schemas/SOURCES.md.
+SCHEMAS = Path(__file__).resolve().parent / "schemas"
 K8S_VERSION = "1.37"  # the newest minor kubernetes-validate ships schemas for
 
 
