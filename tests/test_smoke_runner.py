@@ -13,7 +13,9 @@ from ddpdeploy.render.local import plan
 from ddpdeploy.smoke_runner import (
     MAX_WORKERS_PER_CORE,
     SmokeTarget,
+    WorkerFailure,
     check_cpu_budget,
+    root_cause,
     split_rank,
     summary_failures,
 )
@@ -72,3 +74,14 @@ def test_rank_prefix_and_summary_are_read_from_torchrun_lines():
     assert split_rank("plain") == (None, "plain")
     got = [(f.rank, f.local_rank, f.code, f.root) for f in summary_failures("n", tail)]
     assert got == [(2, 0, -15, False), (3, 1, 1, True)]
+
+
+def test_root_cause_is_the_failed_worker_whose_output_ended_first():
+    peer = WorkerFailure("a", 0, 0, 1, root=False)
+    killed = WorkerFailure("b", 2, 0, -15, root=False)  # SIGTERMed by its own agent
+    cause = WorkerFailure("b", 3, 1, 1, root=True)
+    times = {("a", 0): 10.5, ("b", 0): 1.0, ("b", 1): 10.0}
+    assert root_cause([peer, killed, cause], times) == cause
+    # Without times, torchrun's own pick; with only SIGTERMed workers, one of those.
+    assert root_cause([peer, cause], {}) == cause
+    assert root_cause([killed], times) == killed
