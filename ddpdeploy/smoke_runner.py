@@ -134,7 +134,7 @@ def parse_event(text: str) -> dict[str, Any] | None:
 
 def check_cpu_budget(nodes: int, procs: int, force: bool, cores: int | None = None) -> None:
     """Refuse a run that would start far more workers than this host has cores."""
-    cores = cores or len(os.sched_getaffinity(0))
+    cores = cores or _usable_cores()
     workers = nodes * procs
     limit = MAX_WORKERS_PER_CORE * cores
     if workers > limit and not force:
@@ -143,6 +143,13 @@ def check_cpu_budget(nodes: int, procs: int, force: bool, cores: int | None = No
             f"core(s) is more than {limit} ({MAX_WORKERS_PER_CORE} per core) and would thrash "
             "this machine; use fewer nodes or procs, or pass --force"
         )
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # what this process may use (taskset, cgroups)
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 # ---- failure naming -------------------------------------------------------------------

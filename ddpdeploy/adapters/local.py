@@ -178,6 +178,8 @@ def marked_processes(marker: str) -> dict[int, dict[str, str]]:
     """Live processes whose environment carries ``RUN_MARKER=marker``, with that env."""
     needle = f"{RUN_MARKER}={marker}".encode()
     found: dict[int, dict[str, str]] = {}
+    if not os.path.isdir("/proc"):  # not Linux: only the agents' own SIGTERM handling helps
+        return found
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
