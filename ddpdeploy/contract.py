@@ -10,6 +10,7 @@ env (`base_env`) are the same everywhere.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ddpdeploy.spec import JobSpec
@@ -18,6 +19,7 @@ from ddpdeploy.spec import JobSpec
 TRAINER_IN_IMAGE = "/opt/ddpdeploy/train/ddptrain.py"
 CONTAINER_NAME = "pytorch"  # the operator finds the training container by this name
 PORT_NAME = "pytorchjob-port"  # ...and the rendezvous port by this one
+DEFAULT_LAUNCHER = ("torchrun",)  # on the PATH of every training image
 
 # Peers' DNS records appear only once their pods run; torchrun would fail on the first
 # lookup, so every node waits (bounded) for the rendezvous host to resolve first.
@@ -80,18 +82,27 @@ class LaunchContract:
         return [*args, *cmd.args]
 
     def torchrun_argv(
-        self, trainer_path: str | None = None, checkpoint_dir: str | None = None
+        self,
+        trainer_path: str | None = None,
+        checkpoint_dir: str | None = None,
+        launcher: Sequence[str] = DEFAULT_LAUNCHER,
     ) -> list[str]:
         """torchrun with no topology flags: it reads them from the PET_* env (a flag would win
-        over the operator's env, so none is passed)."""
-        return ["torchrun", *self.entry_argv(trainer_path, checkpoint_dir)]
+        over the operator's env, so none is passed).
+
+        ``launcher`` is how torchrun is spelled on the target: the image's ``torchrun`` by
+        default, ``python -m torch.distributed.run`` where a given interpreter must run it."""
+        return [*launcher, *self.entry_argv(trainer_path, checkpoint_dir)]
 
     def container_command(
-        self, trainer_path: str | None = None, checkpoint_dir: str | None = None
+        self,
+        trainer_path: str | None = None,
+        checkpoint_dir: str | None = None,
+        launcher: Sequence[str] = DEFAULT_LAUNCHER,
     ) -> list[str]:
         """The container's command: wait for the rendezvous host's DNS, then exec torchrun."""
         wait = ["/bin/sh", "-c", _WAIT_FOR_HOST, "ddpdeploy-wait"]
-        return [*wait, *self.torchrun_argv(trainer_path, checkpoint_dir)]
+        return [*wait, *self.torchrun_argv(trainer_path, checkpoint_dir, launcher)]
 
     def node_env(self, node: Node, host_of: dict[str, str] | None = None) -> dict[str, str]:
         """The env the training operator gives ``node``'s container, plus ``base_env``.

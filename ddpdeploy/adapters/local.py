@@ -1,7 +1,9 @@
-"""Local processes: start one torchrun agent per node, stream their lines, stop them all.
+"""Local processes: one torchrun agent per node on this host, as a smoke runner target.
 
-Each agent runs in its own session (process group), so stopping a node also stops the
-worker processes torchrun forked, and nothing is left behind on failure or Ctrl-C.
+Cleanup does not rely on process groups: torchrun starts each worker in a session of its
+own, so signalling an agent's group misses its workers, and an agent that died (SIGKILL)
+leaves them orphaned. Every agent therefore gets a per-run marker in its env, which its
+workers inherit; `stop()` kills every process whose /proc/<pid>/environ carries it.
 """
 
 from __future__ import annotations
@@ -9,16 +11,24 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ddpdeploy.errors import OperationError
 from ddpdeploy.render.local import LocalNode
+from ddpdeploy.smoke_runner import RANK_OUTPUT_ENV, Line, Node, SmokeTarget
+
+RUN_MARKER = "DDPDEPLOY_SMOKE_RUN"  # this run's id, in the env of its agents and workers
+NODE_MARKER = "DDPDEPLOY_SMOKE_NODE"  # the node (hostname) an agent or worker belongs to
 
 
 @dataclass
@@ -28,38 +38,45 @@ class Agent:
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=300))
 
 
-@dataclass(frozen=True)
-class Line:
-    hostname: str
-    stream: str  # "stdout" or "stderr"
-    text: str
-
-
-class LocalRun:
+class LocalRun(SmokeTarget):
     """The agents of one local run; use as a context manager so they always stop."""
 
     def __init__(self, nodes: list[LocalNode], cwd: Path) -> None:
+        self.marker = uuid.uuid4().hex
+        # torchrun writes each worker's output here too (PET_LOG_DIR), one folder per node.
+        self.log_dir = Path(tempfile.mkdtemp(prefix="ddpdeploy-smoke-"))
         self.lines: queue.Queue[Line | None] = queue.Queue()
-        self.agents: list[Agent] = []
+        self.agents: dict[str, Agent] = {}
+        self.nodes = [Node(n.hostname, _node_rank(n)) for n in nodes]
         self._readers: list[threading.Thread] = []
+        self._stopped = False
         for node in nodes:
-            proc = subprocess.Popen(
-                node.argv,
-                cwd=cwd,
-                env={**os.environ, **node.env},
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                bufsize=1,
-                start_new_session=True,
-            )
-            agent = Agent(node, proc)
-            self.agents.append(agent)
-            for stream in ("stdout", "stderr"):
-                reader = threading.Thread(target=self._read, args=(agent, stream), daemon=True)
-                reader.start()
-                self._readers.append(reader)
+            self._start(node, cwd)
+
+    def _start(self, node: LocalNode, cwd: Path) -> None:
+        ours = {
+            **RANK_OUTPUT_ENV,
+            "PET_LOG_DIR": str(self.log_dir / node.hostname),
+            RUN_MARKER: self.marker,
+            NODE_MARKER: node.hostname,
+        }
+        proc = subprocess.Popen(
+            node.argv,
+            cwd=cwd,
+            env={**os.environ, **node.env, **ours},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+            start_new_session=True,  # Ctrl-C reaches the CLI only; stop() ends the rest
+        )
+        agent = Agent(node, proc)
+        self.agents[node.hostname] = agent
+        for stream in ("stdout", "stderr"):
+            reader = threading.Thread(target=self._read, args=(agent, stream), daemon=True)
+            reader.start()
+            self._readers.append(reader)
 
     def _read(self, agent: Agent, stream: str) -> None:
         pipe = getattr(agent.proc, stream)
@@ -70,23 +87,24 @@ class LocalRun:
         self.lines.put(None)
 
     def events(self, poll: float = 0.2) -> Iterator[Line | None]:
-        """Lines as they come; None now and then so the caller can check exits."""
         while True:
             try:
                 yield self.lines.get(timeout=poll)
             except queue.Empty:
                 yield None
 
-    def failed(self) -> Agent | None:
-        return next((a for a in self.agents if a.proc.poll() not in (None, 0)), None)
+    def exit_codes(self) -> dict[str, int | None]:
+        return {name: agent.proc.poll() for name, agent in self.agents.items()}
 
-    def finished(self) -> bool:
-        return all(a.proc.poll() == 0 for a in self.agents)
+    def tail(self, node: str) -> list[str]:
+        return list(self.agents[node].tail)
 
     def drain(self, timeout: float = 2.0) -> list[Line]:
-        """Lines still in the pipes after the processes ended."""
+        """Lines still in the pipes after the processes ended (orphaned workers may hold a
+        pipe open, hence the bound)."""
+        deadline = time.monotonic() + timeout
         for reader in self._readers:
-            reader.join(timeout)
+            reader.join(max(0.0, deadline - time.monotonic()))
         out = []
         while True:
             try:
@@ -96,27 +114,91 @@ class LocalRun:
             if item is not None:
                 out.append(item)
 
+    def last_output_at(self, node: str) -> dict[int, float]:
+        """Per local rank, the mtime of its newest log file in the node's latest attempt."""
+        attempts = sorted(
+            (self.log_dir / node).glob("*/attempt_*"),
+            key=lambda p: int(p.name.split("_")[1]),
+        )
+        if not attempts:
+            return {}
+        out: dict[int, float] = {}
+        for rank_dir in attempts[-1].iterdir():
+            if rank_dir.name.isdigit():
+                stamps = [f.stat().st_mtime for f in rank_dir.glob("std*.log")]
+                if stamps:
+                    out[int(rank_dir.name)] = max(stamps)
+        return out
+
+    def kill_worker(self, node: str) -> str:
+        """SIGKILL the live worker of ``node`` with the highest local rank."""
+        workers = [
+            (int(env["LOCAL_RANK"]), pid)
+            for pid, env in marked_processes(self.marker).items()
+            if env.get(NODE_MARKER) == node and env.get("LOCAL_RANK", "").isdigit()
+        ]
+        if not workers:
+            raise OperationError(f"--kill-at: node {node} had no worker process to kill")
+        local_rank, pid = max(workers)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        return f"local rank {local_rank} (pid {pid})"
+
     def stop(self, grace: float = 5.0) -> None:
-        """SIGTERM every agent's process group, then SIGKILL what is left."""
-        live = [a for a in self.agents if a.proc.poll() is None]
+        """SIGTERM every agent (torchrun passes it on to its workers), SIGKILL what is left
+        after ``grace``, then every process of this run that is still alive."""
+        if self._stopped:
+            return
+        self._stopped = True
+        live = [a for a in self.agents.values() if a.proc.poll() is None]
         for agent in live:
             _signal_group(agent.proc, signal.SIGTERM)
         deadline = time.monotonic() + grace
         for agent in live:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 agent.proc.wait(max(0.0, deadline - time.monotonic()))
-        for agent in self.agents:
-            # Workers can outlive their agent; the group kill reaches them too.
+        for agent in self.agents.values():
             _signal_group(agent.proc, signal.SIGKILL)
             agent.proc.wait()
+        kill_marked(self.marker)
+        shutil.rmtree(self.log_dir, ignore_errors=True)
 
-    def __enter__(self) -> LocalRun:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+def _node_rank(node: LocalNode) -> int | None:
+    rank = node.env.get("PET_NODE_RANK")
+    return int(rank) if rank is not None else None
 
 
 def _signal_group(proc: subprocess.Popen[str], sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
+
+
+def marked_processes(marker: str) -> dict[int, dict[str, str]]:
+    """Live processes whose environment carries ``RUN_MARKER=marker``, with that env."""
+    needle = f"{RUN_MARKER}={marker}".encode()
+    found: dict[int, dict[str, str]] = {}
+    if not os.path.isdir("/proc"):  # not Linux: only the agents' own SIGTERM handling helps
+        return found
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = Path(entry.path, "environ").read_bytes()
+        except OSError:  # gone, or not ours to read
+            continue
+        items = raw.split(b"\0")
+        if needle in items:
+            pairs = (i.decode(errors="replace").partition("=") for i in items if b"=" in i)
+            found[int(entry.name)] = {k: v for k, _, v in pairs}
+    return found
+
+
+def kill_marked(marker: str, timeout: float = 10.0) -> None:
+    """SIGKILL every process of the run until none is left (restarts can fork new ones)."""
+    deadline = time.monotonic() + timeout
+    while (pids := marked_processes(marker)) and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import socket
-import time
+import tempfile
+from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ddpdeploy.errors import OperationError, UserError
+from ddpdeploy.errors import UserError
 from ddpdeploy.options import spec_command
-from ddpdeploy.spec import JobSpec
+from ddpdeploy.spec import Checkpoint, JobSpec
+
+if TYPE_CHECKING:
+    from ddpdeploy.smoke_runner import SmokeTarget
 
 
 def _free_port() -> int:
@@ -22,40 +26,30 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _event(text: str) -> dict[str, Any] | None:
-    if not text.startswith("{"):
-        return None
-    try:
-        event = json.loads(text)
-    except ValueError:
-        return None
-    return event if isinstance(event, dict) and "event" in event else None
+def _with_args(spec: JobSpec, *args: str) -> JobSpec:
+    command = spec.command.model_copy(update={"args": [*spec.command.args, *args]})
+    return spec.model_copy(update={"command": command})
 
 
-def _failure(hostname: str, env: dict[str, str], code: int, tail: list[str]) -> str:
-    """Which node and rank failed, and the worker's own last lines: torchrun's traceback
-    and summary block after them only repeat the rank, which goes into the first line."""
-    ranks = [
-        t.split(":", 1)[1].split("(")[0].strip()
-        for t in tail
-        if t.strip().startswith("rank ") and ":" in t
-    ]
-    agent_tb = [
-        i
-        for i, t in enumerate(tail)
-        if t.startswith("Traceback (most recent call")
-        and any("ChildFailedError" in u for u in tail[i:])
-    ]
-    if agent_tb:
-        tail = tail[: agent_tb[-1]]
-    parts = []
-    if "PET_NODE_RANK" in env:
-        parts.append(f"node rank {env['PET_NODE_RANK']}")
-    if ranks:
-        parts.append(f"global rank {ranks[0]}")
-    where = f"node {hostname}" + (f" ({', '.join(parts)})" if parts else "")
-    lines = "\n".join(f"  {t}" for t in tail[-12:])
-    return f"{where} exited with code {code}; its last lines:\n{lines}"
+def _chaos_spec(spec: JobSpec, kill_at: int) -> tuple[JobSpec, int]:
+    """The job for a --kill-at run, and the torchrun restarts it gets.
+
+    torchrun restarts workers only with max restarts > 0: the spec's own value for elastic
+    jobs that set one; else 1 for this run (static jobs restart by pod on the cluster, and
+    torchrun's default is 0). The built-in trainer checkpoints before the kill so the
+    restarted workers resume rather than start over."""
+    restarts = spec.rendezvous.max_restarts
+    if restarts == 0:
+        raise UserError(
+            "--kill-at: rendezvous.maxRestarts is 0, so torchrun would not restart the "
+            "workers; set --max-restarts 1 or more"
+        )
+    if spec.command.builtin:
+        if spec.checkpoint is None:
+            spec = spec.model_copy(update={"checkpoint": Checkpoint(claim_name="smoke")})
+        if not any(a.startswith("--checkpoint-every") for a in spec.command.args):
+            spec = _with_args(spec, "--checkpoint-every", str(max(1, kill_at // 2)))
+    return spec, restarts or 1
 
 
 @spec_command
@@ -70,104 +64,63 @@ def smoke(
     timeout: Annotated[
         float, typer.Option("--timeout", min=1, help="Give up after this many seconds.")
     ] = 900,
+    kill_at: Annotated[
+        int | None,
+        typer.Option(
+            "--kill-at",
+            min=1,
+            help="Chaos: after a clean run, run again and SIGKILL one worker of a node "
+            "without rank 0 when rank 0 reports this step; the weights must match.",
+        ),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Start more workers than this host's cores suit.")
+    ] = False,
 ) -> None:
     """Run the job as a CPU smoke test (gloo): one torchrun agent per node on 127.0.0.1,
     each with the env the cluster's operator would give that node.
 
     Example: ddpdeploy smoke --local --nodes 2 --procs 2 --steps 20
     """
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-    from ddpdeploy.adapters.local import Line, LocalRun
-    from ddpdeploy.paths import trainer_script
-    from ddpdeploy.render.local import plan
+    from ddpdeploy import smoke_runner
 
     if not local:
         raise UserError("--no-local: only local processes are supported so far; pass --local")
+    smoke_runner.check_cpu_budget(spec.nodes, spec.procs_per_node, force)
     if importlib.util.find_spec("torch") is None:
         raise UserError(
             "torch is not installed here: pip install torch==2.13.0 (CPU) or 'ddpdeploy[train]'"
         )
     if steps is not None:
-        spec = spec.model_copy(
-            update={
-                "command": spec.command.model_copy(
-                    update={"args": [*spec.command.args, "--steps", str(steps)]}
-                )
-            }
-        )
-    checkpoint_dir = None
-    if spec.checkpoint:
-        checkpoint_dir = str(Path(".ddpdeploy", "checkpoints", spec.name).resolve())
-    nodes = plan(spec, _free_port(), str(trainer_script()), checkpoint_dir)
-    console = Console(stderr=True)
-    world = spec.nodes * spec.procs_per_node
-    console.print(
+        spec = _with_args(spec, "--steps", str(steps))
+    restarts = None
+    if kill_at is not None:
+        spec, restarts = _chaos_spec(spec, kill_at)
+    typer.echo(
         f"smoke: {spec.name}: {spec.nodes} node(s) x {spec.procs_per_node} proc(s) = "
-        f"world size {world}, gloo on 127.0.0.1"
+        f"world size {spec.nodes * spec.procs_per_node}, gloo on 127.0.0.1",
+        err=True,
     )
-    done: dict[str, Any] | None = None
-    first_step_at: float | None = None
-    started = time.monotonic()
-    progress = Progress(
-        TextColumn("[bold]training"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[info]}"),
-        console=console,
-        transient=False,
-    )
-    task = progress.add_task("train", total=steps, info="rendezvous…")
+    with ExitStack() as cleanup:
+        start = _local_target(spec, restarts, fresh_checkpoints=kill_at is not None, at=cleanup)
+        smoke_runner.smoke(start, steps=steps, timeout=timeout, kill_at=kill_at)
 
-    def show(line: Line) -> None:
-        """Rank 0's JSON lines drive the display; the last `done` is the result."""
-        nonlocal done, first_step_at
-        event = _event(line.text) if line.stream == "stdout" else None
-        if event is None:
-            return
-        if event["event"] == "step":
-            first_step_at = first_step_at or time.monotonic()
-            progress.update(
-                task,
-                completed=int(event["step"]),
-                info=f"loss {event.get('loss', float('nan')):.4f}",
-            )
-        elif event["event"] == "done":
-            done = event
-            progress.update(task, completed=done["step"], info="done")
-        elif event["event"] in ("start", "checkpoint"):
-            if event.get("total_steps"):
-                progress.update(task, total=event["total_steps"])
-            progress.console.print(f"[dim]{line.hostname}: {line.text}", soft_wrap=True)
 
-    with progress, LocalRun(nodes, Path.cwd()) as run:
-        for line in run.events():
-            if line is not None:
-                show(line)
-            failed = run.failed()
-            if failed is not None:
-                run.drain()
-                raise OperationError(
-                    _failure(
-                        failed.node.hostname,
-                        failed.node.env,
-                        failed.proc.returncode,
-                        list(failed.tail),
-                    )
-                )
-            if run.finished():
-                for rest in run.drain():
-                    show(rest)
-                break
-            if time.monotonic() - started > timeout:
-                raise OperationError(f"--timeout: the run did not finish within {timeout:g}s")
-    wall = time.monotonic() - started
-    if done is None:
-        raise OperationError("the trainer ended without its final 'done' line")
-    train_time = time.monotonic() - (first_step_at or started)
-    rate = done["step"] / train_time if train_time > 0 else float("nan")
-    typer.echo(f"wall time       {wall:.1f} s")
-    typer.echo(f"steps           {done['step']}")
-    typer.echo(f"steps/s         {rate:.1f}")
-    typer.echo(f"weights_sha256  {done['weights_sha256']}")
+def _local_target(
+    spec: JobSpec, restarts: int | None, fresh_checkpoints: bool, at: ExitStack
+) -> Callable[[], SmokeTarget]:
+    """Start the job's agents on a fresh port (and, for chaos runs, checkpoint folder)."""
+    from ddpdeploy.adapters.local import LocalRun
+    from ddpdeploy.paths import trainer_script
+    from ddpdeploy.render.local import plan
+
+    def start() -> LocalRun:
+        checkpoint_dir = None
+        if fresh_checkpoints:
+            checkpoint_dir = at.enter_context(tempfile.TemporaryDirectory(prefix="ddpdeploy-"))
+        elif spec.checkpoint:
+            checkpoint_dir = str(Path(".ddpdeploy", "checkpoints", spec.name).resolve())
+        nodes = plan(spec, _free_port(), str(trainer_script()), checkpoint_dir, restarts)
+        return LocalRun(nodes, Path.cwd())
+
+    return start

@@ -2,7 +2,8 @@
 
 Pure: from a contract, the argv and env every node's torchrun agent gets, with node
 hostnames mapped to 127.0.0.1. The same container command the cluster runs, with the
-in-image paths swapped for this checkout's and `torchrun` for this interpreter's.
+in-image paths swapped for this checkout's and this interpreter's torchrun as the
+launcher.
 """
 
 from __future__ import annotations
@@ -38,10 +39,9 @@ def local_nodes(
     python: str = sys.executable,
 ) -> list[LocalNode]:
     hosts = {n.hostname(contract.spec.name): LOOPBACK for n in contract.nodes}
-    command = contract.container_command(trainer_path, checkpoint_dir)
-    at = command.index("torchrun")
     # This interpreter's torchrun, so the smoke run uses the torch it was installed with.
-    argv = [*command[:at], python, "-m", "torch.distributed.run", *command[at + 1 :]]
+    launcher = [python, "-m", "torch.distributed.run"]
+    argv = contract.container_command(trainer_path, checkpoint_dir, launcher)
     return [
         LocalNode(node.hostname(contract.spec.name), argv, contract.node_env(node, hosts))
         for node in contract.nodes
@@ -49,6 +49,16 @@ def local_nodes(
 
 
 def plan(
-    spec: JobSpec, port: int, trainer_path: str, checkpoint_dir: str | None = None
+    spec: JobSpec,
+    port: int,
+    trainer_path: str,
+    checkpoint_dir: str | None = None,
+    max_restarts: int | None = None,
 ) -> list[LocalNode]:
-    return local_nodes(launch_contract(cpu_spec(spec, port)), trainer_path, checkpoint_dir)
+    """Every node of ``spec`` as a local torchrun agent. ``max_restarts`` overrides the
+    contract's torchrun restarts for this run only (chaos runs need at least one)."""
+    nodes = local_nodes(launch_contract(cpu_spec(spec, port)), trainer_path, checkpoint_dir)
+    if max_restarts is None:
+        return nodes
+    extra = {"PET_MAX_RESTARTS": str(max_restarts)}
+    return [LocalNode(n.hostname, n.argv, {**n.env, **extra}) for n in nodes]
