@@ -110,6 +110,12 @@ def scan_workspace(workspace: Path) -> list[LocalFile]:
         raise UserError(f"cannot list {where} ({exc.strerror or exc}); {_FIX}") from None
     except re.error as exc:
         raise UserError(f"{workspace / '.dockerignore'}: a pattern is invalid ({exc})") from None
+    except RecursionError:
+        # The SDK's walk recurses once per folder level.
+        raise UserError(
+            f"{workspace} has folders nested too deeply to walk; list the deep folder in "
+            ".dockerignore"
+        ) from None
     return _local_files(workspace, kept)
 
 

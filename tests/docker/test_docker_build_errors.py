@@ -147,6 +147,16 @@ def _huge_requirements(ws: Path) -> str:
     return "requirements.txt is larger than 1 MB"
 
 
+def _deep_nesting(ws: Path) -> str:
+    fd = os.open(ws, os.O_RDONLY)
+    for _ in range(1500):  # relative steps: the full path would pass PATH_MAX
+        os.mkdir("d", dir_fd=fd)
+        fd, old = os.open("d", os.O_RDONLY, dir_fd=fd), fd
+        os.close(old)
+    os.close(fd)
+    return "has folders nested too deeply to walk; list the deep folder in .dockerignore"
+
+
 @pytest.mark.docker
 @pytest.mark.parametrize(
     "make",
@@ -157,6 +167,7 @@ def _huge_requirements(ws: Path) -> str:
         _dockerignore_folder,
         _endless_requirements,
         _huge_requirements,
+        _deep_nesting,
     ],
 )
 def test_hostile_workspace_is_one_line(
