@@ -129,6 +129,18 @@ def scan_trainer(trainer_dir: Path) -> list[LocalFile]:
     return _local_files(trainer_dir, rels)
 
 
+def dockerfile(docker_dir: Path) -> str:
+    """The Dockerfile ddpdeploy ships (docker/ of the source tree or the installed package)."""
+    path = docker_dir / "Dockerfile"
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UserError(
+            f"the Dockerfile ddpdeploy ships is missing at {path} ({exc.strerror or exc}); "
+            "reinstall ddpdeploy"
+        ) from None
+
+
 def requirements(workspace: Path, kept: Iterable[LocalFile]) -> bytes:
     """The workspace's requirements.txt if the .dockerignore keeps it, else nothing."""
     if any(f.rel == REQUIREMENTS for f in kept):

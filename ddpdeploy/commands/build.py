@@ -88,7 +88,7 @@ def build(
     entries = image.plan_context(
         kept,
         build_context.scan_trainer(trainer_dir()),
-        (docker_dir() / "Dockerfile").read_text(),
+        build_context.dockerfile(docker_dir()),
         build_context.requirements(workspace, kept),
     )
     console = Console(stderr=True)

@@ -20,6 +20,7 @@ import pytest
 from ddpdeploy import image_layout
 from ddpdeploy.adapters import build_context
 from ddpdeploy.adapters.docker_streams import BuildProgress, PushProgress
+from ddpdeploy.errors import UserError
 from ddpdeploy.paths import docker_dir
 from ddpdeploy.render import image
 
@@ -309,3 +310,9 @@ def test_dockerfile_takes_the_layout_as_args_without_defaults() -> None:
         assert f"${{{name}" in text or f"${name}" in text, f"ARG {name} unused"
     args = image.build_args("b:1", "", None, "")
     assert image_layout.dockerfile_args().items() <= args.items()
+
+
+def test_missing_dockerfile_is_one_line(tmp_path: Path) -> None:
+    # An install without docker/ (a wheel that lacks it) must say so, not raise OSError.
+    with pytest.raises(UserError, match="the Dockerfile ddpdeploy ships is missing at"):
+        build_context.dockerfile(tmp_path)
