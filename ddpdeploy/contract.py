@@ -13,10 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ddpdeploy.image_layout import TRAINER_IN_IMAGE  # where `ddpdeploy build` puts it
 from ddpdeploy.spec import JobSpec
 
-# Where the built-in trainer lives inside images built by `ddpdeploy build`.
-TRAINER_IN_IMAGE = "/opt/ddpdeploy/train/ddptrain.py"
 CONTAINER_NAME = "pytorch"  # the operator finds the training container by this name
 PORT_NAME = "pytorchjob-port"  # ...and the rendezvous port by this one
 DEFAULT_LAUNCHER = ("torchrun",)  # on the PATH of every training image

@@ -1,133 +1,63 @@
 """The docker engine, through the docker SDK: connect, send a build context, tag, push.
 
-Thin on purpose: what goes into the context, the tag and how the streams read live in
-ddpdeploy.render.image. The SDK is imported inside the functions, so importing this module
-(or running `ddpdeploy render`) never needs docker.
+Thin on purpose: the context comes from ddpdeploy.adapters.build_context, the streams are
+read by ddpdeploy.adapters.docker_streams. The SDK is imported inside the functions, so
+importing this module (or running `ddpdeploy render`) never needs docker.
 """
 
 from __future__ import annotations
 
-import io
+import contextlib
 import os
-import subprocess
-import tarfile
 import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Callable
 from typing import IO, Any
 
-from ddpdeploy.errors import OperationError
-from ddpdeploy.render.image import (
-    DEFAULT_IGNORES,
-    DOCKERFILE,
-    FIXED_MTIME,
-    WORKSPACE_DIR,
-    BuildProgress,
-    ContextEntry,
-    PushProgress,
-    dockerignore_patterns,
+from ddpdeploy.adapters.docker_streams import BuildProgress, PushProgress
+from ddpdeploy.errors import OperationError, UserError
+from ddpdeploy.image_layout import DOCKERFILE
+
+_START = (
+    "start it (e.g. `sudo systemctl start docker`, or `dockerd &`) or point DOCKER_HOST at "
+    "a running one"
 )
+
+
+def _check_host(host: str) -> None:
+    """A DOCKER_HOST the SDK cannot even parse is bad input, not an engine that is down."""
+    import docker.errors
+    from docker.constants import IS_WINDOWS_PLATFORM
+    from docker.utils import parse_host
+
+    try:
+        parse_host(host, IS_WINDOWS_PLATFORM)
+    except (docker.errors.DockerException, ValueError) as exc:
+        reason = " ".join(str(exc).split())
+        raise UserError(
+            f"DOCKER_HOST={host!r} is not an engine address ({reason}); use e.g. "
+            "unix:///var/run/docker.sock or tcp://HOST:2375, or unset it"
+        ) from None
 
 
 def connect() -> Any:
     """A client for the engine DOCKER_HOST (or the default socket) names, checked with a ping."""
     # One plain import: ruff would file `docker.*` as first-party (this repo has docker/).
     import docker
+    import requests
 
-    where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    host = os.environ.get("DOCKER_HOST")
+    if host:
+        _check_host(host)
+    where = host or "unix:///var/run/docker.sock"
     try:
         client = docker.from_env()
         client.ping()
-    except docker.errors.DockerException as exc:
+    except (docker.errors.DockerException, requests.RequestException, ValueError) as exc:
         reason = " ".join(str(exc).split())
         raise OperationError(
-            f"cannot reach the Docker engine at {where} ({reason}); start it (e.g. `sudo "
-            "systemctl start docker`, or `dockerd &`) or point DOCKER_HOST at a running one"
+            f"cannot reach the Docker engine at {where} ({reason}); {_START}"
         ) from None
     return client
-
-
-def workspace_files(workspace: Path) -> set[str]:
-    """Paths of ``workspace`` that its .dockerignore keeps, matched by the docker SDK itself."""
-    from docker.utils.build import exclude_paths
-
-    ignore = workspace / ".dockerignore"
-    patterns = list(DEFAULT_IGNORES)
-    if ignore.is_file():
-        patterns += dockerignore_patterns(ignore.read_text())
-    # exclude_paths re-includes a file named like its dockerfile argument; name one that the
-    # workspace cannot hold so an ignored Dockerfile of the user's stays ignored.
-    return set(exclude_paths(str(workspace), patterns, dockerfile="\0ddpdeploy-none"))
-
-
-def git_revision(workspace: Path) -> str | None:
-    """HEAD's commit of the repository holding ``workspace``, or None outside git."""
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(workspace), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
-
-
-def git_source(workspace: Path) -> str:
-    """The origin URL for the OCI source label, without credentials someone put in it."""
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(workspace), "remote", "get-url", "origin"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    url = out.stdout.strip()
-    if "://" in url and "@" in url.split("://", 1)[1].split("/", 1)[0]:
-        scheme, rest = url.split("://", 1)
-        url = f"{scheme}://{rest.split('@', 1)[1]}"
-    return url
-
-
-def write_context(entries: list[ContextEntry], fileobj: IO[bytes]) -> None:
-    """The context tar, with normalised owners and mtimes so equal files make equal entries
-    (the classic builder's COPY cache compares them)."""
-    with tarfile.open(fileobj=fileobj, mode="w") as tar:
-        # An empty workspace still needs its folder for `COPY workspace/ /workspace/`.
-        folder = tarfile.TarInfo(WORKSPACE_DIR)
-        folder.type, folder.mode, folder.mtime = tarfile.DIRTYPE, 0o755, FIXED_MTIME
-        tar.addfile(folder)
-        for entry in entries:
-            info = tarfile.TarInfo(entry.arcname)
-            info.mtime, info.mode = FIXED_MTIME, entry.mode
-            if entry.link_target is not None:
-                info.type, info.linkname = tarfile.SYMTYPE, entry.link_target
-                tar.addfile(info)
-                continue
-            if entry.source is not None:
-                # Streamed from disk: a large file never sits in memory whole.
-                with entry.source.open("rb") as fh:
-                    info.size = os.fstat(fh.fileno()).st_size
-                    tar.addfile(info, fh)
-                continue
-            body = entry.content()
-            info.size = len(body)
-            tar.addfile(info, io.BytesIO(body))
-    fileobj.seek(0)
-
-
-@contextmanager
-def context_file(entries: list[ContextEntry]) -> Iterator[IO[bytes]]:
-    # Spooled: small contexts stay in memory, large ones go to disk, not all in RAM.
-    with tempfile.SpooledTemporaryFile(max_size=64 << 20) as fileobj:
-        write_context(entries, fileobj)
-        yield fileobj
 
 
 def build(
@@ -176,18 +106,31 @@ def build(
 def tag(client: Any, image_id: str, repository: str, tag_name: str) -> bool:
     """Tag the image; True when the tag is new (so a failed push may take it back)."""
     import docker.errors
+    import requests
 
+    ref = f"{repository}:{tag_name}"
     try:
-        existed = client.api.inspect_image(f"{repository}:{tag_name}")["Id"] == image_id
-    except docker.errors.ImageNotFound:
-        existed = False
-    client.api.tag(image_id, repository, tag_name)
+        try:
+            existed = client.api.inspect_image(ref)["Id"] == image_id
+        except docker.errors.ImageNotFound:
+            existed = False
+        client.api.tag(image_id, repository, tag_name)
+    except (docker.errors.DockerException, requests.RequestException) as exc:
+        reason = " ".join(str(exc).split())
+        raise OperationError(
+            f"the engine built {image_id} but could not tag it {ref} ({reason})"
+        ) from None
     return not existed
 
 
 def untag(client: Any, repository: str, tag_name: str) -> None:
-    # noprune: the layers stay as build cache; only the name goes.
-    client.api.remove_image(f"{repository}:{tag_name}", noprune=True)
+    import docker.errors
+    import requests
+
+    # noprune: the layers stay as build cache; only the name goes. Best effort: this runs
+    # while another error is on its way to the user, which must not be replaced.
+    with contextlib.suppress(docker.errors.DockerException, requests.RequestException):
+        client.api.remove_image(f"{repository}:{tag_name}", noprune=True)
 
 
 def push(

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from ddpdeploy.contract import TRAINER_IN_IMAGE
+from ddpdeploy.image_layout import TRAINER_DIR_IN_IMAGE, WORKSPACE_IN_IMAGE
 
 pytestmark = pytest.mark.docker
 
@@ -85,12 +86,15 @@ def test_trainer_runs_with_torchrun_two_procs(built: dict[str, Any], engine: Any
 
 
 def test_image_layout_user_and_labels(built: dict[str, Any], engine: Any) -> None:
-    script = "id -u; pwd; ls -A /workspace; ls /opt/ddpdeploy/train; echo $PYTHONUNBUFFERED"
+    script = (
+        f"id -u; pwd; ls -A {WORKSPACE_IN_IMAGE}; ls {TRAINER_DIR_IN_IMAGE}; "
+        'test -f "$DDPDEPLOY_TRAINER"; echo $PYTHONUNBUFFERED'
+    )
     code, logs = run_in(engine, built["ref"], ["sh", "-c", script])
     assert code == 0, logs
     lines = logs.split()
     assert lines[0] != "0"  # non-root
-    assert lines[1] == "/workspace"
+    assert lines[1] == WORKSPACE_IN_IMAGE
     assert "train_user.py" in lines and "ddptrain.py" in lines
     # .dockerignore honoured: neither the data folder nor the secret reached the image.
     assert "data" not in lines and "local.secret" not in lines
@@ -98,6 +102,9 @@ def test_image_layout_user_and_labels(built: dict[str, Any], engine: Any) -> Non
     attrs = engine.images.get(built["ref"]).attrs
     assert attrs["Config"]["User"] not in ("", "root", "0")
     assert "org.opencontainers.image.revision" in attrs["Config"]["Labels"]
+    # The default command (`docker run IMAGE`) runs the trainer where the manifests do.
+    assert f"DDPDEPLOY_TRAINER={TRAINER_IN_IMAGE}" in attrs["Config"]["Env"]
+    assert "$DDPDEPLOY_TRAINER" in attrs["Config"]["Cmd"][-1]
 
 
 def test_code_only_change_reuses_dependency_layers(

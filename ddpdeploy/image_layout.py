@@ -1,0 +1,29 @@
+"""Where `ddpdeploy build` puts things: in the build context and in the image. Stated here once.
+
+The launch contract runs the trainer at TRAINER_IN_IMAGE; the context builder files our
+files under CONTEXT_BUILD and the user's under CONTEXT_WORKSPACE; docker/Dockerfile receives
+every path as a build arg (`dockerfile_args`) and holds none of them itself.
+"""
+
+from __future__ import annotations
+
+# In the build context the engine receives (docker/Dockerfile copies from these folders).
+CONTEXT_BUILD = "ddpdeploy-build"  # reserved: our Dockerfile, requirements.txt, train/
+CONTEXT_WORKSPACE = "workspace"  # the user's files, after .dockerignore
+DOCKERFILE = f"{CONTEXT_BUILD}/Dockerfile"
+
+# In the image.
+TRAINER_DIR_IN_IMAGE = "/opt/ddpdeploy/train"
+TRAINER_IN_IMAGE = f"{TRAINER_DIR_IN_IMAGE}/ddptrain.py"
+WORKSPACE_IN_IMAGE = "/workspace"  # the user's code, and the working directory
+
+
+def dockerfile_args() -> dict[str, str]:
+    """The layout as docker/Dockerfile's build args (it declares them without defaults)."""
+    return {
+        "DDPDEPLOY_CONTEXT_BUILD": CONTEXT_BUILD,
+        "DDPDEPLOY_CONTEXT_WORKSPACE": CONTEXT_WORKSPACE,
+        "DDPDEPLOY_TRAINER_DIR": TRAINER_DIR_IN_IMAGE,
+        "DDPDEPLOY_TRAINER": TRAINER_IN_IMAGE,
+        "DDPDEPLOY_WORKSPACE": WORKSPACE_IN_IMAGE,
+    }
