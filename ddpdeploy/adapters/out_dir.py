@@ -154,6 +154,9 @@ def _stage(folder: Path, name: str, data: bytes) -> Path:
         while view:
             view = view[os.write(fd, view) :]
         os.fsync(fd)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # e.g. the disk filled up half-way through
+        raise
     finally:
         os.close(fd)
     return tmp
