@@ -68,6 +68,11 @@ def _read_record(folder: Path, shown: str) -> dict[str, set[str]]:
             text = fh.read(_RECORD_LIMIT + 1)
     except FileNotFoundError:
         return {}
+    except _NotAFile:
+        raise UserError(
+            f"--out-dir: {shown}/{RECORD} is not a regular file; ddpdeploy keeps the list of "
+            "files it wrote there: move it away, then render again"
+        ) from None
     except OSError as exc:
         raise _system(f"{shown}/{RECORD}", exc) from None
     try:
