@@ -12,6 +12,7 @@ import typer
 
 from ddpdeploy import __version__
 from ddpdeploy.errors import UserError
+from ddpdeploy.options import TrainArgsCommand
 
 app = typer.Typer(
     name="ddpdeploy",
@@ -49,7 +50,9 @@ def _register() -> None:
         module_name, func_name = target.split(":")
         module = importlib.import_module(f"ddpdeploy.commands.{module_name}")
         fn = getattr(module, func_name)
-        app.command(name, context_settings={"allow_interspersed_args": True})(_one_line_errors(fn))
+        app.command(name, cls=TrainArgsCommand, context_settings={"allow_interspersed_args": True})(
+            _one_line_errors(fn)
+        )
 
 
 def _version(value: bool) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand
 
 from ddpdeploy.spec import JobSpec, load_spec
 
@@ -72,6 +73,26 @@ _SPEC_PARAMS: list[tuple[str, str | None, Any]] = [
         ],
     ),
 ]
+
+
+class TrainArgsCommand(TyperCommand):
+    """A command whose training arguments must follow ``--``.
+
+    Without this, a stray word among the flags (`render --image x deploy/`) would silently
+    join the training command; with it, that word is refused by name."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if any(p.name == "train_args" for p in self.params):
+            head = args[: args.index("--")] if "--" in args else args
+            # The command's own parser tells option values from stray words.
+            values, _, _ = self.make_parser(ctx).parse_args(args=list(head))
+            stray = values.get("train_args")
+            if stray:
+                ctx.fail(
+                    f"unexpected argument {stray[0]!r} before `--`; training arguments go "
+                    f"after it: {ctx.command_path} [OPTIONS] -- {' '.join(stray)}"
+                )
+        return super().parse_args(ctx, args)
 
 
 def spec_from_params(values: dict[str, Any]) -> JobSpec:

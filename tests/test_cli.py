@@ -25,6 +25,34 @@ def test_render_yaml_is_deterministic_and_parses():
     assert cmd[-2:] == ["--steps", "100"]
 
 
+def test_training_args_after_double_dash_may_look_like_anything():
+    res = run_cli(*ARGS, "--", "deploy/", "--", "--nodes", "3")
+    assert res.returncode == 0, res.stderr
+    (job,) = list(yaml.safe_load_all(res.stdout))
+    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1  # --nodes 2 held
+    cmd = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0][
+        "command"
+    ]
+    assert cmd[-4:] == ["deploy/", "--", "--nodes", "3"]
+
+
+def test_stdout_write_error_is_one_line_exit_1(tmp_path):
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        res = subprocess.run(
+            [sys.executable, "-m", "ddpdeploy", *ARGS],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+            timeout=60,
+        )
+    assert res.returncode == 1
+    assert res.stderr == "error: cannot write to standard output: No space left on device\n"
+
+
 @pytest.fixture
 def spec_with_pvc(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("spec") / "job.yaml"
@@ -45,6 +73,7 @@ def test_out_dir_writes_kustomize_folder(tmp_path, spec_with_pvc):
     res = run_cli("render", "--image", "t:1", "-f", str(spec_with_pvc), "--out-dir", str(out))
     assert res.returncode == 0, res.stderr
     assert sorted(p.name for p in out.iterdir()) == [
+        ".ddpdeploy-render.sha256",
         "kustomization.yaml",
         "persistentvolumeclaim-j-checkpoints.yaml",
         "pytorchjob-j.yaml",
@@ -54,14 +83,17 @@ def test_out_dir_writes_kustomize_folder(tmp_path, spec_with_pvc):
         "persistentvolumeclaim-j-checkpoints.yaml",
         "pytorchjob-j.yaml",
     ]
-    # Same bytes as -o yaml, object by object.
     job = yaml.safe_load((out / "pytorchjob-j.yaml").read_text())
     assert job["metadata"]["name"] == "j"
-    # Rendering again without the PVC replaces the folder: no stale file is left.
+    # Rendering again without the PVC removes the file ddpdeploy wrote for it.
     res = run_cli("render", "--image", "t:1", "--name", "j", "--out-dir", str(out))
     assert res.returncode == 0, res.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["kustomization.yaml", "pytorchjob-j.yaml"]
-    assert [p.name for p in tmp_path.iterdir()] == ["deploy"]  # no temp folders left
+    assert sorted(p.name for p in out.iterdir()) == [
+        ".ddpdeploy-render.sha256",
+        "kustomization.yaml",
+        "pytorchjob-j.yaml",
+    ]
+    assert [p.name for p in tmp_path.iterdir()] == ["deploy"]  # no temp files left
 
 
 def test_failed_render_leaves_out_dir_as_it_was(tmp_path):
@@ -76,12 +108,14 @@ def test_failed_render_leaves_out_dir_as_it_was(tmp_path):
     assert res.returncode == 2 and not fresh.exists()
 
 
-def test_out_dir_never_replaces_a_foreign_folder(tmp_path):
+def test_out_dir_never_overwrites_a_file_it_did_not_write(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "kustomization.yaml").write_text("resources: [mine.yaml]\n")
     res = run_cli("render", "--image", "t:1", "--out-dir", str(tmp_path))
     assert res.returncode == 2
-    assert "did not write" in res.stderr
-    assert (tmp_path / "notes.txt").read_text() == "mine"
+    assert "kustomization.yaml exists and ddpdeploy did not write it" in res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kustomization.yaml", "notes.txt"]
+    assert (tmp_path / "kustomization.yaml").read_text() == "resources: [mine.yaml]\n"
 
 
 @pytest.mark.parametrize(
@@ -95,6 +129,9 @@ def test_out_dir_never_replaces_a_foreign_folder(tmp_path):
         (["render", "--image", "t:1", "--bogus"], "No such option: --bogus"),
         (["render"], "image: required to render manifests"),
         (["render", "--image", "t:1", "-o", "xml"], "-o/--output: 'xml' is not a format"),
+        (["render", "--image", "t:1", "deploy/"], "unexpected argument 'deploy/' before `--`"),
+        (["render", "--image", "t:1", "x", "--", "y"], "unexpected argument 'x' before `--`"),
+        (["render", "--image", "t:1", "--out-dir", ""], "--out-dir: empty"),
         (["nosuchcommand"], "No such command"),
     ],
 )

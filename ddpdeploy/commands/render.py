@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from ddpdeploy.adapters.out_dir import write_folder
+from ddpdeploy.adapters.stdout import write_stdout
 from ddpdeploy.options import OutputOpt, spec_command
 from ddpdeploy.render.k8s import render_objects
-from ddpdeploy.render.output import folder_files, to_text, write_folder
+from ddpdeploy.render.output import folder_files, to_text
 from ddpdeploy.spec import JobSpec
 
 
@@ -18,8 +19,13 @@ def render(
     spec: JobSpec,
     output: OutputOpt = "yaml",
     out_dir: Annotated[
-        Path | None,
-        typer.Option("--out-dir", help="Write one file per object plus kustomization.yaml here."),
+        str | None,
+        typer.Option(
+            "--out-dir",
+            metavar="DIR",
+            help="Write one file per object plus kustomization.yaml here; files you keep "
+            "beside them are left alone.",
+        ),
     ] = None,
 ) -> None:
     """Render the Kubeflow PyTorchJob (and checkpoint PVC) for the job.
@@ -32,4 +38,4 @@ def render(
         write_folder(out_dir, files)
         typer.echo(f"wrote {len(files)} files to {out_dir}", err=True)
         return
-    typer.echo(to_text(objects, output), nl=False)
+    write_stdout(to_text(objects, output))

@@ -1,0 +1,179 @@
+"""The file system for `render --out-dir`: update a GitOps folder in place, file by file.
+
+The folder itself is never renamed, replaced or chmod-ed, so it never goes missing and keeps
+its permissions, its `.git` and whatever else the user keeps there. What to write, remove
+or refuse is decided by `ddpdeploy.render.output.plan_folder`; this module only reads the
+folder's state and carries the plan out:
+
+1. every new file (and both versions of the record) is written to a temp file in the folder
+   and fsync-ed; a failure here (no space, read-only, no permission) leaves nothing behind;
+2. the record is replaced by one that accepts old and new hashes, the files are renamed
+   over the old ones (atomic each), the stale ones removed, and the final record renamed in;
+   a crash at any point leaves each file matching a hash in the record, so the next render
+   proceeds instead of calling its own leftovers "changed by hand".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import secrets
+import stat
+from pathlib import Path
+
+from ddpdeploy.errors import OperationError, UserError
+from ddpdeploy.render.output import NOT_A_FILE, RECORD, FolderPlan, parse_record, plan_folder
+
+_RECORD_LIMIT = 1 << 20  # a record names a handful of files
+
+
+def write_folder(out_dir: str, files: dict[str, str]) -> None:
+    """Make ``out_dir`` hold ``files`` (plus the record); one line and nothing written on
+    failure: exit 2 when the folder's content is the problem, 1 when the system refuses."""
+    if not out_dir:
+        raise UserError("--out-dir: empty; name a folder (e.g. --out-dir deploy)")
+    folder = Path(out_dir)
+    created = _ensure_folder(folder, out_dir)
+    try:
+        recorded = _read_record(folder, out_dir)
+        plan = plan_folder(out_dir, files, recorded, _disk_hashes(folder, [*files, *recorded]))
+        _apply(folder, plan)
+    except BaseException:
+        if created:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only succeeds while still empty
+        raise
+
+
+def _ensure_folder(folder: Path, shown: str) -> bool:
+    """True when this call created the folder."""
+    try:
+        if folder.is_dir():
+            return False
+        if folder.exists() or folder.is_symlink():
+            raise UserError(f"--out-dir: {shown} exists and is not a folder")
+        if not folder.absolute().parent.is_dir():
+            raise UserError(f"--out-dir: the parent folder of {shown} does not exist")
+        folder.mkdir()
+        return True
+    except OSError as exc:
+        raise _system(shown, exc) from None
+
+
+def _read_record(folder: Path, shown: str) -> dict[str, set[str]]:
+    try:
+        with _open_file(folder / RECORD) as fh:
+            text = fh.read(_RECORD_LIMIT + 1)
+    except FileNotFoundError:
+        return {}
+    except _NotAFile:
+        raise UserError(
+            f"--out-dir: {shown}/{RECORD} is not a regular file; ddpdeploy keeps the list of "
+            "files it wrote there: move it away, then render again"
+        ) from None
+    except OSError as exc:
+        raise _system(f"{shown}/{RECORD}", exc) from None
+    try:
+        if len(text) > _RECORD_LIMIT:
+            raise ValueError("too long")
+        return parse_record(text.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UserError(
+            f"--out-dir: {shown}/{RECORD} is not the list of files ddpdeploy wrote ({exc}); "
+            "restore it (e.g. from git) or delete it, then render again"
+        ) from None
+
+
+def _disk_hashes(folder: Path, names: list[str]) -> dict[str, str]:
+    hashes: dict[str, str] = {}
+    for name in dict.fromkeys(names):
+        try:
+            with _open_file(folder / name) as fh:
+                digest = hashlib.sha256()
+                while chunk := fh.read(1 << 16):
+                    digest.update(chunk)
+                hashes[name] = digest.hexdigest()
+        except FileNotFoundError:
+            continue
+        except _NotAFile:
+            hashes[name] = NOT_A_FILE
+        except OSError as exc:
+            raise _system(str(folder / name), exc) from None
+    return hashes
+
+
+class _NotAFile(OSError):
+    pass
+
+
+def _open_file(path: Path):  # type: ignore[no-untyped-def]
+    """Open a regular file for reading, never through a symlink or into a FIFO or device."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):
+            raise _NotAFile(str(path)) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _NotAFile(str(path))
+    return os.fdopen(fd, "rb")
+
+
+def _apply(folder: Path, plan: FolderPlan) -> None:
+    temps: list[Path] = []
+    try:
+        for name, data in [
+            *((n, t.encode()) for n, t in plan.write.items()),
+            (RECORD, plan.interim.encode()),
+            (RECORD, plan.final.encode()),
+        ]:
+            temps.append(_stage(folder, name, data))
+        *files, interim, final = temps
+        os.replace(interim, folder / RECORD)
+        for name, tmp in zip(plan.write, files, strict=False):
+            os.replace(tmp, folder / name)
+        for name in plan.remove:
+            (folder / name).unlink(missing_ok=True)
+        os.replace(final, folder / RECORD)
+        _fsync_dir(folder)
+    except OSError as exc:
+        raise _system(str(folder), exc) from None
+    finally:
+        for tmp in temps:  # only those a failure left behind still exist
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+
+
+def _stage(folder: Path, name: str, data: bytes) -> Path:
+    """``data`` in a fsync-ed temp file beside ``name``, with the mode ``name`` has now (a
+    new file gets the umask's, as any editor would give it)."""
+    tmp = folder / f".{name}.{secrets.token_hex(4)}.ddpdeploy-tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.fchmod(fd, stat.S_IMODE(os.stat(folder / name, follow_symlinks=False).st_mode))
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # e.g. the disk filled up half-way through
+        raise
+    finally:
+        os.close(fd)
+    return tmp
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _system(shown: str, exc: OSError) -> OperationError:
+    return OperationError(f"--out-dir: cannot write {shown}: {exc.strerror or exc}")

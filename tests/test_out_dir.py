@@ -1,0 +1,226 @@
+"""`render --out-dir` in a GitOps folder: only ddpdeploy's own files change, hand edits are
+refused by name, and the folder itself is never replaced."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cli_runner import run_cli
+
+from ddpdeploy.adapters.out_dir import write_folder
+from ddpdeploy.errors import UserError
+from ddpdeploy.render.output import RECORD, parse_record, plan_folder, sha256
+
+RENDER = ["render", "--image", "t:1", "--name", "j"]
+JOB = "pytorchjob-j.yaml"
+PVC = "persistentvolumeclaim-j-checkpoints.yaml"
+
+
+def snapshot(folder: Path) -> dict[str, bytes | None]:
+    """Every path under ``folder`` and its bytes (None for folders), .git included."""
+    return {
+        str(p.relative_to(folder)): (None if p.is_dir() else p.read_bytes())
+        for p in sorted(folder.rglob("*"))
+    }
+
+
+def render(out: Path, *extra: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return run_cli(*RENDER, "--out-dir", str(out), *extra, cwd=cwd)
+
+
+def one_line_error(res: subprocess.CompletedProcess[str], code: int, text: str) -> None:
+    assert res.returncode == code, res.stderr
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and text in lines[0], res.stderr
+    assert "Traceback" not in res.stderr
+
+
+@pytest.fixture
+def gitops(tmp_path: Path) -> Path:
+    """A rendered folder the user has added notes, a patch and a git repository to."""
+    out = tmp_path / "deploy"
+    assert render(out, "--", "--steps", "1").returncode == 0
+    (out / "README.md").write_text("how we deploy\n")
+    (out / "patch-gpu.yaml").write_text("- op: add\n")
+    (out / ".git" / "objects").mkdir(parents=True)
+    (out / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (out / "overlays").mkdir()
+    return out
+
+
+def test_rerender_keeps_everything_the_user_put_there(gitops):
+    user = {k: v for k, v in snapshot(gitops).items() if not k.startswith(("pytorch", "kust"))}
+    user.pop(RECORD)
+    gitops.chmod(0o750)
+    (gitops / JOB).chmod(0o640)
+    inode = gitops.stat().st_ino
+    res = render(gitops, "--", "--steps", "2")
+    assert res.returncode == 0, res.stderr
+    after = snapshot(gitops)
+    assert {k: after[k] for k in user} == user
+    assert b"- '2'\n" in after[JOB]
+    assert gitops.stat().st_ino == inode  # the same folder, not a replacement
+    assert oct(gitops.stat().st_mode & 0o777) == oct(0o750)
+    assert oct((gitops / JOB).stat().st_mode & 0o777) == oct(0o640)
+    assert not [p for p in gitops.iterdir() if "tmp" in p.name]
+
+
+def test_record_is_sha256sum_format(gitops):
+    res = subprocess.run(
+        ["sha256sum", "-c", RECORD], cwd=gitops, capture_output=True, text=True, check=False
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert set(parse_record((gitops / RECORD).read_text())) == {JOB, "kustomization.yaml"}
+
+
+@pytest.mark.parametrize("name", [JOB, "kustomization.yaml"])
+def test_hand_edited_file_is_refused_by_name_and_nothing_changes(gitops, name):
+    with open(gitops / name, "a") as fh:
+        fh.write("patches: [{path: patch-gpu.yaml}]\n")
+    before = snapshot(gitops)
+    res = render(gitops, "--", "--steps", "2")
+    one_line_error(res, 2, f"{gitops}/{name} was changed by hand since ddpdeploy wrote it")
+    assert "kustomize overlay" in res.stderr
+    assert snapshot(gitops) == before
+
+
+def test_stale_file_is_removed_unless_edited(tmp_path):
+    out = tmp_path / "deploy"
+    spec = tmp_path / "job.yaml"
+    spec.write_text("checkpoint: {size: 1Gi}\n")
+    assert render(out, "-f", str(spec)).returncode == 0
+    (out / PVC).write_text((out / PVC).read_text() + "# mine\n")
+    before = snapshot(out)
+    res = render(out)  # no PVC any more: ddpdeploy would remove the edited file
+    one_line_error(res, 2, f"{out}/{PVC} was changed by hand")
+    assert snapshot(out) == before
+    (out / PVC).write_text(before[PVC].decode().replace("# mine\n", ""))
+    assert render(out).returncode == 0
+    assert not (out / PVC).exists()
+    assert set(parse_record((out / RECORD).read_text())) == {JOB, "kustomization.yaml"}
+
+
+def test_fresh_folder_with_user_files_is_fine_and_identical_files_are_adopted(tmp_path):
+    out = tmp_path / "deploy"
+    assert render(out).returncode == 0
+    job = (out / JOB).read_bytes()
+    (out / RECORD).unlink()  # e.g. written by an older ddpdeploy, or copied by hand
+    (out / "README.md").write_text("x")
+    assert render(out).returncode == 0  # same content: nothing is lost by writing it
+    assert (out / JOB).read_bytes() == job and (out / "README.md").read_text() == "x"
+
+
+def test_symlink_or_folder_in_our_place_is_refused(tmp_path):
+    out = tmp_path / "deploy"
+    assert render(out).returncode == 0
+    target = tmp_path / "elsewhere.yaml"
+    target.write_text("precious\n")
+    (out / JOB).unlink()
+    (out / JOB).symlink_to(target)
+    one_line_error(render(out), 2, f"{out}/{JOB} is not a regular file")
+    assert target.read_text() == "precious\n" and (out / JOB).is_symlink()
+
+
+def test_unreadable_record_is_refused(tmp_path):
+    out = tmp_path / "deploy"
+    assert render(out).returncode == 0
+    (out / RECORD).write_text("not a checksum  ../../etc/passwd\n")
+    one_line_error(render(out), 2, f"{out}/{RECORD} is not the list of files ddpdeploy wrote")
+
+
+def test_out_dir_dot_writes_into_the_working_directory_in_place(tmp_path):
+    (tmp_path / "ddpdeploy.yaml").write_text("name: j\nimage: t:1\n")
+    inode = tmp_path.stat().st_ino
+    res = run_cli("render", "--out-dir", ".", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert tmp_path.stat().st_ino == inode
+    assert (tmp_path / "ddpdeploy.yaml").read_text() == "name: j\nimage: t:1\n"
+    assert (tmp_path / JOB).is_file()
+
+
+@pytest.mark.parametrize(
+    ("target", "code", "text"),
+    [
+        ("/proc/x", 1, "--out-dir: cannot write /proc/x"),
+        ("/nonexistent-parent/deploy", 2, "the parent folder of /nonexistent-parent/deploy"),
+        ("/dev/null", 2, "--out-dir: /dev/null exists and is not a folder"),
+    ],
+)
+def test_unwritable_out_dir_is_one_line(target, code, text):
+    one_line_error(run_cli(*RENDER, "--out-dir", target), code, text)
+
+
+def _mount_tmpfs(path: Path, options: str) -> None:
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({res.stderr.strip()}); needs root")
+
+
+@pytest.fixture
+def mountpoint(tmp_path: Path):
+    path = tmp_path / "mnt"
+    path.mkdir()
+    yield path
+    subprocess.run(["umount", str(path)], capture_output=True, check=False)
+
+
+def test_read_only_mount_is_one_line_exit_1(mountpoint):
+    _mount_tmpfs(mountpoint, "ro")
+    one_line_error(render(mountpoint / "deploy"), 1, "Read-only file system")
+
+
+def test_full_disk_writes_nothing(mountpoint):
+    _mount_tmpfs(mountpoint, "size=4k")  # one page: the job file alone does not fit twice
+    (mountpoint / "deploy").mkdir()
+    (mountpoint / "deploy" / "README.md").write_text("x")
+    res = render(mountpoint / "deploy", "--", *["--long-argument-" + "x" * 64] * 64)
+    one_line_error(res, 1, "No space left on device")
+    assert sorted(p.name for p in (mountpoint / "deploy").iterdir()) == ["README.md"]
+
+
+SETPRIV = shutil.which("setpriv")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or SETPRIV is None, reason="needs root and setpriv")
+def test_no_permission_is_one_line_exit_1(tmp_path):
+    """Root ignores file modes; without CAP_DAC_OVERRIDE it is refused like anyone else."""
+    parent = tmp_path / "locked"
+    parent.mkdir(mode=0o555)
+    drop = "-dac_override,-dac_read_search"
+    res = subprocess.run(
+        [SETPRIV, f"--bounding-set={drop}", f"--inh-caps={drop}", sys.executable, "-m",
+         "ddpdeploy", *RENDER, "--out-dir", str(parent / "deploy")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    one_line_error(res, 1, f"--out-dir: cannot write {parent}/deploy: Permission denied")
+    assert list(parent.iterdir()) == []
+
+
+def test_an_interrupted_render_is_not_mistaken_for_a_hand_edit(tmp_path):
+    """After the interim record and only some files, the next render proceeds."""
+    out = tmp_path / "deploy"
+    write_folder(str(out), {"a.yaml": "old a\n", "b.yaml": "old b\n"})
+    # What a second render decides; its interim record accepts old and new content.
+    recorded = parse_record((out / RECORD).read_text())
+    plan = plan_folder(
+        str(out),
+        {"a.yaml": "new a\n", "b.yaml": "new b\n"},
+        recorded,
+        {"a.yaml": sha256(b"old a\n"), "b.yaml": sha256(b"old b\n")},
+    )
+    (out / RECORD).write_text(plan.interim)
+    (out / "a.yaml").write_text("new a\n")  # the crash came before b.yaml
+    write_folder(str(out), {"a.yaml": "newer a\n"})  # proceeds, and removes b.yaml
+    assert sorted(p.name for p in out.iterdir()) == [RECORD, "a.yaml"]
+    with pytest.raises(UserError, match="b.yaml was changed by hand"):
+        plan_folder(str(out), {}, {"b.yaml": {sha256(b"x")}}, {"b.yaml": sha256(b"y")})
