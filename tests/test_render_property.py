@@ -204,21 +204,6 @@ def int_format_errors(obj: dict[str, Any]) -> list[str]:
     ]
 
 
-# KNOWN spec-validation holes (issue 8) that the spec owner is closing on another branch:
-# renders that the API server would refuse. While listed, an example that hits only these
-# is counted (see --hypothesis-show-statistics), not failed. Delete entries as they close.
-KNOWN_SPEC_HOLES = {
-    "number past int32/int64 (replicas, grace periods, deadlines)": re.compile(
-        r"is not a 'int(32|64)'"
-    ),
-    "a trailing newline passes re.match(...$)": re.compile(r"\\n'"),
-    "nodeSelector values are not checked as label values": re.compile(r"^nodeSelector: "),
-    "toleration operator/value/effect rules": re.compile(r"^toleration: "),
-    "checkpoint mountPath equal to another mount": re.compile(r"duplicate mountPath"),
-    "annotations over 256 KiB": re.compile(r"annotations exceed"),
-}
-
-
 # A few of the API server's own checks that no schema carries (k8s.io/apimachinery
 # validation; pkg/apis/core/validation): names, labels, annotations, mounts, tolerations.
 DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -288,12 +273,7 @@ def object_errors(obj: dict[str, Any]) -> list[str]:
 
 
 def assert_valid(obj: dict[str, Any]) -> None:
-    errors = object_errors(obj)
-    holes = {n for n, p in KNOWN_SPEC_HOLES.items() for e in errors if p.search(e)}
-    unknown = [e for e in errors if not any(p.search(e) for p in KNOWN_SPEC_HOLES.values())]
-    assert unknown == []
-    for hole in holes:
-        event(f"KNOWN SPEC HOLE: {hole}")
+    assert object_errors(obj) == []
 
 
 def assert_one_line(code: int, out: str, err: str) -> None:
