@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "build": "build:build",
     "render": "render:render",
     "smoke": "smoke:smoke",
+    "compose": "compose:compose",
 }
 
 
