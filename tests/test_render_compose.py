@@ -17,7 +17,7 @@ import yaml
 from cli_runner import run_cli
 
 from ddpdeploy.contract import launch_contract
-from ddpdeploy.render.compose import quantity_bytes, render_compose
+from ddpdeploy.render.compose import ROLE_LABEL, quantity_bytes, render_compose
 from ddpdeploy.render.output import to_yaml
 from ddpdeploy.spec import JobSpec
 
@@ -132,9 +132,10 @@ def test_services_are_the_pods_with_the_operators_env(elastic):
     assert list(project["services"]) == names
     for node, (name, svc) in zip(contract.nodes, project["services"].items(), strict=True):
         assert svc["hostname"] == name
+        assert svc["labels"] == {ROLE_LABEL: "node"}
         env = {k: unescape(v) for k, v in svc["environment"].items()}
         assert env == contract.node_env(node)  # the cluster's hostnames, unmapped
-        assert [unescape(a) for a in svc["command"]] == contract.container_command()
+        assert [unescape(a) for a in svc["entrypoint"]] == contract.container_command()
         assert svc["networks"] == ["ddp"]
         assert svc["shm_size"] == 2 * 2**30
         assert "deploy" not in svc and "volumes" not in svc
@@ -150,24 +151,37 @@ def test_services_are_the_pods_with_the_operators_env(elastic):
     assert "volumes" not in project
 
 
+INIT = ["ddp-train-volume-init"]
+
+
+def nodes(project: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s for s in project["services"].values() if s["labels"][ROLE_LABEL] == "node"]
+
+
 def test_gpus_are_reserved_unless_cpu():
     spec = JobSpec.model_validate(
         {"image": "t:1", "nodes": 2, "gpus": 8, "checkpoint": CKPT, "shmSize": "512Mi"}
     )
     gpu = render_compose(spec, cpu=False)
-    for svc in gpu["services"].values():
+    assert list(gpu["services"]) == ["ddp-train-master-0", "ddp-train-worker-0", *INIT]
+    for svc in nodes(gpu):
         devices = svc["deploy"]["resources"]["reservations"]["devices"]
         assert devices == [{"driver": "nvidia", "count": 8, "capabilities": ["gpu"]}]
-        assert "--backend" in svc["command"] and "nccl" in svc["command"]
+        assert "--backend" in svc["entrypoint"] and "nccl" in svc["entrypoint"]
         assert svc["environment"]["PET_NPROC_PER_NODE"] == "8"
         assert svc["volumes"] == [{"type": "volume", "source": "checkpoints", "target": "/ckpt"}]
+        assert svc["depends_on"] == {INIT[0]: {"condition": "service_completed_successfully"}}
         assert svc["shm_size"] == 512 * 2**20
     assert gpu["volumes"] == {"checkpoints": {}}
+    # The one-shot helper opens the root-owned new volume to the image's non-root user.
+    init = gpu["services"][INIT[0]]
+    assert init["user"] == "0:0" and init["entrypoint"] == ["chmod", "1777", "/ckpt"]
+    assert init["volumes"] == nodes(gpu)[0]["volumes"] and "deploy" not in init
     assert render_compose(spec) == gpu  # GPUs in the spec: --gpu is the default
     cpu = render_compose(spec, cpu=True)
-    for svc in cpu["services"].values():
+    for svc in nodes(cpu):
         assert "deploy" not in svc
-        assert "gloo" in svc["command"] and "nccl" not in svc["command"]
+        assert "gloo" in svc["entrypoint"] and "nccl" not in svc["entrypoint"]
         assert svc["environment"]["PET_NPROC_PER_NODE"] == "8"  # same processes per node
 
 
@@ -177,7 +191,7 @@ def test_restart_mirrors_backoff_limit_and_dollars_are_escaped():
     svc = project["services"]["ddp-train-worker-0"]
     assert svc["restart"] == "on-failure:3"
     assert svc["environment"]["TOKEN"] == "x$$y$${z}"
-    assert svc["command"][-5:] == ["-m", "pkg.train", "--lr", "$$HOME", "a b"]
+    assert svc["entrypoint"][-5:] == ["-m", "pkg.train", "--lr", "$$HOME", "a b"]
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,7 @@ Obj = dict[str, Any]
 
 NETWORK = "ddp"
 CHECKPOINT_VOLUME = "checkpoints"
+ROLE_LABEL = "ddpdeploy.role"  # "node" for a node of the job, "volume-init" for the helper
 
 # Kubernetes quantity suffixes -> multipliers; Docker wants shm_size in bytes.
 _SUFFIX = {
@@ -83,7 +84,9 @@ def _service(spec: JobSpec, contract: LaunchContract, node_index: int) -> Obj:
     service: Obj = {
         "image": _escape(spec.image or ""),
         "hostname": hostname,
-        "command": [_escape(arg) for arg in contract.container_command()],
+        "labels": {ROLE_LABEL: "node"},
+        # The pod's `command` replaces the image's ENTRYPOINT; compose's `command` would not.
+        "entrypoint": [_escape(arg) for arg in contract.container_command()],
         # Unmapped: node hostnames (and a node's own address, PET_LOCAL_ADDR) resolve on
         # the project network as they do on the cluster.
         "environment": {k: _escape(v) for k, v in sorted(contract.node_env(node).items())},
@@ -94,13 +97,42 @@ def _service(spec: JobSpec, contract: LaunchContract, node_index: int) -> Obj:
     if spec.shm_size:
         service["shm_size"] = quantity_bytes(spec.shm_size)
     if spec.checkpoint:
-        service["volumes"] = [
-            {"type": "volume", "source": CHECKPOINT_VOLUME, "target": spec.checkpoint.mount_path}
-        ]
+        service["volumes"] = [_checkpoint_mount(spec)]
+        service["depends_on"] = {
+            volume_init_name(spec): {"condition": "service_completed_successfully"}
+        }
     if spec.gpus:
         device = {"driver": "nvidia", "count": spec.gpus, "capabilities": ["gpu"]}
         service["deploy"] = {"resources": {"reservations": {"devices": [device]}}}
     return service
+
+
+def _checkpoint_mount(spec: JobSpec) -> Obj:
+    assert spec.checkpoint is not None
+    return {"type": "volume", "source": CHECKPOINT_VOLUME, "target": spec.checkpoint.mount_path}
+
+
+def volume_init_name(spec: JobSpec) -> str:
+    return f"{spec.name}-volume-init"
+
+
+def _volume_init(spec: JobSpec) -> Obj:
+    """A one-shot service that opens the new checkpoint volume to the nodes' user.
+
+    Docker creates a named volume root-owned, and the image's trainer runs as a non-root
+    user (the cluster's PVC has fsGroup or the storage's own permissions for this). The
+    renderer does not know that user's uid, so the volume gets /tmp's mode: writable by
+    anyone, files deletable by their owner."""
+    assert spec.checkpoint is not None
+    return {
+        "image": _escape(spec.image or ""),
+        "labels": {ROLE_LABEL: "volume-init"},
+        "user": "0:0",
+        "entrypoint": ["chmod", "1777", spec.checkpoint.mount_path],
+        "network_mode": "none",
+        "volumes": [_checkpoint_mount(spec)],
+        "restart": "no",
+    }
 
 
 def render_compose(spec: JobSpec, cpu: bool | None = None) -> Obj:
@@ -120,5 +152,6 @@ def render_compose(spec: JobSpec, cpu: bool | None = None) -> Obj:
         "networks": {NETWORK: {"driver": "bridge"}},
     }
     if job.checkpoint:
+        services[volume_init_name(job)] = _volume_init(job)
         project["volumes"] = {CHECKPOINT_VOLUME: {}}
     return project
