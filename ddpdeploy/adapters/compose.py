@@ -7,6 +7,10 @@ Docker SDK only watches: it follows each container's stdout and stderr, reads ex
 and execs into a node to kill a worker. The project (containers, network, and the volume
 unless kept) is always removed: on success, on failure and on Ctrl-C (use it as a context
 manager).
+
+`ComposeRun` has the shape of the smoke runner's target (`SmokeTarget`: nodes, events,
+exit_codes, failed, finished, tail, drain, kill_worker, last_output_at, stop), so
+`smoke --docker` drives it with the same loop as local processes.
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddpdeploy.adapters.local import Line
 from ddpdeploy.errors import OperationError
 from ddpdeploy.render.compose import ROLE_LABEL
 from ddpdeploy.render.output import to_yaml
@@ -38,7 +41,7 @@ NO_ENGINE = (
 )
 
 # Run inside a node with python3 (every training image has it; pkill may be missing):
-# SIGKILL the torchrun worker with LOCAL_RANK=argv[1] ("" = the highest), print its pid.
+# SIGKILL the torchrun worker with LOCAL_RANK=argv[1] ("" = the highest); say which.
 # A worker has LOCAL_RANK in its env and its parent (the agent) has not.
 _KILL_WORKER = """
 import os, signal, sys
@@ -62,7 +65,7 @@ want = int(sys.argv[1]) if sys.argv[1] else max(workers, default=None)
 if want not in workers:
     sys.exit(f"no worker with LOCAL_RANK={want} (found {sorted(workers)})")
 os.kill(workers[want], signal.SIGKILL)
-print(workers[want])
+print(f"local rank {want} (pid {workers[want]})")
 """
 
 
@@ -95,14 +98,22 @@ def engine() -> Any:
     return client
 
 
+@dataclass(frozen=True)
+class Line:
+    node: str  # the node's (pod's) hostname
+    stream: str  # "stdout" or "stderr"
+    text: str
+
+
 @dataclass
 class Node:
     """One service's container: a node of the job."""
 
-    hostname: str
+    name: str  # the pod's hostname, also the service name
+    rank: int | None  # static node rank; None when c10d assigns it
     env: dict[str, str]
     container: Any
-    tail: deque[str] = field(default_factory=lambda: deque(maxlen=300))
+    lines: deque[str] = field(default_factory=lambda: deque(maxlen=300))
     status: str = "created"
     code: int | None = None  # exit code of its last exit
     restarts: int = 0
@@ -115,6 +126,13 @@ class Node:
             or self.status == "restarting"
             or (self.status in ("exited", "dead") and self.code != 0)
         )
+
+    @property
+    def exit_code(self) -> int | None:
+        """None while it runs (and has not failed); else its last exit code."""
+        if self.failed:
+            return self.code or 1
+        return self.code if self.status in ("exited", "dead") else None
 
 
 def _unescape(value: str) -> str:
@@ -141,6 +159,7 @@ class ComposeRun:
         self.nodes: list[Node] = []
         self._readers: list[threading.Thread] = []
         self._polled = 0.0
+        self._stopped = False
         self.dir = Path(tempfile.mkdtemp(prefix=f"{self.project_name}-"))
         self.file = self.dir / "compose.yaml"
         self.file.write_text(to_yaml(project), encoding="utf-8")
@@ -182,7 +201,8 @@ class ComposeRun:
             if service not in found:
                 raise OperationError(f"compose up started no container for {service}")
             env = {k: _unescape(v) for k, v in spec.get("environment", {}).items()}
-            node = Node(service, env, found[service])
+            rank = env.get("PET_NODE_RANK")
+            node = Node(service, int(rank) if rank else None, env, found[service])
             self.nodes.append(node)
             for stream in ("stdout", "stderr"):
                 reader = threading.Thread(target=self._read, args=(node, stream), daemon=True)
@@ -218,8 +238,8 @@ class ComposeRun:
 
     def _put(self, node: Node, stream: str, raw: bytes) -> None:
         text = raw.decode(errors="replace").rstrip("\r")
-        node.tail.append(text)
-        self.lines.put(Line(node.hostname, stream, text))
+        node.lines.append(text)
+        self.lines.put(Line(node.name, stream, text))
 
     def events(self, poll: float = 0.2) -> Iterator[Line | None]:
         """Lines as they come; None now and then so the caller can check exits."""
@@ -242,13 +262,28 @@ class ComposeRun:
             if node.status != "running" or node.restarts:
                 node.code = int(state["ExitCode"])
 
-    def failed(self) -> Node | None:
+    def exit_codes(self) -> dict[str, int | None]:
         self.poll()
-        return next((n for n in self.nodes if n.failed), None)
+        return {n.name: n.exit_code for n in self.nodes}
+
+    def failed(self) -> str | None:
+        """The first node (in node order) that exited non-zero."""
+        return next((n for n, c in self.exit_codes().items() if c not in (None, 0)), None)
 
     def finished(self) -> bool:
-        self.poll()
-        return all(n.status == "exited" and n.code == 0 and not n.failed for n in self.nodes)
+        return all(c == 0 for c in self.exit_codes().values())
+
+    def node(self, name: str) -> Node:
+        found = next((n for n in self.nodes if n.name == name), None)
+        if found is None:
+            raise OperationError(f"no node {name} in project {self.project_name}")
+        return found
+
+    def tail(self, node: str) -> list[str]:
+        return list(self.node(node).lines)
+
+    def last_output_at(self, node: str) -> dict[int, float]:
+        return {}  # the engine's log timestamps would do; torchrun's summary order suffices
 
     def drain(self, timeout: float = 2.0) -> list[Line]:
         """Lines still on their way after the containers ended."""
@@ -264,18 +299,16 @@ class ComposeRun:
             if item is not None:
                 out.append(item)
 
-    def kill_worker(self, hostname: str, local_rank: int | None = None) -> int:
-        """SIGKILL one torchrun worker process in node ``hostname`` (by default its highest
-        local rank), as a crash would; torchrun then restarts the worker group. Its pid."""
-        node = next((n for n in self.nodes if n.hostname == hostname), None)
-        if node is None:
-            raise OperationError(f"no node {hostname} in project {self.project_name}")
+    def kill_worker(self, node: str, local_rank: int | None = None) -> str:
+        """SIGKILL one torchrun worker process in ``node`` (by default its highest local
+        rank), as a crash would; torchrun then restarts the worker group."""
         rank = "" if local_rank is None else str(local_rank)
-        code, out = node.container.exec_run(["python3", "-c", _KILL_WORKER, rank])
+        container = self.node(node).container
+        code, out = container.exec_run(["python3", "-c", _KILL_WORKER, rank])
         text = out.decode(errors="replace").strip()
         if code != 0:
-            raise OperationError(f"killing a worker in {hostname} failed: {text[-300:]}")
-        return int(text.splitlines()[-1])
+            raise OperationError(f"killing a worker in {node} failed: {text[-300:]}")
+        return text.splitlines()[-1]
 
     def leftovers(self) -> list[str]:
         """What of this project still exists on the engine (nothing after stop)."""
@@ -291,7 +324,10 @@ class ComposeRun:
 
     def stop(self, grace: int = 5) -> None:
         """`compose down` (volumes too unless kept); then remove by label whatever down
-        left (a failed or interrupted down), and the project folder."""
+        left (a failed or interrupted down), and the project folder. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
         args = ["down", "--remove-orphans", "--timeout", str(grace)]
         if not self.keep_volume:
             args.append("--volumes")
