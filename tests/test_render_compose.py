@@ -221,3 +221,15 @@ def test_cli_stdout_out_file_and_missing_image(tmp_path):
     res = run_cli("compose", "--image", "t:1", "--out", "no/such/dir/c.yaml", cwd=tmp_path)
     assert res.returncode == 2 and res.stderr.startswith("error: --out: cannot write")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_no_engine_is_one_line_pointing_to_local(tmp_path, monkeypatch):
+    from ddpdeploy.adapters.compose import engine
+    from ddpdeploy.errors import OperationError
+
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    with pytest.raises(OperationError) as info:
+        engine()
+    message = str(info.value)
+    assert "\n" not in message and info.value.exit_code == 1
+    assert message.startswith("no Docker engine answers") and "smoke --local" in message

@@ -340,7 +340,7 @@ class ComposeRun:
         flt = self._filter()
         for container in self.client.containers.list(all=True, filters=flt):
             with contextlib.suppress(Exception):
-                container.remove(force=True)
+                container.remove(force=True, v=True)  # its anonymous volumes too
         for network in self.client.networks.list(filters=flt):
             with contextlib.suppress(Exception):
                 network.remove()

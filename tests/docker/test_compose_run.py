@@ -165,6 +165,8 @@ def test_failing_trainer_names_its_node_and_leaves_nothing(image: str, engine: A
     with ComposeRun(render_compose(spec), spec.name) as run:
         project = run.project_name
         assert run.volumes() == [f"{project}_checkpoints"]
+        # Any anonymous volumes too (the test torch image declares one, /wheels).
+        mounted = {m["Name"] for n in run.nodes for m in n.container.attrs["Mounts"]}
         done, failed = run_to_end(run)
         assert done is None and failed in ("cmp-master-0", "cmp-worker-0")
         assert run.exit_codes()[failed] not in (None, 0)
@@ -172,6 +174,7 @@ def test_failing_trainer_names_its_node_and_leaves_nothing(image: str, engine: A
         assert any("No module named ddpdeploy_no_such_module" in t for t in run.tail(failed))
     assert run.leftovers() == []
     assert nothing_left(engine, project) == []
+    assert mounted & {v.name for v in engine.volumes.list()} == set()
 
 
 def test_interrupt_mid_run_tears_down(image: str, engine: Any) -> None:
