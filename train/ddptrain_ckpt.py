@@ -24,7 +24,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -34,6 +34,7 @@ from ddptrain_dist import DistEnv
 from ddptrain_state import TrainState, get_rng_state
 
 _NAME = re.compile(r"^ckpt-step-(\d+)\.json$")
+WRITER_NICE = 10  # added to the writer's nice once its snapshot is taken (see below)
 Log = Callable[[dict[str, Any]], None]
 
 
@@ -201,6 +202,7 @@ class CheckpointManager:
             now[key] = {**(now.get(key) or {}), **_copy_to_cpu(part)}
         if done is not None:
             done.set()
+        _yield_cpu_to_training()
         now["rng"] = _gather_to_rank0(rng, self._group, self.env.world_size)
         self.store.write(now, meta)
 
@@ -213,6 +215,17 @@ class CheckpointManager:
         if self._error is not None:
             err, self._error = self._error, None
             raise RuntimeError(f"checkpoint write failed: {err}") from err
+
+
+def _yield_cpu_to_training() -> None:
+    """Lower this thread's CPU priority (Linux: nice is per thread) for the rest of the
+    write: serialising, hashing and fsync are background work that should not slow the
+    training threads on a busy host. Each checkpoint gets a new thread at normal priority,
+    so the snapshot copy, which training waits for, is not slowed down."""
+    with contextlib.suppress(AttributeError, OSError):
+        tid = threading.get_native_id()
+        nice = os.getpriority(os.PRIO_PROCESS, tid)
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, nice + WRITER_NICE))
 
 
 def _copy_to_cpu(obj: Any) -> Any:
@@ -289,7 +302,8 @@ class CheckpointDir:
         os.makedirs(self.dir, exist_ok=True)
         step = int(meta["step"])
         final = self.payload_path(step)
-        digest = _atomic_write(final, lambda f: torch.save(snapshot, f), self.slow_save)
+        with _without_zip_crc32():
+            digest = _atomic_write(final, lambda f: torch.save(snapshot, f), self.slow_save)
         sidecar = dict(meta, sha256=digest, file=os.path.basename(final))
         _atomic_write(self.sidecar_path(step), lambda f: f.write(json.dumps(sidecar).encode()))
         self._apply_retention()
@@ -321,6 +335,19 @@ class CheckpointDir:
             )
             return None
         return data
+
+
+@contextlib.contextmanager
+def _without_zip_crc32() -> Iterator[None]:
+    """torch.save computes a crc32 per zip record, as much CPU again as the sha256 that
+    already guards the payload; torch.load does not need it. The option is process-wide:
+    another torch.save in this process during a write skips it too, harmlessly."""
+    before = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(False)
+    try:
+        yield
+    finally:
+        torch.serialization.set_crc32_options(before)
 
 
 class _HashingFile:
