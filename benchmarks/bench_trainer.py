@@ -114,6 +114,10 @@ def run_timed(argv: list[str], cwd: Path, warm: int, steps: int) -> tuple[float,
 
 def sync_save_seconds(ckpt_dir: Path, reps: int = 5) -> float:
     """Median time of a synchronous torch.save of the newest checkpoint's state."""
+    import warnings
+
+    # Without numpy torch warns at import; the trainer needs none, and neither does this.
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     import torch
 
     newest = sorted(ckpt_dir.glob("ckpt-step-*.pt"))[-1]

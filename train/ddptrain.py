@@ -67,9 +67,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     stop = StopAgreement(args.stop_check_every)  # SIGTERM is handled from here on
     env = ddptrain_dist.setup(args.backend, args.timeout_s)
     log = Logger(env.rank)
-    # Different seed per rank: per-rank randomness (dropout, augmentation) should differ;
-    # the model still starts identical everywhere because DDP broadcasts rank 0's weights.
-    seed_everything(args.seed + env.rank)
+    seed_everything(args.seed + env.rank)  # per-rank streams; DDP's wrap syncs the weights
     debug = DebugHooks(args, env.rank)
     ddp = build_ddp(args, env, model_fn, debug)
     data = build_data(args, env, data_fn)

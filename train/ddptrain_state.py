@@ -110,6 +110,9 @@ class TrainState:
 
 
 def seed_everything(seed: int) -> None:
+    """Seed python, numpy (if present) and torch. The trainer seeds rank r with seed + r:
+    per-rank randomness (dropout, augmentation) should differ, and the model still starts
+    identical everywhere because DDP broadcasts rank 0's weights when it wraps the model."""
     random.seed(seed)
     if np is not None:
         np.random.seed(seed % 2**32)
