@@ -28,6 +28,13 @@ COMMANDS: dict[str, str] = {
     "build": "build:build",
     "render": "render:render",
     "smoke": "smoke:smoke",
+    "up": "up:up",
+    "status": "status:status",
+    "logs": "logs:logs",
+    "list": "list:list_jobs",
+    "down": "down:down",
+    "scale": "scale:scale",
+    "resume": "resume:resume",
 }
 
 
