@@ -106,8 +106,12 @@ def elastic_range(job: Obj) -> tuple[int, int] | None:
     return int(policy.get("minReplicas") or 1), int(policy.get("maxReplicas") or 1)
 
 
-def scale_patch(job: Obj, nodes: int) -> Obj:
-    """The merge patch that sets an elastic job's Worker count (and its saved spec)."""
+def scaled_spec(job: Obj, nodes: int) -> JobSpec:
+    """The job's saved spec at ``nodes`` nodes, within its elastic MIN:MAX.
+
+    Re-rendering it and applying as the same field manager changes exactly the Worker
+    count and the saved spec, and keeps later applies by `up` and `resume` free of
+    conflicts with another manager."""
     name = job["metadata"]["name"]
     bounds = elastic_range(job)
     if bounds is None:
@@ -118,9 +122,7 @@ def scale_patch(job: Obj, nodes: int) -> Obj:
     low, high = bounds
     if not low <= nodes <= high:
         raise UserError(f"--nodes: {nodes} is outside the job's elastic range {low}:{high}")
-    patch: Obj = {"spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": nodes}}}}
     spec = saved_spec(job)
-    if spec is not None:
-        resized = spec.model_copy(update={"nodes": nodes})
-        patch["metadata"] = {"annotations": {SPEC_ANNOTATION: spec_json(resized)}}
-    return patch
+    if spec is None:
+        raise UserError(f"PyTorchJob {name} has no saved spec: only jobs `ddpdeploy up` made scale")
+    return spec.model_copy(update={"nodes": nodes})

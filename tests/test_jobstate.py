@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddpdeploy.clusterplan import gpu_nodes, gpu_nodes_free, scale_patch, with_saved_spec
+from ddpdeploy.clusterplan import gpu_nodes, gpu_nodes_free, scaled_spec, with_saved_spec
 from ddpdeploy.errors import UserError
 from ddpdeploy.jobstate import job_size, job_state, logs_show_rank0, pod_view
 from ddpdeploy.render.k8s import render_objects
@@ -161,17 +161,17 @@ def test_gpu_capacity():
     assert gpu_nodes_free(nodes, [busy], 4) == 2
 
 
-def test_scale_patch_respects_the_elastic_range():
+def test_scaled_spec_respects_the_elastic_range():
     s = spec(image="t:1", nodes=2, elastic="1:3")
     job_obj = with_saved_spec(render_objects(s), s)[-1]
-    patch = scale_patch(job_obj, 3)
-    assert patch["spec"] == {"pytorchReplicaSpecs": {"Worker": {"replicas": 3}}}
-    assert '"nodes": 3' in patch["metadata"]["annotations"]["ddpdeploy.dev/spec"]
+    assert scaled_spec(job_obj, 3) == s.model_copy(update={"nodes": 3})
     with pytest.raises(UserError, match="outside the job's elastic range 1:3"):
-        scale_patch(job_obj, 4)
+        scaled_spec(job_obj, 4)
     static = render_objects(spec(image="t:1", nodes=2))[-1]
     with pytest.raises(UserError, match="not elastic"):
-        scale_patch(static, 2)
+        scaled_spec(static, 2)
+    with pytest.raises(UserError, match="no saved spec"):
+        scaled_spec(render_objects(s)[-1], 2)
 
 
 def test_rank0_is_found_by_the_start_event():

@@ -185,21 +185,6 @@ class Kube:
             )
         return got.to_dict()
 
-    def merge_patch(
-        self, api_version: str, kind: str, name: str, namespace: str | None, patch: Obj
-    ) -> Obj:
-        res = self.resource(api_version, kind)
-        with self.errors(f"updating {kind} {name}"):
-            got = res.patch(
-                body=patch,
-                name=name,
-                namespace=namespace,
-                content_type="application/merge-patch+json",
-                field_manager=FIELD_MANAGER,
-                _request_timeout=REQUEST_TIMEOUT,
-            )
-        return got.to_dict()
-
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None) -> bool:
         """Delete (dependents in the background); False when it was not there."""
         from kubernetes.dynamic.exceptions import NotFoundError

@@ -21,12 +21,18 @@ def scale(
 
     Example: ddpdeploy scale my-job --nodes 4
     """
-    from ddpdeploy.clusterplan import JOB_API, JOB_KIND, scale_patch
+    from ddpdeploy.clusterplan import JOB_API, JOB_KIND, scaled_spec, with_saved_spec
+    from ddpdeploy.render.k8s import render_objects
 
     kube = connect(kubeconfig, context)
     ns = namespace or kube.default_namespace
     job = kube.get(JOB_API, JOB_KIND, name, ns)
     if job is None:
         raise OperationError(f"no PyTorchJob {name} in namespace {ns}")
-    kube.merge_patch(JOB_API, JOB_KIND, name, ns, scale_patch(job, nodes))
+    spec = scaled_spec(job, nodes)
+    objects = with_saved_spec(render_objects(spec), spec)
+    for obj in objects:  # all dry-run first, then the PVC (its saved spec), then the job
+        kube.apply(obj, dry_run=True)
+    for obj in objects:
+        kube.apply(obj)
     typer.echo(f"scaled PyTorchJob {ns}/{name} to {nodes} nodes", err=True)
