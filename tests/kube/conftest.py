@@ -10,13 +10,11 @@ import functools
 import itertools
 import os
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -51,50 +49,12 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
     plane = ControlPlane(tmp_path_factory.mktemp("kube"), apiserver, etcd)
     try:
         plane.start()
-        admin = _admin_client(plane)
-        _install_crd(admin)
+        admin = plane.admin_client()
+        plane.install_crd(CRD_FILE)
         _grant_limited_user(admin)
         yield plane
     finally:
         plane.stop()
-
-
-def _admin_client(plane: ControlPlane) -> Any:
-    from kubernetes import config, dynamic
-
-    api = config.new_client_from_config(str(plane.kubeconfig), context="admin")
-    return dynamic.DynamicClient(api, cache_file=str(plane.workdir / "discovery.json"))
-
-
-def _install_crd(admin: Any) -> None:
-    """A plain create: 1.20 prunes the CRD's x-kubernetes-validations, which it does not
-    know, while a server-side apply of the same CRD is refused."""
-    crd = yaml.safe_load(CRD_FILE.read_text())
-    crds = admin.resources.get(
-        api_version="apiextensions.k8s.io/v1", kind="CustomResourceDefinition"
-    )
-    crds.create(body=crd)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        status = crds.get(name=crd["metadata"]["name"]).to_dict().get("status") or {}
-        established = any(
-            c["type"] == "Established" and c["status"] == "True"
-            for c in status.get("conditions") or []
-        )
-        if established:
-            break
-        time.sleep(0.2)
-    # The custom endpoints answer 404 for a moment after Established.
-    while time.monotonic() < deadline:
-        try:
-            admin.resources.get(api_version="kubeflow.org/v1", kind="PyTorchJob").get(
-                namespace="default"
-            )
-            return
-        except Exception:
-            admin.resources.invalidate_cache()
-            time.sleep(0.2)
-    raise RuntimeError("the PyTorchJob CRD never became served")
 
 
 def _grant_limited_user(admin: Any) -> None:
@@ -125,7 +85,7 @@ def _grant_limited_user(admin: Any) -> None:
 @pytest.fixture(scope="session")
 def admin(control_plane: ControlPlane) -> Any:
     """A dynamic client with system:masters rights, for the tests' operator/kubelet roles."""
-    return _admin_client(control_plane)
+    return control_plane.admin_client()
 
 
 _ns_counter = itertools.count()

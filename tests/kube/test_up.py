@@ -98,6 +98,30 @@ def test_gpu_capacity_preflight(kube_cli, admin, namespace):
     assert out.returncode == 1
     assert "cannot hold 2 × 8 GPUs: 0 node(s)" in out.stderr
     assert stored(admin, namespace)["job"] == []
+    # Two 8-GPU nodes (as the device plugin reports them), one of them busy right now.
+    nodes = res(admin, "v1", "Node")
+    for name in ("gpu-a", "gpu-b"):
+        nodes.create(body={"metadata": {"name": name}})
+        gpus = {"nvidia.com/gpu": "8"}
+        nodes.status.patch(
+            name=name,
+            body={"status": {"allocatable": gpus, "capacity": gpus}},
+            content_type="application/merge-patch+json",
+        )
+    busy = {
+        "metadata": {"name": "busy"},
+        "spec": {
+            "nodeName": "gpu-a",
+            "containers": [
+                {"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "4"}}}
+            ],
+        },
+    }
+    res(admin, "v1", "Pod").create(namespace=namespace, body=busy)
+    out = kube_cli(*up_args(namespace, "j", "--gpus", "8", "--no-wait"))
+    assert out.returncode == 0, out.stderr
+    assert "warning: only 1 node(s) have 8 GPUs free right now" in out.stderr
+    assert stored(admin, namespace)["job"] == ["j"]
 
 
 def test_limited_user_is_told_it_is_forbidden(kube_cli, admin, namespace):
