@@ -55,9 +55,12 @@ def wait(
     timeout: float | None = None,
     until: Callable[[Snapshot], bool] = lambda snap: snap[2].done,
     interval: float = 1.0,
+    started: float | None = None,
 ) -> Snapshot:
-    """Poll until ``until`` holds; a timeout is an OperationError naming the last state."""
-    deadline = None if timeout is None else time.monotonic() + timeout
+    """Poll until ``until`` holds; a timeout (counted from ``started``, default now) is an
+    OperationError naming the last state."""
+    started = time.monotonic() if started is None else started
+    deadline = None if timeout is None else started + timeout
     while True:
         snap = snapshot(kube, name, namespace)
         show(snap)
@@ -183,21 +186,19 @@ def follow_and_wait(
 ) -> JobState:
     """Wait for the job's end (streaming rank 0's log first when asked); a job that did not
     succeed is an OperationError with its reason."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-
-    def left() -> float | None:
-        return None if deadline is None else max(0.0, deadline - time.monotonic())
-
+    started = time.monotonic()
     if follow:
         with WaitView(name, live=False) as view:
-            job, pods, _ = wait(kube, name, namespace, view, left(), _rank0_running(kube))
+            job, pods, _ = wait(
+                kube, name, namespace, view, timeout, _rank0_running(kube), started=started
+            )
         pod = rank0_pod(kube, job, pods) if job else None
         if pod:
             print(f"--- logs of {pod} ---", file=sys.stderr, flush=True)
             for line in kube.logs(pod, namespace, CONTAINER, follow=True):
                 print(line, flush=True)
     with WaitView(name, live=None if not follow else False) as view:
-        _, _, state = wait(kube, name, namespace, view, left())
+        _, _, state = wait(kube, name, namespace, view, timeout, started=started)
     if not state.ok:
         hint = "" if state.state == "NotFound" else f"; `ddpdeploy down {name}` removes it"
         raise OperationError(f"PyTorchJob {name} {state.state}: {state.reason}{hint}")

@@ -76,21 +76,23 @@ def container_status(image: str, state: dict, restarts: int = 0, last: dict | No
 
 
 def set_job_conditions(admin: Any, ns: str, name: str, *conditions: tuple[str, str]) -> None:
-    """The CRD has no status subresource: the operator writes status on the object itself."""
+    """Conditions as the operator writes them, through the status subresource."""
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     conds = [
         {
             "type": kind,
             "status": "True",
             "reason": f"PyTorchJob{kind}",
-            "message": message,
+            "message": message or f"PyTorchJob {name} is {kind.lower()}.",
             "lastUpdateTime": now,
             "lastTransitionTime": now,
         }
         for kind, message in conditions
     ]
     jobs = res(admin, "kubeflow.org/v1", "PyTorchJob")
-    jobs.patch(body={"status": {"conditions": conds}}, name=name, namespace=ns, content_type=MERGE)
+    jobs.status.patch(
+        body={"status": {"conditions": conds}}, name=name, namespace=ns, content_type=MERGE
+    )
 
 
 def start_cli(kubeconfig: Path, *args: str) -> subprocess.Popen[str]:

@@ -26,8 +26,10 @@ def up(kube_cli, namespace, tmp_path: Path):
 
 
 def pvcs(admin, ns: str) -> list[str]:
+    """PVCs not being deleted (pvc-protection's finalizer keeps a deleted claim listed until
+    a controller, absent here, sees that no pod uses it)."""
     items = res(admin, "v1", "PersistentVolumeClaim").get(namespace=ns).to_dict()["items"]
-    return [p["metadata"]["name"] for p in items]
+    return [p["metadata"]["name"] for p in items if not p["metadata"].get("deletionTimestamp")]
 
 
 def test_status_shows_state_and_pods(kube_cli, admin, namespace, up):
