@@ -35,6 +35,7 @@ COMMANDS: dict[str, str] = {
     "down": "down:down",
     "scale": "scale:scale",
     "resume": "resume:resume",
+    "collect": "collect:collect",
 }
 
 
