@@ -273,3 +273,19 @@ def test_wait_times_out(kube_cli, admin, namespace):
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("error: timed out after 2s waiting for PyTorchJob")
     assert "Pending" in last
+
+
+def test_conflict_with_another_manager_applies_nothing(kube_cli, admin, namespace, ckpt_spec):
+    theirs = {
+        "metadata": {"name": "j-checkpoints"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "5Gi"}}},
+    }
+    res(admin, "v1", "PersistentVolumeClaim").create(
+        namespace=namespace, body=theirs, field_manager="someone-else"
+    )
+    out = kube_cli(*up_args(namespace, "j", "-f", str(ckpt_spec), "--no-wait"))
+    assert out.returncode == 1
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: dry run of PersistentVolumeClaim j-checkpoints: conflict:")
+    assert "someone-else" in last
+    assert stored(admin, namespace) == {"pvc": ["j-checkpoints"], "job": []}
