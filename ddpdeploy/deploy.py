@@ -203,11 +203,7 @@ def delete_job_and_wait(kube: Kube, name: str, namespace: str, timeout: float = 
 
 
 def find_saved_spec(kube: Kube, name: str, namespace: str) -> JobSpec:
-    """The spec `up` last submitted: from the job when it has ended, else from its PVC.
-    A job still pending or running is not resumed."""
-    from ddpdeploy.clusterplan import saved_spec
-    from ddpdeploy.render.k8s import MANAGED_BY
-
+    """The spec to resume: the job must have ended (or be gone)."""
     job = kube.get(JOB_API, JOB_KIND, name, namespace)
     if job is not None:
         state = job_state(job, [])
@@ -216,9 +212,19 @@ def find_saved_spec(kube: Kube, name: str, namespace: str) -> JobSpec:
                 f"PyTorchJob {namespace}/{name} is {state.state}; nothing to resume "
                 "(`ddpdeploy down` it first to restart it)"
             )
-        spec = saved_spec(job)
-        if spec is not None:
-            return spec
+    return saved_spec_of(kube, name, namespace, job)
+
+
+def saved_spec_of(kube: Kube, name: str, namespace: str, job: Obj | None = None) -> JobSpec:
+    """The spec `up` last submitted: from the job, else from its checkpoint PVC (which
+    outlives `down`)."""
+    from ddpdeploy.clusterplan import saved_spec
+    from ddpdeploy.render.k8s import MANAGED_BY
+
+    job = job or kube.get(JOB_API, JOB_KIND, name, namespace)
+    spec = saved_spec(job) if job is not None else None
+    if spec is not None:
+        return spec
     ours = f"app.kubernetes.io/instance={name},app.kubernetes.io/managed-by={MANAGED_BY}"
     for claim in kube.list("v1", "PersistentVolumeClaim", namespace, labels=ours):
         spec = saved_spec(claim)

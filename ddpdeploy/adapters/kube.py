@@ -231,3 +231,43 @@ class Kube:
                     yield line.decode(errors="replace")
             if pending:
                 yield pending.decode(errors="replace")
+
+    def exec_stream(
+        self, pod: str, namespace: str, container: str, argv: list[str]
+    ) -> Iterator[bytes]:
+        """Run ``argv`` in a pod's container (through the kubelet) and yield its stdout."""
+        from kubernetes import client
+        from kubernetes.stream import stream
+
+        core = client.CoreV1Api(self._api)
+        what = f"running {argv[0]} in pod {pod}"
+        errors = b""
+        with self.errors(what):
+            ws = stream(
+                core.connect_get_namespaced_pod_exec,
+                pod,
+                namespace,
+                container=container,
+                command=argv,
+                stdin=False,
+                stdout=True,
+                stderr=True,
+                tty=False,
+                binary=True,
+                _preload_content=False,
+            )
+            try:
+                while ws.is_open():
+                    ws.update(timeout=5)
+                    if ws.peek_stdout():
+                        yield ws.read_stdout()
+                    if ws.peek_stderr():
+                        errors += ws.read_stderr()
+                if ws.peek_stdout():
+                    yield ws.read_stdout()
+                code = ws.returncode
+            finally:
+                ws.close()
+        if code:
+            tail = errors.decode(errors="replace").strip()[-300:]
+            raise OperationError(f"{what}: exit code {code}: {tail}")

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from ddpdeploy.errors import UserError
+from ddpdeploy.kubeopts import ContextOpt, KubeconfigOpt, NamespaceOpt
+
+SOURCES = ("local", "cluster")
 
 
 def collect(
@@ -17,11 +21,19 @@ def collect(
         int | None, typer.Option("--step", min=0, help="This step instead of the newest.")
     ] = None,
     source: Annotated[
-        str,
+        str | None,
         typer.Option(
-            "--from", help="Where the job ran: local (a `smoke --local` run in this folder)."
+            "--from",
+            help="local (a `smoke --local` run in this folder) or cluster; default: local "
+            "when .ddpdeploy/checkpoints/NAME exists, else cluster.",
         ),
-    ] = "local",
+    ] = None,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Seconds to wait for the helper pod to start.")
+    ] = 300,
+    namespace: NamespaceOpt = None,
+    kubeconfig: KubeconfigOpt = None,
+    context: ContextOpt = None,
 ) -> None:
     """Copy a job's newest intact checkpoint (sha256 checked) into a folder.
 
@@ -30,23 +42,47 @@ def collect(
     from rich.console import Console
     from rich.progress import DownloadColumn, Progress, TransferSpeedColumn
 
-    from ddpdeploy.checkpoints import LocalSource
-    from ddpdeploy.checkpoints import collect as copy_checkpoint
+    from ddpdeploy import checkpoints
 
-    if source != "local":
-        raise UserError(f"--from: {source!r} is not supported yet; use local")
-    src = LocalSource(Path(".ddpdeploy", "checkpoints", name).resolve())
+    local = Path(".ddpdeploy", "checkpoints", name).resolve()
+    source = source or ("local" if local.is_dir() else "cluster")
+    if source not in SOURCES:
+        raise UserError(f"--from: {source!r} is not a source; use local or cluster")
     with Progress(
         *Progress.get_default_columns(), DownloadColumn(), TransferSpeedColumn(),
-        console=Console(stderr=True),
-        transient=True,
+        console=Console(stderr=True), transient=True,
     ) as bar:  # fmt: skip
         task = bar.add_task("copying", total=None)
-        got = copy_checkpoint(
-            src,
-            to,
-            step,
-            warn=lambda text: bar.console.print(f"warning: {text}"),
-            progress=lambda n: bar.advance(task, n),
-        )
+
+        def copy(src: checkpoints.Source) -> int:
+            return checkpoints.collect(
+                src,
+                to,
+                step,
+                warn=lambda text: bar.console.print(f"warning: {text}"),
+                progress=lambda n: bar.advance(task, n),
+            )
+
+        if source == "local":
+            got = copy(checkpoints.LocalSource(local))
+        else:
+            got = _from_cluster(name, namespace, kubeconfig, context, timeout, copy)
     typer.echo(f"collected the checkpoint at step {got} into {to}", err=True)
+
+
+def _from_cluster(
+    name: str,
+    namespace: str | None,
+    kubeconfig: str | None,
+    context: str | None,
+    timeout: float,
+    copy: Callable[[Any], int],
+) -> int:
+    from ddpdeploy.clustercollect import pod_source
+    from ddpdeploy.deploy import saved_spec_of
+    from ddpdeploy.kubeopts import connect
+
+    kube = connect(kubeconfig, context)
+    spec = saved_spec_of(kube, name, namespace or kube.default_namespace)
+    with pod_source(kube, spec, timeout) as src:
+        return copy(src)

@@ -122,3 +122,19 @@ def test_resume_recreates_a_failed_and_a_deleted_job(kube_cli, admin, namespace,
     assert pvcs(admin, namespace) == ["e-checkpoints"]
     none = kube_cli("resume", "never", "-n", namespace)
     assert none.returncode == 1 and "no saved spec for never" in none.stderr
+
+
+def test_collect_from_cluster_cleans_up_its_helper_pod(kube_cli, admin, namespace, up, tmp_path):
+    # No kubelet here: the helper pod never runs, so collect must give up, say why, and
+    # leave no pod behind. (Reading through exec needs a kubelet; see tests/test_collect.py
+    # for the checksum and atomic-write logic on a real run's checkpoints.)
+    up("j")
+    set_job_conditions(admin, namespace, "j", ("Created", ""), ("Succeeded", "done"))
+    dest = tmp_path / "out"
+    args = ["collect", "j", "--from", "cluster", "--to", str(dest), "-n", namespace]
+    out = kube_cli(*args, "--timeout", "2")
+    assert out.returncode == 1
+    assert "helper pod j-collect" in out.stderr and "has been deleted" in out.stderr
+    pods = res(admin, "v1", "Pod").get(namespace=namespace).to_dict()["items"]
+    assert pods == []
+    assert not dest.exists()
