@@ -36,14 +36,15 @@ class _Chunks(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def read(self, size: int = -1) -> bytes:
+    def read(self, size: int | None = -1) -> bytes:
+        if size is None or size < 0:  # all of it
+            out, self._pending = self._pending + b"".join(self._chunks), b""
+            return out
         while not self._pending:
             chunk = next(self._chunks, None)
             if chunk is None:
                 return b""
             self._pending = chunk
-        if size < 0:
-            size = len(self._pending)
         out, self._pending = self._pending[:size], self._pending[size:]
         return out
 

@@ -56,3 +56,38 @@ def test_collects_the_newest_then_skips_a_corrupt_one(run_dir, tmp_path):
     assert missing.returncode == 2 and "--step: no checkpoint at step 99" in missing.stderr
     other = run_cli("collect", "nope", "--to", str(tmp_path / "f"), cwd=run_dir)
     assert other.returncode == 2 and "no checkpoint folder" in other.stderr
+
+
+class _ExecFromFolder:
+    """Stands in for the exec API (which needs a kubelet): runs `ls`/`cat` on a local
+    folder and hands the bytes back in small, uneven chunks, as a websocket does."""
+
+    def __init__(self, folder):
+        self.folder = folder
+
+    def exec_stream(self, pod, namespace, container, argv):
+        import subprocess
+
+        data = subprocess.run(argv, cwd=self.folder, capture_output=True, check=True).stdout
+        for i in range(0, len(data), 7):
+            yield data[i : i + 7]
+
+
+def test_pod_source_reads_through_exec_chunks(tmp_path):
+    from ddpdeploy.checkpoints import collect
+    from ddpdeploy.clustercollect import PodSource
+
+    folder = tmp_path / "vol"
+    folder.mkdir()
+    for step in (3, 5):
+        payload = bytes(range(256)) * (step * 10)
+        (folder / f"ckpt-step-{step:09d}.pt").write_bytes(payload)
+        meta = {"step": step, "sha256": hashlib.sha256(payload).hexdigest()}
+        meta["file"] = f"ckpt-step-{step:09d}.pt"
+        (folder / f"ckpt-step-{step:09d}.json").write_text(json.dumps(meta))
+    (folder / "ckpt-step-000000007.pt").write_bytes(b"no sidecar: not a checkpoint")
+    source = PodSource(_ExecFromFolder(folder), "j-worker-0", "ns", "pytorch", str(folder))
+    warnings: list[str] = []
+    assert collect(source, tmp_path / "out", None, warnings.append) == 5
+    assert warnings == []
+    _check(tmp_path / "out", 5)
