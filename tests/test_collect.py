@@ -54,7 +54,7 @@ def test_collects_the_newest_then_skips_a_corrupt_one(run_dir, tmp_path):
     assert list((tmp_path / "d").iterdir()) == []
     missing = run_cli("collect", "c", "--to", str(tmp_path / "e"), "--step", "99", cwd=run_dir)
     assert missing.returncode == 2 and "--step: no checkpoint at step 99" in missing.stderr
-    other = run_cli("collect", "nope", "--to", str(tmp_path / "f"), cwd=run_dir)
+    other = run_cli("collect", "nope", "--to", str(tmp_path / "f"), "--from", "local", cwd=run_dir)
     assert other.returncode == 2 and "no checkpoint folder" in other.stderr
 
 
