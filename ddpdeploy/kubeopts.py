@@ -37,3 +37,9 @@ def connect(kubeconfig: str | None, context: str | None) -> Any:
     from ddpdeploy.adapters.kube import Kube
 
     return Kube(kubeconfig, context)
+
+
+ViewOpt = Annotated[
+    str,
+    typer.Option("-o", "--output", help="table, json or yaml.", case_sensitive=False),
+]

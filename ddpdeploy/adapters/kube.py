@@ -40,7 +40,7 @@ class Kube:
     """One cluster, as the kubeconfig (or the pod's service account) describes it."""
 
     def __init__(self, kubeconfig: str | None = None, context: str | None = None) -> None:
-        from kubernetes import client, config
+        from kubernetes import client
         from kubernetes.config.config_exception import ConfigException
 
         cfg = client.Configuration()
@@ -53,9 +53,7 @@ class Kube:
             ) from None
         cfg.retries = 1
         self.server = cfg.host
-        self.context = context
         self._api = client.ApiClient(cfg)
-        self._config = config
         with self.errors("connecting"):
             from kubernetes import dynamic
 

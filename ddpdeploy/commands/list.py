@@ -12,7 +12,6 @@ from rich.table import Table
 
 from ddpdeploy.errors import UserError
 from ddpdeploy.kubeopts import ContextOpt, KubeconfigOpt, NamespaceOpt, connect
-from ddpdeploy.options import OutputOpt
 
 
 def _age(created: str | None, now: datetime) -> str:
@@ -33,7 +32,9 @@ def list_jobs(
     ] = False,
     kubeconfig: KubeconfigOpt = None,
     context: ContextOpt = None,
-    output: OutputOpt = "table",
+    output: Annotated[
+        str, typer.Option("-o", "--output", help="table or json.", case_sensitive=False)
+    ] = "table",
 ) -> None:
     """List the PyTorchJobs labelled managed-by ddpdeploy.
 

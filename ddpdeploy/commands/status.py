@@ -8,8 +8,7 @@ import typer
 from rich.console import Console
 
 from ddpdeploy.errors import OperationError, UserError
-from ddpdeploy.kubeopts import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt, connect
-from ddpdeploy.options import OutputOpt
+from ddpdeploy.kubeopts import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt, ViewOpt, connect
 
 
 def status(
@@ -17,7 +16,7 @@ def status(
     namespace: NamespaceOpt = None,
     kubeconfig: KubeconfigOpt = None,
     context: ContextOpt = None,
-    output: OutputOpt = "table",
+    output: ViewOpt = "table",
 ) -> None:
     """Show a job's state and pods.
 
