@@ -8,6 +8,7 @@ The `kubernetes` package is imported lazily, so `render` never loads it.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +37,14 @@ def _api_message(exc: Any) -> str:
     return " ".join(str(text).split())
 
 
+def _discovery_cache(host: str) -> str:
+    """Per-user, per-server discovery cache (kubectl keeps one too), not a file in /tmp."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    folder = base / "ddpdeploy" / "discovery"
+    folder.mkdir(parents=True, exist_ok=True)
+    return str(folder / f"{hashlib.sha256(host.encode()).hexdigest()[:16]}.json")
+
+
 class Kube:
     """One cluster, as the kubeconfig (or the pod's service account) describes it."""
 
@@ -57,7 +66,7 @@ class Kube:
         with self.errors("connecting"):
             from kubernetes import dynamic
 
-            self._dyn = dynamic.DynamicClient(self._api)
+            self._dyn = dynamic.DynamicClient(self._api, cache_file=_discovery_cache(cfg.host))
 
     @staticmethod
     def _load(cfg: Any, kubeconfig: str | None, context: str | None) -> str:

@@ -99,7 +99,7 @@ def start_cli(kubeconfig: Path, *args: str) -> subprocess.Popen[str]:
     """`python -m ddpdeploy ARGS` in the background (for `up --wait`)."""
     import os
 
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "XDG_CACHE_HOME": str(kubeconfig.parent)}
     return subprocess.Popen(
         [sys.executable, "-m", "ddpdeploy", *args],
         cwd=ROOT,

@@ -104,5 +104,8 @@ def namespace(admin: Any) -> str:
 @pytest.fixture(scope="session")
 def kube_cli(control_plane: ControlPlane) -> Any:
     """`python -m ddpdeploy ARGS` against the test apiserver (through KUBECONFIG)."""
-    env = {"KUBECONFIG": str(control_plane.kubeconfig)}
+    env = {
+        "KUBECONFIG": str(control_plane.kubeconfig),
+        "XDG_CACHE_HOME": str(control_plane.workdir / "cache"),  # discovery cache
+    }
     return functools.partial(run_cli, cwd=ROOT, env=env, timeout=120)

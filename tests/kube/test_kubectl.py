@@ -30,7 +30,8 @@ def test_kubectl_server_side_dry_run_accepts_the_out_dir(control_plane, namespac
     assert rendered.returncode == 0, rendered.stderr
     res = subprocess.run(
         [_kubectl(), "apply", "--server-side", "--dry-run=server", "-k", str(out_dir)],
-        env={**os.environ, "KUBECONFIG": str(control_plane.kubeconfig)},
+        # kubectl's own discovery cache goes to the test's folder, not ~/.kube.
+        env={**os.environ, "KUBECONFIG": str(control_plane.kubeconfig), "HOME": str(tmp_path)},
         capture_output=True,
         text=True,
         timeout=120,

@@ -24,7 +24,11 @@ def bare_plane(control_plane: ControlPlane, tmp_path_factory) -> Iterator[Contro
 
 
 def test_missing_crd_says_how_to_install_the_operator(bare_plane):
-    env = {**os.environ, "KUBECONFIG": str(bare_plane.kubeconfig)}
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(bare_plane.kubeconfig),
+        "XDG_CACHE_HOME": str(bare_plane.workdir),
+    }
     out = run_cli("up", "--image", "t:1", "--no-wait", env=env)
     assert out.returncode == 1
     (line,) = out.stderr.strip().splitlines()
