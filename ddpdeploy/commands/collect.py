@@ -11,7 +11,7 @@ import typer
 from ddpdeploy.errors import UserError
 from ddpdeploy.kubeopts import ContextOpt, KubeconfigOpt, NamespaceOpt
 
-SOURCES = ("local", "cluster")
+SOURCES = ("local", "compose", "cluster")
 
 
 def collect(
@@ -24,9 +24,17 @@ def collect(
         str | None,
         typer.Option(
             "--from",
-            help="local (a `smoke --local` run in this folder) or cluster; default: local "
-            "when .ddpdeploy/checkpoints/NAME exists, else cluster.",
+            help="local (a `smoke --local` run in this folder), compose (a Docker volume: "
+            "--volume) or cluster; default: local when .ddpdeploy/checkpoints/NAME exists, "
+            "else cluster.",
         ),
+    ] = None,
+    volume: Annotated[
+        str | None, typer.Option("--volume", help="--from compose: the checkpoint volume.")
+    ] = None,
+    image: Annotated[
+        str | None,
+        typer.Option("--image", help="--from compose: a local image to mount the volume with."),
     ] = None,
     timeout: Annotated[
         float, typer.Option("--timeout", help="Seconds to wait for the helper pod to start.")
@@ -47,7 +55,7 @@ def collect(
     local = Path(".ddpdeploy", "checkpoints", name).resolve()
     source = source or ("local" if local.is_dir() else "cluster")
     if source not in SOURCES:
-        raise UserError(f"--from: {source!r} is not a source; use local or cluster")
+        raise UserError(f"--from: {source!r} is not a source; use local, compose or cluster")
     with Progress(
         *Progress.get_default_columns(), DownloadColumn(), TransferSpeedColumn(),
         console=Console(stderr=True), transient=True,
@@ -65,9 +73,30 @@ def collect(
 
         if source == "local":
             got = copy(checkpoints.LocalSource(local))
+        elif source == "compose":
+            got = _from_compose(volume, image, to, copy)
         else:
             got = _from_cluster(name, namespace, kubeconfig, context, timeout, copy)
     typer.echo(f"collected the checkpoint at step {got} into {to}", err=True)
+
+
+def _from_compose(
+    volume: str | None, image: str | None, to: Path, copy: Callable[[Any], int]
+) -> int:
+    """Stage the volume's files beside the target folder, then collect from there."""
+    import tempfile
+
+    from ddpdeploy.adapters.docker_volume import copy_out
+    from ddpdeploy.checkpoints import LocalSource
+
+    if not volume:
+        raise UserError("--volume: name the compose run's checkpoint volume (docker volume ls)")
+    to.resolve().parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".collect-", dir=to.resolve().parent) as staging:
+        copy_out(volume, ".", Path(staging), image)
+        src = LocalSource(Path(staging))
+        src.where = f"volume {volume}"
+        return copy(src)
 
 
 def _from_cluster(
