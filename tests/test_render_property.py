@@ -192,7 +192,10 @@ def int_format_errors(obj: dict[str, Any]) -> list[str]:
         from referencing import Registry, Resource
 
         root = f"kubernetes-json-schema/v{K8S_VERSION}.0-local-strict"
-        schema = schema_contents(f"{root}/{obj['kind'].lower()}-v1.json", K8S_VERSION)
+        group, _, version = obj["apiVersion"].rpartition("/")
+        group = f"-{group.split('.')[0]}" if group else ""  # networking.k8s.io -> -networking
+        name = f"{obj['kind'].lower()}{group}-{version}.json"
+        schema = schema_contents(f"{root}/{name}", K8S_VERSION)
         defs = schema_contents(f"{root}/_definitions.json", K8S_VERSION)
         registry = Resource.from_contents(schema) @ (Resource.from_contents(defs) @ Registry())
     kwargs = {"registry": registry} if registry is not None else {}

@@ -100,9 +100,15 @@ def nccl_env(spec: JobSpec) -> dict[str, str]:
     return {k: v for k, v in out.items() if v is not None}
 
 
+def pod_only_env(spec: JobSpec) -> dict[str, str]:
+    """Env of the pod's own (its file system and network), not of the launch: targets that
+    run outside a pod (local processes) do without it."""
+    return {**hardening_env(spec), **nccl_env(spec)}
+
+
 def env_list(contract: LaunchContract) -> list[Obj]:
     spec = contract.spec
-    values = {**hardening_env(spec), **nccl_env(spec), **contract.base_env}
+    values = {**pod_only_env(spec), **contract.base_env}
     env: dict[str, Obj] = {k: {"name": k, "value": v} for k, v in values.items()}
     for name in contract.own_address_env:
         env[name] = {"name": name, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
