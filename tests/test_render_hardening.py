@@ -231,3 +231,13 @@ def test_spec_refusals_name_the_field(tmp_path, doc, expected):
     res = run_cli("render", "-f", str(path))
     assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
     assert expected in res.stderr, res.stderr
+
+
+def test_pod_group_for_targets_without_an_operator():
+    from ddpdeploy.render.policy import pod_group
+
+    doc = {**BASE, "nodes": 4, "priorityClass": "high", "scheduling": {"scheduler": "volcano"}}
+    group = pod_group(JobSpec.model_validate(doc), "g")
+    assert group is not None and group["kind"] == "PodGroup"
+    assert group["spec"] == {"minMember": 4, "priorityClassName": "high"}
+    assert pod_group(JobSpec.model_validate(BASE), "g") is None
