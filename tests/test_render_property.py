@@ -76,6 +76,29 @@ VALID: dict[str, st.SearchStrategy[Any]] = {
     "labels": st.dictionaries(label_key, label_value, max_size=3),
     "annotations": st.dictionaries(st.sampled_from(["a.b/c", "note"]), word, max_size=2),
     "runPolicy": opt(backoffLimit=st.integers(0, 5), cleanPodPolicy=st.just("Running")),
+    "secretEnv": st.dictionaries(
+        st.sampled_from(["HF_TOKEN", "WANDB_API_KEY"]),
+        st.fixed_dictionaries({"secret": st.just("s"), "key": st.sampled_from(["k", ".a-b_c"])}),
+        max_size=2,
+    ),
+    "security": opt(
+        runAsUser=st.integers(1, 2**31),
+        runAsGroup=st.integers(0, 2**31),
+        fsGroup=st.integers(0, 2**31),
+        readOnlyRootFilesystem=st.booleans(),
+        automountServiceAccountToken=st.booleans(),
+    ),
+    "scheduling": opt(
+        scheduler=st.sampled_from(["default", "volcano"]), queue=st.sampled_from(["q", "team-a"])
+    ),
+    "network": opt(
+        policy=st.booleans(),
+        hostNetwork=st.booleans(),
+        rdma=opt(resource=st.just("rdma/ib"), count=st.integers(1, 8)),
+        ncclDebug=st.sampled_from(["WARN", "INFO"]),
+        ncclSocketIfname=st.sampled_from(["eth0", "^lo,docker"]),
+        ncclIbHca=st.just("mlx5_0"),
+    ),
 }
 
 nasty_int = st.one_of(
@@ -126,6 +149,21 @@ NASTY: dict[str, st.SearchStrategy[Any]] = {
         cleanPodPolicy=nasty_str,
     ),
     "command": opt(script=nasty_str, module=nasty_str, args=st.one_of(nasty_str, nasty_map)),
+    "secretEnv": st.dictionaries(
+        st.one_of(word, nasty_str), opt(secret=nasty_str, key=nasty_str), max_size=2
+    ),
+    "security": opt(
+        runAsUser=nasty_int, runAsGroup=nasty_int, fsGroup=nasty_int, readOnlyRootFilesystem=nasty
+    ),
+    "scheduling": opt(scheduler=nasty_str, queue=nasty_str),
+    "network": opt(
+        policy=nasty,
+        hostNetwork=nasty,
+        rdma=opt(resource=nasty_str, count=nasty_int),
+        ncclDebug=nasty_str,
+        ncclSocketIfname=nasty_str,
+        ncclIbHca=nasty_str,
+    ),
 }
 
 
@@ -149,6 +187,10 @@ VALID_FLAGS = {
     "--procs": st.integers(1, 4).map(str),
     "--elastic": st.sampled_from(["1:2", "2:4"]),
     "--max-restarts": st.integers(0, 3).map(str),
+    "--scheduler": st.sampled_from(["default", "volcano"]),
+    "--queue": st.sampled_from(["q", "team-a"]),
+    "--rdma": st.sampled_from(["rdma/ib=1", "nvidia.com/hostdev=2"]),
+    "--nccl-debug": st.sampled_from(["WARN", "INFO"]),
 }
 
 
@@ -192,7 +234,10 @@ def int_format_errors(obj: dict[str, Any]) -> list[str]:
         from referencing import Registry, Resource
 
         root = f"kubernetes-json-schema/v{K8S_VERSION}.0-local-strict"
-        schema = schema_contents(f"{root}/{obj['kind'].lower()}-v1.json", K8S_VERSION)
+        group, _, version = obj["apiVersion"].rpartition("/")
+        group = f"-{group.split('.')[0]}" if group else ""  # networking.k8s.io -> -networking
+        name = f"{obj['kind'].lower()}{group}-{version}.json"
+        schema = schema_contents(f"{root}/{name}", K8S_VERSION)
         defs = schema_contents(f"{root}/_definitions.json", K8S_VERSION)
         registry = Resource.from_contents(schema) @ (Resource.from_contents(defs) @ Registry())
     kwargs = {"registry": registry} if registry is not None else {}

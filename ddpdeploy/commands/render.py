@@ -28,7 +28,7 @@ def render(
         ),
     ] = None,
 ) -> None:
-    """Render the Kubeflow PyTorchJob (and checkpoint PVC) for the job.
+    """Render the Kubeflow PyTorchJob, its NetworkPolicy (and checkpoint PVC) for the job.
 
     Example: ddpdeploy render --image ghcr.io/me/train:v1 --nodes 2 --gpus 8 -- --steps 1000
     """
