@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
-from types import ModuleType
-from typing import IO, TYPE_CHECKING, Annotated, Any
+from typing import Annotated
 
 import typer
 
-from ddpdeploy.errors import UserError
 from ddpdeploy.options import spec_command
 from ddpdeploy.spec import JobSpec
-
-if TYPE_CHECKING:  # annotations only: rich and the adapters load when the command runs
-    from rich.console import Console
-
-    from ddpdeploy.adapters.docker_streams import BuildProgress, PushProgress
 
 
 @spec_command
@@ -61,178 +53,15 @@ def build(
 
     Example: ddpdeploy render --image "$(ddpdeploy build --image ghcr.io/me/train --push)"
     """
-    # Heavy imports here, not at module top: `ddpdeploy --help` and `render` stay docker-free.
-    from rich.console import Console
+    from ddpdeploy.imagebuild import build_image
 
-    from ddpdeploy.adapters import build_context, git
-    from ddpdeploy.adapters import docker_engine as engine
-    from ddpdeploy.paths import docker_dir, trainer_dir
-    from ddpdeploy.render import image
-
-    workspace = workspace.resolve()
-    if not workspace.is_dir():
-        raise UserError(f"--workspace: {workspace} is not a folder")
-    repository = image.repository_for(spec.image, spec.name)
-    if push and not spec.image:
-        raise UserError(
-            "--push needs a repository to push to: pass --image REGISTRY/REPO "
-            "(e.g. ghcr.io/me/train) or set image: in ddpdeploy.yaml"
-        )
-    base = _image_ref("--base-image", base_image or image.DEFAULT_BASE_IMAGE)
-    packages = _apt_packages(system_packages or "")
-    # The engine first: with no engine, say so before reading a single workspace file.
-    client = engine.connect()
-    revision = git.revision(workspace)
-    build_args = image.build_args(base, packages, revision, git.source(workspace))
-    kept = build_context.scan_workspace(workspace)
-    entries = image.plan_context(
-        kept,
-        build_context.scan_trainer(trainer_dir()),
-        build_context.dockerfile(docker_dir()),
-        build_context.requirements(workspace, kept),
+    reference = build_image(
+        spec,
+        workspace=workspace,
+        base_image=base_image,
+        push=push,
+        system_packages=system_packages,
+        network=network,
+        no_cache=no_cache,
     )
-    console = Console(stderr=True)
-    with build_context.context_file(entries) as (context, context_sha256):
-        tag = image.content_tag(image.inputs_hash(context_sha256, build_args), revision)
-        result = _build_with_progress(
-            console, engine, client, context, build_args, base, no_cache, network
-        )
-    new_tag = engine.tag(client, result.image_id or "", repository, tag)
-    cached = len(result.cached_steps)
-    console.print(
-        f"built {repository}:{tag} ({cached}/{len(result.steps)} steps cached)",
-        markup=False,
-        highlight=False,
-    )
-    if not push:
-        typer.echo(f"{repository}:{tag}")
-        return
-    try:
-        digest = _push_with_progress(console, engine, client, repository, tag)
-    except UserError:
-        # A failed command leaves nothing tagged that was not there before.
-        if new_tag:
-            engine.untag(client, repository, tag)
-        raise
-    console.print(f"pushed {repository}:{tag}", markup=False, highlight=False)
-    typer.echo(f"{repository}@{digest}")
-
-
-def _image_ref(flag: str, value: str) -> str:
-    """The spec's own image-reference rule: a bad one is bad input, not an engine error."""
-    from pydantic import TypeAdapter, ValidationError
-
-    from ddpdeploy.spec import ImageRef
-
-    try:
-        return str(TypeAdapter(ImageRef).validate_python(value))
-    except ValidationError as exc:
-        message = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
-        raise UserError(f"{flag}: {message}") from None
-
-
-# A Debian package name, optionally with =version or /release (apt-get install's syntax).
-_APT_PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.-]*(:[a-z0-9-]+)?(=[A-Za-z0-9.+~:-]+|/[a-z0-9.-]+)?")
-
-
-def _apt_packages(value: str) -> str:
-    """The names go into a shell word list: refuse anything that is not a package name."""
-    for word in value.split():
-        if not _APT_PACKAGE.fullmatch(word):
-            raise UserError(
-                f"--system-packages: {word!r} is not a Debian package name; give names "
-                "separated by spaces, e.g. 'git libgomp1=12.2.0-14'"
-            )
-    return " ".join(value.split())
-
-
-def _build_with_progress(
-    console: Console,
-    engine: ModuleType,
-    client: Any,
-    context: IO[bytes],
-    build_args: dict[str, str],
-    base: str,
-    no_cache: bool,
-    network: str | None,
-) -> BuildProgress:
-    from rich.progress import BarColumn, Progress, TextColumn
-
-    # Non-terminals (CI logs) get one line per step instead of a redrawn bar.
-    live = console.is_terminal
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        # Not markup: an instruction like CMD ["a"] must print as written.
-        TextColumn("{task.fields[info]}", markup=False),
-        console=console,
-        transient=True,
-        disable=not live,
-    ) as bar:
-        task = bar.add_task("build", total=None, info="sending context")
-        seen: set[int] = set()
-
-        def on_build(state: BuildProgress) -> None:
-            step = state.current
-            if step is None:
-                return
-            instruction = " ".join(step.instruction.split())
-            info = f"{instruction[:60]}{' (cached)' if step.cached else ''}"
-            bar.update(
-                task,
-                total=state.total,
-                completed=step.number - 1,
-                description=f"step {step.number}/{state.total}",
-                info=info,
-            )
-            if not live and step.number not in seen:
-                seen.add(step.number)
-                console.print(
-                    f"step {step.number}/{state.total}: {instruction[:100]}",
-                    markup=False,
-                    highlight=False,
-                    soft_wrap=True,
-                )
-
-        result = engine.build(
-            client, context, build_args, base, on_build, no_cache=no_cache, network=network
-        )
-        bar.update(task, completed=result.total)
-    return result
-
-
-def _push_with_progress(
-    console: Console, engine: ModuleType, client: Any, repository: str, tag: str
-) -> str:
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
-
-    from ddpdeploy.adapters.docker_streams import PUSH_DONE
-
-    live = console.is_terminal
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        console=console,
-        transient=True,
-        disable=not live,
-    ) as bar:
-        tasks: dict[str, int] = {}
-        done: set[str] = set()
-
-        def on_push(state: PushProgress) -> None:
-            for layer, (status, current, total) in state.layers.items():
-                if layer not in tasks:
-                    tasks[layer] = bar.add_task(layer, total=total or None)
-                bar.update(
-                    tasks[layer],
-                    description=f"{layer} {status}",
-                    completed=current,
-                    total=total or None,
-                )
-                # Non-terminals: one line per layer once it is settled.
-                if not live and layer not in done and status.startswith(PUSH_DONE):
-                    done.add(layer)
-                    console.print(f"layer {layer}: {status}", markup=False, highlight=False)
-
-        return str(engine.push(client, repository, tag, on_push))
+    typer.echo(reference)

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from ddpdeploy.errors import UserError
 from ddpdeploy.kubeopts import CLUSTER_PANEL, ContextOpt, KubeconfigOpt, connect
 from ddpdeploy.options import spec_command
 from ddpdeploy.spec import JobSpec
@@ -46,6 +47,18 @@ def up(
     follow: Annotated[
         bool, typer.Option("--follow", help="Stream the logs of the pod hosting global rank 0.")
     ] = False,
+    build: Annotated[
+        bool,
+        typer.Option(
+            "--build",
+            help="First build the current folder into the spec's image repository and push "
+            "it (a cluster cannot pull a local image, so --build always pushes, even with "
+            "--dry-run); the job runs the pushed repo@sha256:….",
+        ),
+    ] = False,
+    base_image: Annotated[
+        str | None, typer.Option("--base-image", help="With --build: the base image to build on.")
+    ] = None,
 ) -> None:
     """Submit the job to the cluster as a Kubeflow PyTorchJob.
 
@@ -56,6 +69,17 @@ def up(
     from ddpdeploy.render.k8s import render_objects
 
     seconds = jobwatch.parse_duration(timeout) if timeout else None
+    if base_image is not None and not build:
+        raise UserError("--base-image: only used with --build; add --build or drop it")
+    if build:
+        from pathlib import Path
+
+        from ddpdeploy.imagebuild import build_image
+
+        ref = build_image(
+            spec, workspace=Path.cwd(), base_image=base_image, push=True, push_flag="--build"
+        )
+        spec = spec.model_copy(update={"image": ref})
     objects = with_saved_spec(render_objects(spec), spec)
     kube = connect(kubeconfig, context)
     plan = deploy.preflight(kube, spec, objects, create_namespace)

@@ -1,0 +1,124 @@
+"""`ddpdeploy up --build`: build the workspace, push it to a registry, run the pushed digest.
+
+Needs both a Docker engine (with the local test base image and the fake registry of
+tests/docker) and the real kube-apiserver of this folder's conftest. Each missing one skips,
+or fails under DDPDEPLOY_REQUIRE_DOCKER=1 / DDPDEPLOY_REQUIRE_KUBE=1 (CI).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from actors import get_job
+from cli_runner import run_cli
+
+# The docker helpers are plain modules beside the docker tests (as tests/docker/conftest.py
+# imports them); their conftest's fixtures do not reach this folder, so the two we need are
+# below, with the same skip-or-fail rule.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docker"))
+import base_images  # noqa: E402
+from fake_registry import FakeRegistry  # noqa: E402
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(scope="module")
+def engine() -> Any:
+    import docker
+
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as exc:
+        reason = f"no Docker engine ({exc}); run .ci/docker-setup.sh"
+        if os.environ.get("DDPDEPLOY_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"DDPDEPLOY_REQUIRE_DOCKER=1 but {reason}", pytrace=False)
+        pytest.skip(reason)
+    return client
+
+
+@pytest.fixture(scope="module")
+def base_image(engine: Any) -> str:
+    return base_images.ensure_images(engine)["base"]
+
+
+@pytest.fixture
+def registry(tmp_path: Path, engine: Any) -> Iterator[FakeRegistry]:
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    with FakeRegistry(blobs) as reg:
+        yield reg
+
+
+def _docker_config(folder: Path, host: str) -> Path:
+    """A docker config logged in to the fake registry (as `docker login` would leave it)."""
+    folder.mkdir()
+    auth = base64.b64encode(b"ci:secret").decode()
+    (folder / "config.json").write_text(json.dumps({"auths": {host: {"auth": auth}}}))
+    return folder
+
+
+def test_up_build_runs_the_pushed_digest(
+    control_plane: Any,
+    admin: Any,
+    namespace: str,
+    registry: FakeRegistry,
+    base_image: str,
+    engine: Any,
+    tmp_path: Path,
+) -> None:
+    repo = f"{registry.host}/ddpdeploy-test/upbuild-{os.getpid()}"
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "main.py").write_text("print('built by up')\n")
+    env = {
+        "KUBECONFIG": str(control_plane.kubeconfig),
+        "XDG_CACHE_HOME": str(control_plane.workdir / "cache"),
+        "DOCKER_CONFIG": str(_docker_config(tmp_path / "docker-config", registry.host)),
+    }
+    args = ["up", "--build", "--base-image", base_image, "--image", repo, "-n", namespace]
+    try:
+        # The workspace is the current folder, as for a user who runs `up --build` in it.
+        dry = run_cli(*args, "--name", "j", "--dry-run", cwd=ws, env=env, timeout=600)
+        assert dry.returncode == 0, dry.stderr
+        assert "would apply PyTorchJob" in dry.stderr
+        assert get_job(admin, namespace, "j") is None
+        out = run_cli(*args, "--name", "j", "--no-wait", cwd=ws, env=env, timeout=600)
+    finally:
+        for image in engine.images.list(name=repo):
+            for tag in image.tags:
+                engine.images.remove(tag, force=True)
+    assert out.returncode == 0, out.stderr
+    assert f"pushed {repo}:" in out.stderr
+    [manifest] = set(registry.manifests.values())
+    digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
+    job = get_job(admin, namespace, "j")
+    assert job is not None
+    images = {
+        c["image"]
+        for replica in job["spec"]["pytorchReplicaSpecs"].values()
+        for c in replica["template"]["spec"]["containers"]
+    }
+    assert images == {f"{repo}@{digest}"}
+
+
+def test_up_build_needs_a_repository(tmp_path: Path) -> None:
+    # Refused before any engine or cluster is reached: one line, exit 2.
+    out = run_cli("up", "--build", "--name", "j", cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stdout == ""
+    assert out.stderr.count("\n") == 1 and "--build needs a repository" in out.stderr
+
+
+def test_base_image_without_build_is_refused(tmp_path: Path) -> None:
+    out = run_cli("up", "--image", "r.invalid/t:v1", "--base-image", "debian:12", cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and "--base-image" in out.stderr and "--build" in out.stderr
