@@ -1,7 +1,7 @@
 """The pod every Kubernetes target runs (container, volumes, scheduling) and the objects
 beside it (the checkpoint PVC). Pure: spec and launch contract in, plain dicts out.
 
-Targets (PyTorchJob today) wrap ``pod_template`` in their own layout; what a pod looks like
+Targets (ddpdeploy.targets) wrap ``pod_template`` in their own layout; what a pod looks like
 is decided here once, so every target gets the same pod.
 """
 
@@ -61,9 +61,9 @@ def resources(spec: JobSpec) -> Obj:
 
 
 def env_list(contract: LaunchContract) -> list[Obj]:
-    env: dict[str, Obj] = {k: {"name": k, "value": v} for k, v in contract.base_env.items()}
-    for name in contract.own_address_env:
-        env[name] = {"name": name, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    env: dict[str, Obj] = {k: {"name": k, "value": v} for k, v in contract.pod_env().items()}
+    for name, path in contract.field_env.items():
+        env[name] = {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
     return [env[k] for k in sorted(env)]
 
 
