@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "build": "build:build",
     "render": "render:render",
     "smoke": "smoke:smoke",
+    "compose": "compose:compose",
     "schema": "schema:schema",
 }
 

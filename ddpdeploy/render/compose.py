@@ -1,0 +1,157 @@
+"""JobSpec -> a docker-compose project (a plain dict): each node of the job as a service.
+
+Pure: no network, no clock, no randomness; same spec, same dict. Every service is started
+as its pod would be on the cluster: the same container command, the env the training
+operator would inject (from the launch contract), and the pod's hostname as both service
+name and hostname, so MASTER_ADDR and the rendezvous endpoint are the same strings as on
+the cluster and resolve through the project network's DNS.
+
+The keys used are those both the Compose Specification and docker-compose 1.29 (Debian 12)
+accept; tests check the file against both.
+"""
+
+from __future__ import annotations
+
+from decimal import ROUND_CEILING, Decimal
+from typing import Any
+
+from ddpdeploy.contract import LaunchContract, launch_contract
+from ddpdeploy.errors import UserError
+from ddpdeploy.render.local import cpu_spec
+from ddpdeploy.spec import JobSpec
+
+Obj = dict[str, Any]
+
+NETWORK = "ddp"
+CHECKPOINT_VOLUME = "checkpoints"
+ROLE_LABEL = "ddpdeploy.role"  # "node" for a node of the job, "volume-init" for the helper
+
+# Kubernetes quantity suffixes -> multipliers; Docker wants shm_size in bytes.
+_SUFFIX = {
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+    "m": Decimal("0.001"),
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+}
+
+
+def quantity_bytes(quantity: str) -> int:
+    """A Kubernetes quantity (already validated by the spec) as whole bytes, rounded up."""
+    for suffix in sorted(_SUFFIX, key=len, reverse=True):
+        if quantity.endswith(suffix):
+            value = Decimal(quantity[: -len(suffix)]) * Decimal(_SUFFIX[suffix])
+            break
+    else:
+        value = Decimal(quantity)  # plain or with an exponent (1e9)
+    return int(value.to_integral_value(rounding=ROUND_CEILING))
+
+
+def _escape(text: str) -> str:
+    """Compose interpolates $VAR from the host's env; the command's shell variables ($i,
+    $@, …) must reach the container as written."""
+    return text.replace("$", "$$")
+
+
+def compose_job(spec: JobSpec, cpu: bool | None = None) -> JobSpec:
+    """The job as compose runs it: with ``cpu`` (the default when the spec has no GPUs) a
+    CPU job on gloo with the same processes per node, as local smoke runs turn it."""
+    if cpu is None:
+        cpu = spec.gpus == 0
+    return cpu_spec(spec, spec.rendezvous.port) if cpu else spec
+
+
+def _restart(spec: JobSpec) -> str:
+    """Elastic jobs restart failed nodes, as the operator restarts their pods (bounded by
+    backoffLimit when set); a static job's node is not restarted."""
+    if not spec.elastic:
+        return "no"
+    limit = spec.run_policy.backoff_limit
+    return "on-failure" if limit is None else f"on-failure:{limit}"
+
+
+def _service(spec: JobSpec, contract: LaunchContract, node_index: int) -> Obj:
+    node = contract.nodes[node_index]
+    hostname = node.hostname(spec.name)
+    service: Obj = {
+        "image": _escape(spec.image or ""),
+        "hostname": hostname,
+        "labels": {ROLE_LABEL: "node"},
+        # The pod's `command` replaces the image's ENTRYPOINT; compose's `command` would not.
+        "entrypoint": [_escape(arg) for arg in contract.container_command()],
+        # Unmapped: node hostnames (and a node's own address, PET_LOCAL_ADDR) resolve on
+        # the project network as they do on the cluster.
+        "environment": {k: _escape(v) for k, v in sorted(contract.node_env(node).items())},
+        "networks": [NETWORK],
+        "restart": _restart(spec),
+        "stop_grace_period": f"{spec.termination_grace_period_seconds}s",
+    }
+    if spec.shm_size:
+        service["shm_size"] = quantity_bytes(spec.shm_size)
+    if spec.checkpoint:
+        service["volumes"] = [_checkpoint_mount(spec)]
+        service["depends_on"] = {
+            volume_init_name(spec): {"condition": "service_completed_successfully"}
+        }
+    if spec.gpus:
+        device = {"driver": "nvidia", "count": spec.gpus, "capabilities": ["gpu"]}
+        service["deploy"] = {"resources": {"reservations": {"devices": [device]}}}
+    return service
+
+
+def _checkpoint_mount(spec: JobSpec) -> Obj:
+    assert spec.checkpoint is not None
+    return {"type": "volume", "source": CHECKPOINT_VOLUME, "target": spec.checkpoint.mount_path}
+
+
+def volume_init_name(spec: JobSpec) -> str:
+    return f"{spec.name}-volume-init"
+
+
+def _volume_init(spec: JobSpec) -> Obj:
+    """A one-shot service that opens the new checkpoint volume to the nodes' user.
+
+    Docker creates a named volume root-owned, and the image's trainer runs as a non-root
+    user (the cluster's PVC has fsGroup or the storage's own permissions for this). The
+    renderer does not know that user's uid, so the volume gets /tmp's mode: writable by
+    anyone, files deletable by their owner."""
+    assert spec.checkpoint is not None
+    return {
+        "image": _escape(spec.image or ""),
+        "labels": {ROLE_LABEL: "volume-init"},
+        "user": "0:0",
+        "entrypoint": ["chmod", "1777", spec.checkpoint.mount_path],
+        "network_mode": "none",
+        "volumes": [_checkpoint_mount(spec)],
+        "restart": "no",
+    }
+
+
+def render_compose(spec: JobSpec, cpu: bool | None = None) -> Obj:
+    """The compose project for ``spec``: one service per node, named like its pod."""
+    if not spec.image:
+        raise UserError(
+            "image: required to render a compose file; set image in ddpdeploy.yaml or pass "
+            "--image (ddpdeploy build prints one)"
+        )
+    job = compose_job(spec, cpu)
+    contract = launch_contract(job)
+    services = {
+        node.hostname(job.name): _service(job, contract, i) for i, node in enumerate(contract.nodes)
+    }
+    project: Obj = {
+        "services": services,
+        "networks": {NETWORK: {"driver": "bridge"}},
+    }
+    if job.checkpoint:
+        services[volume_init_name(job)] = _volume_init(job)
+        project["volumes"] = {CHECKPOINT_VOLUME: {}}
+    return project

@@ -1,0 +1,188 @@
+"""The compose adapter against a real engine and the real compose CLI: the built-in trainer,
+2 nodes x 2 processes, in the image `ddpdeploy build` makes over the local torch image.
+
+It trains to the same weights as `ddpdeploy smoke --local`, what runs is what the rendered
+file says, and a failing run names its node and leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddpdeploy.adapters.compose import PROJECT_LABEL, ComposeRun, Line
+from ddpdeploy.contract import launch_contract
+from ddpdeploy.render.compose import compose_job, render_compose
+from ddpdeploy.spec import JobSpec
+
+pytestmark = pytest.mark.docker
+
+REPO = f"ddpdeploy-test/compose-it-{os.getpid()}"
+HASH = re.compile(r"^weights_sha256  ([0-9a-f]{64})$", re.M)
+STEPS = 12
+
+
+@pytest.fixture(scope="module")
+def image(
+    torch_image: str,
+    cleanup_images: list[str],
+    tmp_path_factory: pytest.TempPathFactory,
+    cli: Callable[..., Any],
+) -> str:
+    cleanup_images.append(REPO)
+    ws = tmp_path_factory.mktemp("ws")
+    (ws / "README.md").write_text("built-in trainer only\n")
+    res = cli(
+        "build", "-w", str(ws), "--image", REPO, "--base-image", torch_image, "--network", "none"
+    )
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip()
+
+
+def job(image: str, **extra: Any) -> JobSpec:
+    doc = {"name": "cmp", "image": image, "nodes": 2, "procs": 2, "shmSize": "256Mi", **extra}
+    doc.setdefault("command", {"args": ["--steps", str(STEPS)]})
+    return JobSpec.model_validate(doc)
+
+
+def done_event(line: Line | None, done: dict[str, Any] | None) -> dict[str, Any] | None:
+    if line and line.stream == "stdout" and line.text.startswith('{"event": "done"'):
+        return json.loads(line.text)
+    return done
+
+
+def run_to_end(run: ComposeRun, timeout: float = 300) -> tuple[dict[str, Any] | None, str | None]:
+    """Rank 0's final `done` event, or the node that failed."""
+    done = None
+    deadline = time.monotonic() + timeout
+    for line in run.events():
+        done = done_event(line, done)
+        failed = run.failed()
+        if failed is not None:
+            run.drain()
+            return done, failed
+        if run.finished():
+            for rest in run.drain():
+                done = done_event(rest, done)
+            return done, None
+        assert time.monotonic() < deadline, "the compose run did not finish in time"
+    raise AssertionError("unreachable")
+
+
+def nothing_left(engine: Any, project: str) -> list[str]:
+    flt = {"label": f"{PROJECT_LABEL}={project}"}
+    return (
+        [c.name for c in engine.containers.list(all=True, filters=flt)]
+        + [n.name for n in engine.networks.list(filters=flt)]
+        + [v.name for v in engine.volumes.list(filters=flt)]
+    )
+
+
+@pytest.mark.parametrize("elastic", [False, True], ids=["static", "elastic"])
+def test_two_by_two_trains_like_smoke_local(
+    elastic: bool, image: str, engine: Any, cli: Callable[..., Any], tmp_path: Path
+) -> None:
+    extra = {"rendezvous": {"mode": "elastic", "minNodes": 2, "maxNodes": 2}} if elastic else {}
+    spec = job(image, **extra)
+    with ComposeRun(render_compose(spec), spec.name) as run:
+        project = run.project_name
+        # What runs is what the rendered file says: the pod's command and the operator's env.
+        contract = launch_contract(compose_job(spec))
+        for node, n in zip(contract.nodes, run.nodes, strict=True):
+            config = n.container.attrs["Config"]
+            assert config["Hostname"] == n.name == node.hostname("cmp")
+            assert n.rank == (None if elastic else node.rank)
+            assert config["Entrypoint"] == contract.container_command()
+            assert not config["Cmd"]
+            env = dict(e.split("=", 1) for e in config["Env"])
+            assert env.items() >= contract.node_env(node).items()
+        done, failed = run_to_end(run)
+        assert failed is None, (failed, run.tail(failed)[-20:])
+        assert run.exit_codes() == {node.hostname("cmp"): 0 for node in contract.nodes}
+    assert nothing_left(engine, project) == []
+    assert done is not None and done["step"] == STEPS
+
+    assert done["weights_sha256"] == local_hash(cli, tmp_path, elastic)
+
+
+_LOCAL: dict[bool, str] = {}
+
+
+def local_hash(cli: Callable[..., Any], cwd: Path, elastic: bool) -> str:
+    """`smoke --local`'s weights_sha256 for the same job and steps (once per module)."""
+    if elastic not in _LOCAL:
+        flags = ["--nodes", "2", "--procs", "2", "--steps", str(STEPS)]
+        flags += ["--elastic", "2:2"] if elastic else []
+        local = cli("smoke", "--local", *flags, cwd=cwd)
+        assert local.returncode == 0, local.stderr
+        match = HASH.search(local.stdout)
+        assert match is not None, local.stdout
+        _LOCAL[elastic] = match[1]
+    return _LOCAL[elastic]
+
+
+def test_killed_worker_restarts_and_ends_with_the_same_weights(
+    image: str, cli: Callable[..., Any], tmp_path: Path
+) -> None:
+    rdzv = {"mode": "elastic", "minNodes": 2, "maxNodes": 2, "maxRestarts": 1}
+    # Slow steps: the kill must land while the workers still train.
+    args = ["--steps", str(STEPS), "--debug-step-delay", "0.5"]
+    spec = job(image, rendezvous=rdzv, command={"args": args})
+    starts, killed, done = 0, "", None
+    with ComposeRun(render_compose(spec), spec.name) as run:
+        for line in run.events():
+            done = done_event(line, done)
+            if line and line.stream == "stdout" and line.text.startswith('{"event": "start"'):
+                starts += 1
+            if not killed and line and line.text.startswith('{"event": "step", "step": 3,'):
+                # A worker of the node without rank 0 (c10d puts rank 0 on either).
+                other = next(n.name for n in run.nodes if n.name != line.node)
+                killed = run.kill_worker(other)
+            assert run.failed() is None, run.tail(run.failed() or "")[-20:]
+            if run.finished():
+                break
+        for rest in run.drain():
+            done = done_event(rest, done)
+        assert run.exit_codes() == {"cmp-worker-0": 0, "cmp-worker-1": 0}
+    assert re.fullmatch(r"local rank 1 \(pid \d+\)", killed)
+    assert starts == 2  # torchrun restarted the worker group, which started over
+    assert done is not None and done["step"] == STEPS
+    assert done["weights_sha256"] == local_hash(cli, tmp_path, elastic=True)
+
+
+def test_failing_trainer_names_its_node_and_leaves_nothing(image: str, engine: Any) -> None:
+    spec = job(
+        image,
+        command={"module": "ddpdeploy_no_such_module"},
+        checkpoint={"size": "1Gi"},  # a named volume, which teardown must remove too
+    )
+    with ComposeRun(render_compose(spec), spec.name) as run:
+        project = run.project_name
+        assert run.volumes() == [f"{project}_checkpoints"]
+        # Any anonymous volumes too (the test torch image declares one, /wheels).
+        mounted = {m["Name"] for n in run.nodes for m in n.container.attrs["Mounts"]}
+        done, failed = run_to_end(run)
+        assert done is None and failed in ("cmp-master-0", "cmp-worker-0")
+        assert run.exit_codes()[failed] not in (None, 0)
+        assert run.node(failed).rank == (0 if failed == "cmp-master-0" else 1)
+        assert any("No module named ddpdeploy_no_such_module" in t for t in run.tail(failed))
+    assert run.leftovers() == []
+    assert nothing_left(engine, project) == []
+    assert mounted & {v.name for v in engine.volumes.list()} == set()
+
+
+def test_interrupt_mid_run_tears_down(image: str, engine: Any) -> None:
+    spec = job(image, command={"args": ["--steps", "100000"]})
+    with pytest.raises(KeyboardInterrupt), ComposeRun(render_compose(spec), spec.name) as run:
+        project = run.project_name
+        for line in run.events():
+            if line and line.text.startswith('{"event": "step"'):
+                raise KeyboardInterrupt  # as Ctrl-C would, once training runs
+            assert run.failed() is None
+    assert nothing_left(engine, project) == []

@@ -1,0 +1,121 @@
+"""`ddpdeploy smoke --docker` as users run it: the CLI, a real engine, the compose CLI.
+
+Needs the target-neutral smoke runner (ddpdeploy/smoke_runner.py) with `--docker` wired
+into commands/smoke.py; skipped where the runner is absent."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddpdeploy.adapters.compose import PROJECT_LABEL
+
+pytest.importorskip("ddpdeploy.smoke_runner", reason="smoke --docker needs the smoke runner")
+pytestmark = pytest.mark.docker
+
+HASH = re.compile(r"^weights_sha256  ([0-9a-f]{64})$", re.M)
+JOB = ["--nodes", "2", "--procs", "2", "--steps", "12"]
+
+
+def left_behind(engine: Any, job: str) -> list[str]:
+    """Containers, networks and volumes of any compose project of ``job``'s smoke runs."""
+    prefix = f"ddpdeploy-{job}-"
+
+    def ours(labels: dict[str, str] | None) -> bool:
+        return (labels or {}).get(PROJECT_LABEL, "").startswith(prefix)
+
+    return (
+        [c.name for c in engine.containers.list(all=True) if ours(c.labels)]
+        + [n.name for n in engine.networks.list() if ours(n.attrs.get("Labels"))]
+        + [v.name for v in engine.volumes.list() if ours(v.attrs.get("Labels"))]
+    )
+
+
+def test_builds_the_workspace_and_trains_like_local(
+    torch_image: str,
+    engine: Any,
+    cli: Callable[..., Any],
+    tmp_path: Path,
+    cleanup_images: list[str],
+) -> None:
+    job = f"sdok{os.getpid()}"
+    cleanup_images.append(f"ddpdeploy-smoke/{job}")
+    (tmp_path / "README.md").write_text("built-in trainer\n")
+    res = cli("smoke", "--docker", "--name", job, "--base-image", torch_image, *JOB, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    docker_hash = HASH.search(res.stdout)
+    assert docker_hash is not None, res.stdout
+    assert "gloo in docker-compose" in res.stderr
+    assert left_behind(engine, job) == []
+    local = cli("smoke", "--local", "--name", job, *JOB, cwd=tmp_path)
+    assert local.returncode == 0, local.stderr[-3000:]
+    assert docker_hash[1] == HASH.search(local.stdout)[1]  # type: ignore[index]
+
+
+@pytest.fixture(scope="module")
+def image(torch_image: str, cli: Callable[..., Any], tmp_path_factory, cleanup_images) -> str:
+    repo = f"ddpdeploy-test/smoke-docker-{os.getpid()}"
+    cleanup_images.append(repo)
+    ws = tmp_path_factory.mktemp("ws")
+    (ws / "README.md").write_text("built-in trainer\n")
+    res = cli("build", "-w", str(ws), "--image", repo, "--base-image", torch_image)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip()
+
+
+def test_failure_names_the_node_and_leaves_nothing(
+    image: str, engine: Any, cli: Callable[..., Any], tmp_path: Path
+) -> None:
+    job = f"sdfail{os.getpid()}"
+    res = cli(
+        "smoke", "--docker", "--name", job, "--image", image, *JOB, "--", "--no-such-flag",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert res.returncode == 1
+    assert f"error: node {job}-" in res.stderr
+    assert "unrecognized arguments: --no-such-flag" in res.stderr
+    assert left_behind(engine, job) == []
+
+
+def test_ctrl_c_mid_run_leaves_nothing(image: str, engine: Any, tmp_path: Path) -> None:
+    job = f"sdint{os.getpid()}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddpdeploy", "smoke", "--docker", "--name", job, "--image", image,
+         "--nodes", "2", "--procs", "2", "--steps", "100000"],
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if '"event": "start"' in line:
+                break
+            assert time.monotonic() < deadline, "training did not start"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert left_behind(engine, job) == []
+
+
+def test_no_engine_is_one_line_pointing_to_local(cli: Callable[..., Any], tmp_path: Path) -> None:
+    dead = f"unix://{tmp_path}/dead.sock"
+    res = cli("smoke", "--docker", "--image", "t:1", env={"DOCKER_HOST": dead}, cwd=tmp_path)
+    assert res.returncode == 1
+    lines = res.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: no Docker engine answers") and "--local" in lines[-1]
+    assert [ln for ln in lines if ln.startswith("error")] == [lines[-1]]

@@ -1,0 +1,255 @@
+"""`ddpdeploy compose` over a matrix of options, checked against the Compose Specification's
+JSON Schema and Debian 12's `docker-compose` 1.29.2, and against the launch contract."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from cli_runner import run_cli
+
+from ddpdeploy.contract import launch_contract
+from ddpdeploy.render.compose import ROLE_LABEL, quantity_bytes, render_compose
+from ddpdeploy.render.output import to_yaml
+from ddpdeploy.spec import JobSpec
+
+SCHEMA = Path(__file__).resolve().parent / "schemas" / "compose-spec.json"
+ELASTIC = {"mode": "elastic", "minNodes": 1, "maxNodes": 3}
+CKPT = {"size": "10Gi", "mountPath": "/ckpt"}
+
+
+def case(kind: str, ckpt: bool, gpu: bool) -> tuple[dict[str, Any], bool]:
+    """A 2-node job with 4 GPUs per node, rendered with GPUs or with --cpu."""
+    doc: dict[str, Any] = {"name": "job", "image": "ghcr.io/t/train:v1", "nodes": 2, "gpus": 4}
+    if kind == "elastic":
+        doc["rendezvous"] = ELASTIC
+    if ckpt:
+        doc["checkpoint"] = CKPT
+    return doc, not gpu  # the cpu flag
+
+
+MATRIX = [
+    pytest.param(*case(kind, ckpt, gpu), id=f"{kind}-{'ckpt' if ckpt else 'nockpt'}-{dev}")
+    for kind in ("static", "elastic")
+    for ckpt in (True, False)
+    for gpu, dev in ((True, "gpu"), (False, "cpu"))
+]
+EXTRA = [
+    pytest.param({"image": "t:1"}, None, id="one-node-defaults"),
+    pytest.param({"image": "t:1", "shmSize": None, "nodes": 3}, None, id="no-shm"),
+    pytest.param(
+        {
+            "image": "t:1",
+            "nodes": 2,
+            "command": {"module": "pkg.train", "args": ["--lr", "$HOME", "a b"]},
+            "env": {"NCCL_DEBUG": "INFO", "TOKEN": "x$y${z}"},
+            "rendezvous": {**ELASTIC, "maxRestarts": 2, "port": 29500},
+            "runPolicy": {"backoffLimit": 3},
+        },
+        None,
+        id="module-dollars-backoff",
+    ),
+]
+
+
+@cache
+def validator() -> jsonschema.Draft7Validator:
+    schema = json.loads(SCHEMA.read_text())
+    jsonschema.Draft7Validator.check_schema(schema)
+    return jsonschema.Draft7Validator(schema)
+
+
+def docker_compose() -> str:
+    found = shutil.which("docker-compose")
+    if found is None:
+        reason = "docker-compose is not installed (.ci/docker-setup.sh installs it)"
+        if os.environ.get("DDPDEPLOY_REQUIRE_DOCKER") == "1":
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    return found
+
+
+@pytest.mark.parametrize(("doc", "cpu"), MATRIX + EXTRA)
+def test_rendered_file_passes_the_schema_and_docker_compose(doc, cpu, tmp_path):
+    text = to_yaml(render_compose(JobSpec.model_validate(doc), cpu))
+    project = yaml.safe_load(text)
+    errors = [e.message for e in validator().iter_errors(project)]
+    assert errors == []
+    path = tmp_path / "compose.yaml"
+    path.write_text(text)
+    res = subprocess.run(
+        [docker_compose(), "-f", str(path), "-p", "check", "config", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if not k.startswith("COMPOSE_")},
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == ""  # no warnings either: no variable was left to interpolate
+
+
+def test_validators_reject_what_compose_would():
+    project = render_compose(JobSpec.model_validate({"image": "t:1"}))
+    bad = json.loads(json.dumps(project))
+    bad["services"]["ddp-train-master-0"]["shm_sizes"] = 1
+    assert list(validator().iter_errors(bad))
+    bad = json.loads(json.dumps(project))
+    bad["services"]["ddp-train-master-0"]["restart"] = False  # unquoted `no` in YAML 1.1
+    assert list(validator().iter_errors(bad))
+
+
+def unescape(value: str) -> str:
+    return value.replace("$$", "$")
+
+
+@pytest.mark.parametrize("elastic", [False, True])
+def test_services_are_the_pods_with_the_operators_env(elastic):
+    doc: dict[str, Any] = {"name": "job", "image": "t:1", "nodes": 3, "procs": 2}
+    if elastic:
+        doc["rendezvous"] = ELASTIC
+    spec = JobSpec.model_validate(doc)
+    project = yaml.safe_load(to_yaml(render_compose(spec)))
+    contract = launch_contract(spec)
+    names = [n.hostname("job") for n in contract.nodes]
+    expected = (
+        ["job-worker-0", "job-worker-1", "job-worker-2"]
+        if elastic
+        else [
+            "job-master-0",
+            "job-worker-0",
+            "job-worker-1",
+        ]
+    )
+    assert names == expected
+    assert list(project["services"]) == names
+    for node, (name, svc) in zip(contract.nodes, project["services"].items(), strict=True):
+        assert svc["hostname"] == name
+        assert svc["labels"] == {ROLE_LABEL: "node"}
+        env = {k: unescape(v) for k, v in svc["environment"].items()}
+        assert env == contract.node_env(node)  # the cluster's hostnames, unmapped
+        assert [unescape(a) for a in svc["entrypoint"]] == contract.container_command()
+        assert svc["networks"] == ["ddp"]
+        assert svc["shm_size"] == 2 * 2**30
+        assert "deploy" not in svc and "volumes" not in svc
+        if elastic:
+            assert env["PET_RDZV_ENDPOINT"] == "job-worker-0:23456"
+            assert env["PET_LOCAL_ADDR"] == name  # resolves to the container itself
+            assert svc["restart"] == "on-failure"
+        else:
+            assert env["MASTER_ADDR"] == "job-master-0"
+            assert env["PET_NODE_RANK"] == str(node.rank)
+            assert svc["restart"] == "no"
+    assert project["networks"] == {"ddp": {"driver": "bridge"}}
+    assert "volumes" not in project
+
+
+INIT = ["ddp-train-volume-init"]
+
+
+def nodes(project: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s for s in project["services"].values() if s["labels"][ROLE_LABEL] == "node"]
+
+
+def test_gpus_are_reserved_unless_cpu():
+    spec = JobSpec.model_validate(
+        {"image": "t:1", "nodes": 2, "gpus": 8, "checkpoint": CKPT, "shmSize": "512Mi"}
+    )
+    gpu = render_compose(spec, cpu=False)
+    assert list(gpu["services"]) == ["ddp-train-master-0", "ddp-train-worker-0", *INIT]
+    for svc in nodes(gpu):
+        devices = svc["deploy"]["resources"]["reservations"]["devices"]
+        assert devices == [{"driver": "nvidia", "count": 8, "capabilities": ["gpu"]}]
+        assert "--backend" in svc["entrypoint"] and "nccl" in svc["entrypoint"]
+        assert svc["environment"]["PET_NPROC_PER_NODE"] == "8"
+        assert svc["volumes"] == [{"type": "volume", "source": "checkpoints", "target": "/ckpt"}]
+        assert svc["depends_on"] == {INIT[0]: {"condition": "service_completed_successfully"}}
+        assert svc["shm_size"] == 512 * 2**20
+    assert gpu["volumes"] == {"checkpoints": {}}
+    # The one-shot helper opens the root-owned new volume to the image's non-root user.
+    init = gpu["services"][INIT[0]]
+    assert init["user"] == "0:0" and init["entrypoint"] == ["chmod", "1777", "/ckpt"]
+    assert init["volumes"] == nodes(gpu)[0]["volumes"] and "deploy" not in init
+    assert render_compose(spec) == gpu  # GPUs in the spec: --gpu is the default
+    cpu = render_compose(spec, cpu=True)
+    for svc in nodes(cpu):
+        assert "deploy" not in svc
+        assert "gloo" in svc["entrypoint"] and "nccl" not in svc["entrypoint"]
+        assert svc["environment"]["PET_NPROC_PER_NODE"] == "8"  # same processes per node
+
+
+def test_restart_mirrors_backoff_limit_and_dollars_are_escaped():
+    doc = next(p.values[0] for p in EXTRA if p.id == "module-dollars-backoff")
+    project = render_compose(JobSpec.model_validate(doc))
+    svc = project["services"]["ddp-train-worker-0"]
+    assert svc["restart"] == "on-failure:3"
+    assert svc["environment"]["TOKEN"] == "x$$y$${z}"
+    assert svc["entrypoint"][-5:] == ["-m", "pkg.train", "--lr", "$$HOME", "a b"]
+
+
+@pytest.mark.parametrize(
+    ("quantity", "expected"),
+    [("2Gi", 2**31), ("512Mi", 2**29), ("1G", 10**9), ("1e3", 1000), ("1.5Ki", 1536), ("7", 7)],
+)
+def test_quantity_bytes(quantity, expected):
+    assert quantity_bytes(quantity) == expected
+
+
+def test_cli_stdout_out_file_and_missing_image(tmp_path):
+    args = ["compose", "--image", "t:1", "--nodes", "2", "--elastic", "1:2"]
+    first = run_cli(*args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert run_cli(*args, cwd=tmp_path).stdout == first.stdout  # same input, same bytes
+    assert list(yaml.safe_load(first.stdout)["services"]) == [
+        "ddp-train-worker-0",
+        "ddp-train-worker-1",
+    ]
+    res = run_cli(*args, "--out", "c.yaml", cwd=tmp_path)
+    assert res.returncode == 0 and res.stdout == ""
+    assert (tmp_path / "c.yaml").read_text() == first.stdout
+    (tmp_path / "c.yaml").unlink()
+    res = run_cli("compose", "--out", "c.yaml", cwd=tmp_path)
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.startswith("error: image: required") and res.stderr.count("\n") == 1
+    res = run_cli("compose", "--image", "t:1", "--out", "no/such/dir/c.yaml", cwd=tmp_path)
+    assert res.returncode == 2 and res.stderr.startswith("error: --out: cannot write")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_no_engine_is_one_line_pointing_to_local(tmp_path, monkeypatch):
+    from ddpdeploy.adapters.compose import engine
+    from ddpdeploy.errors import OperationError
+
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    with pytest.raises(OperationError) as info:
+        engine()
+    message = str(info.value)
+    assert "\n" not in message and info.value.exit_code == 1
+    assert message.startswith("no Docker engine answers") and "smoke --local" in message
+
+
+def test_compose_imports_no_heavy_module(tmp_path):
+    code = (
+        "import sys\n"
+        "from ddpdeploy.cli import main\n"
+        "try:\n"
+        "    main(['compose', '--image', 't:1', '--nodes', '2', '--gpus', '8'])\n"
+        "except SystemExit as e:\n"
+        "    assert e.code == 0, e.code\n"
+        "heavy = [m for m in ('torch', 'kubernetes', 'docker') if m in sys.modules]\n"
+        "print('HEAVY=' + ','.join(heavy), file=sys.stderr)\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=60
+    )
+    assert res.returncode == 0, res.stderr
+    assert "HEAVY=\n" in res.stderr
+    assert "driver: nvidia" in res.stdout
