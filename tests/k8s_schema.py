@@ -113,3 +113,38 @@ def trainjob_pod_template(obj: dict[str, Any]) -> dict[str, Any]:
         "metadata": {"name": "t", "namespace": obj["metadata"]["namespace"]},
         "template": pod,
     }
+
+
+# The schemas say `format: int32` / `int64`; jsonschema ignores formats it does not know,
+# the API server refuses numbers out of range.
+INT_FORMATS = jsonschema.FormatChecker()
+INT_FORMATS.checks("int32")(lambda v: not isinstance(v, int) or -(2**31) <= v < 2**31)
+INT_FORMATS.checks("int64")(lambda v: not isinstance(v, int) or -(2**63) <= v < 2**63)
+CRDS = {
+    "PyTorchJob": ("kubeflow.org_pytorchjobs.yaml", "v1"),
+    "TrainJob": ("trainer.kubeflow.org_trainjobs.yaml", "v1alpha1"),
+}
+
+
+def int_format_errors(obj: dict[str, Any]) -> list[str]:
+    """Numbers out of their int32/int64 range, for our CRDs and built-in kinds alike."""
+    if obj["kind"] in CRDS:
+        schema, registry = crd_validator(*CRDS[obj["kind"]]).schema, None
+    else:
+        from kubernetes_validate.utils import schema_contents
+        from referencing import Registry, Resource
+
+        group, _, version = obj["apiVersion"].rpartition("/")
+        group = group.split(".")[0]
+        name = f"{obj['kind'].lower()}-{group + '-' if group else ''}{version}.json"
+        root = f"kubernetes-json-schema/v{K8S_VERSION}.0-local-strict"
+        schema = schema_contents(f"{root}/{name}", K8S_VERSION)
+        defs = schema_contents(f"{root}/_definitions.json", K8S_VERSION)
+        registry = Resource.from_contents(schema) @ (Resource.from_contents(defs) @ Registry())
+    kwargs = {"registry": registry} if registry is not None else {}
+    checked = jsonschema.Draft202012Validator(schema, format_checker=INT_FORMATS, **kwargs)
+    return [
+        f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+        for e in checked.iter_errors(obj)
+        if e.validator == "format"
+    ]

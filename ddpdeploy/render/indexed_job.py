@@ -10,13 +10,17 @@ from typing import Any
 
 from ddpdeploy.contract import LaunchContract
 from ddpdeploy.render.pod import MANAGED_BY, metadata, pod_template, require_image
-from ddpdeploy.spec import JobSpec
+from ddpdeploy.spec import INT32_MAX, JobSpec
 
 Obj = dict[str, Any]
 
 # A node failure under static rendezvous usually fails every pod of the round, and each
 # failed pod counts against backoffLimit: the default allows about two retries of the job.
 RETRIES_BY_DEFAULT = 2
+
+
+def _default_backoff(nodes: int) -> int:
+    return min(RETRIES_BY_DEFAULT * nodes, INT32_MAX)  # backoffLimit is an int32
 
 
 def selector(spec: JobSpec) -> dict[str, str]:
@@ -57,7 +61,7 @@ def indexed_job(spec: JobSpec, contract: LaunchContract) -> Obj:
         "completionMode": "Indexed",
         "completions": spec.nodes,
         "parallelism": spec.nodes,
-        "backoffLimit": backoff if backoff is not None else RETRIES_BY_DEFAULT * spec.nodes,
+        "backoffLimit": backoff if backoff is not None else _default_backoff(spec.nodes),
         # Preemption, eviction and node drains replace the pod without using up retries.
         "podFailurePolicy": {
             "rules": [
