@@ -226,3 +226,15 @@ def test_committed_examples_build_with_kustomize(example):
     folder = Path(__file__).resolve().parents[1] / "k8s" / "examples" / example
     built = kustomize_load_all(folder)
     assert built and all(errors(o) == [] for o in built)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_cluster_facts_read_the_rendered_job_back(target):
+    from ddpdeploy.targets import layout_for_kind, layout_of
+
+    spec = JobSpec.model_validate({"image": "t:1", "nodes": 3, "gpus": 4, "target": target})
+    job = render_objects(spec)[-1]
+    layout = layout_for_kind(job["apiVersion"], job["kind"])
+    assert layout is layout_of(target)
+    assert layout.job_size(job) == (3, 4)
+    assert layout.pod_selector("x") == {layout.pod_label: "x"}

@@ -85,6 +85,31 @@ class Layout(ABC):
         """The Kubernetes objects that run the job (the checkpoint PVC aside)."""
         raise NotImplementedError
 
+    # What cluster commands need to read a job of this target back (pure, on plain dicts).
+    pod_label: ClassVar[str]  # the label its controller puts on the job's pods: job name
+    succeeded: ClassVar[str]  # the job object's condition type once it succeeded
+    failed: ClassVar[str] = "Failed"
+
+    def pod_selector(self, job_name: str) -> dict[str, str]:
+        return {self.pod_label: job_name}
+
+    def pod_templates(self, obj: dict[str, Any]) -> list[dict[str, Any]]:
+        """The pod specs inside the job object (for sizes, images, resources)."""
+        raise NotImplementedError
+
+    def job_size(self, obj: dict[str, Any]) -> tuple[int, int]:
+        """(nodes, GPUs per node) of a job object of this target."""
+        raise NotImplementedError
+
+
+def gpus_of(pod_specs: list[dict[str, Any]]) -> int:
+    gpus = 0
+    for pod in pod_specs:
+        for c in pod.get("containers") or []:
+            limits = (c.get("resources") or {}).get("limits") or {}
+            gpus = max(gpus, int(limits.get("nvidia.com/gpu") or 0))
+    return gpus
+
 
 def refuse_elastic(spec: JobSpec, target: str, why: str) -> None:
     if spec.elastic:

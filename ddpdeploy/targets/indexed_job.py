@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ddpdeploy.targets.base import COMPLETION_INDEX, Layout, Node, refuse_elastic
+from ddpdeploy.targets.base import COMPLETION_INDEX, Layout, Node, gpus_of, refuse_elastic
 
 if TYPE_CHECKING:
     from ddpdeploy.contract import LaunchContract
@@ -23,6 +23,8 @@ class IndexedJob(Layout):
     name = "indexed-job"
     api_version = "batch/v1"
     kind = "Job"
+    pod_label = "batch.kubernetes.io/job-name"  # set by the Job controller (1.27+)
+    succeeded = "Complete"
 
     def nodes(self, spec: JobSpec) -> list[Node]:
         hosts = [f"{spec.name}-{i}" for i in range(spec.nodes)]
@@ -56,3 +58,10 @@ class IndexedJob(Layout):
         from ddpdeploy.render.indexed_job import headless_service, indexed_job
 
         return [headless_service(spec, contract), indexed_job(spec, contract)]
+
+    def pod_templates(self, obj: dict[str, Any]) -> list[dict[str, Any]]:
+        return [((obj.get("spec") or {}).get("template") or {}).get("spec") or {}]
+
+    def job_size(self, obj: dict[str, Any]) -> tuple[int, int]:
+        nodes = int((obj.get("spec") or {}).get("completions") or 1)
+        return nodes, gpus_of(self.pod_templates(obj))

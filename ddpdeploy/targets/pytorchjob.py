@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ddpdeploy.targets.base import Layout, Node
+from ddpdeploy.targets.base import Layout, Node, gpus_of
 
 if TYPE_CHECKING:
     from ddpdeploy.contract import LaunchContract
@@ -21,6 +21,8 @@ class PyTorchJob(Layout):
     name = "pytorchjob"
     api_version = "kubeflow.org/v1"
     kind = "PyTorchJob"
+    pod_label = "training.kubeflow.org/job-name"
+    succeeded = "Succeeded"
 
     def replicas(self, spec: JobSpec) -> dict[str, int]:
         if spec.elastic:
@@ -74,3 +76,11 @@ class PyTorchJob(Layout):
         from ddpdeploy.render.k8s import pytorchjob
 
         return [pytorchjob(spec, contract)]
+
+    def pod_templates(self, obj: dict[str, Any]) -> list[dict[str, Any]]:
+        replicas = ((obj.get("spec") or {}).get("pytorchReplicaSpecs") or {}).values()
+        return [(r.get("template") or {}).get("spec") or {} for r in replicas]
+
+    def job_size(self, obj: dict[str, Any]) -> tuple[int, int]:
+        replicas = ((obj.get("spec") or {}).get("pytorchReplicaSpecs") or {}).values()
+        return sum(int(r.get("replicas") or 0) for r in replicas), gpus_of(self.pod_templates(obj))

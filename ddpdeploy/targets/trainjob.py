@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ddpdeploy.targets.base import Layout, Node, refuse_elastic
+from ddpdeploy.targets.base import Layout, Node, gpus_of, refuse_elastic
 
 if TYPE_CHECKING:
     from ddpdeploy.contract import LaunchContract
@@ -28,6 +28,8 @@ class TrainJob(Layout):
     api_version = "trainer.kubeflow.org/v1alpha1"
     kind = "TrainJob"
     container = REPLICATED_JOB
+    pod_label = "jobset.sigs.k8s.io/jobset-name"  # a TrainJob runs as a JobSet of its name
+    succeeded = "Complete"
 
     def nodes(self, spec: JobSpec) -> list[Node]:
         # JobSet pod hostnames: <jobset>-<replicatedJob>-<job index>-<pod index>.
@@ -72,3 +74,11 @@ class TrainJob(Layout):
         from ddpdeploy.render.trainjob import trainjob
 
         return [trainjob(spec, contract)]
+
+    def pod_templates(self, obj: dict[str, Any]) -> list[dict[str, Any]]:
+        trainer = (obj.get("spec") or {}).get("trainer") or {}
+        return [{"containers": [{"resources": trainer.get("resourcesPerNode") or {}}]}]
+
+    def job_size(self, obj: dict[str, Any]) -> tuple[int, int]:
+        trainer = (obj.get("spec") or {}).get("trainer") or {}
+        return int(trainer.get("numNodes") or 1), gpus_of(self.pod_templates(obj))
