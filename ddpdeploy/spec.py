@@ -36,6 +36,7 @@ os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
 
 DEFAULT_FILE = "ddpdeploy.yaml"
 DEFAULT_PORT = 23456  # the operator's default for the port named pytorchjob-port
+DEFAULT_RUNTIME = "torch-distributed"  # Trainer v2's default ClusterTrainingRuntime
 # Pod hostnames and Service names are DNS labels; each target (ddpdeploy.targets) derives its
 # own from the job name and checks their length.
 MAX_DNS_LABEL = 63
@@ -527,7 +528,7 @@ class JobSpec(Model):
         "Service; no operator).",
     )
     runtime: Subdomain = Field(
-        default="torch-distributed",
+        default=DEFAULT_RUNTIME,
         description="trainjob only: the ClusterTrainingRuntime the TrainJob references.",
     )
     namespace: Namespace = Field(default="default", description="Kubernetes namespace.")
@@ -622,7 +623,9 @@ class JobSpec(Model):
             )
         from ddpdeploy.targets import layout_of  # it imports this module's names lazily too
 
-        if "runtime" in self.model_fields_set and self.target != "trainjob":
+        # By value, not by "was it set": a dumped spec (e.g. one saved on the cluster) holds
+        # every field and must validate again.
+        if self.runtime != DEFAULT_RUNTIME and self.target != "trainjob":
             raise ValueError("runtime applies only to target trainjob (--target trainjob)")
         layout_of(self.target).check(self)  # the target's name rules and what it refuses
         return self

@@ -238,3 +238,10 @@ def test_cluster_facts_read_the_rendered_job_back(target):
     assert layout is layout_of(target)
     assert layout.job_size(job) == (3, 4)
     assert layout.pod_selector("x") == {layout.pod_label: "x"}
+
+
+@pytest.mark.parametrize("doc", CASES)
+def test_a_dumped_spec_validates_again(doc):
+    # Cluster commands save the spec as JSON on the objects and read it back.
+    spec = JobSpec.model_validate(doc)
+    assert JobSpec.model_validate(spec.model_dump(mode="json", by_alias=True)) == spec

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ddpdeploy.spec import DEFAULT_PORT
 from ddpdeploy.targets.base import Layout, Node, gpus_of, refuse_elastic
 
 if TYPE_CHECKING:
@@ -20,7 +21,6 @@ if TYPE_CHECKING:
 
 TRAINER_PORT = 29400  # Trainer v2's PET_MASTER_PORT and container port; not configurable
 REPLICATED_JOB = "node"  # the torch runtimes' replicated Job, and its training container
-DEFAULT_RUNTIME = "torch-distributed"
 
 
 class TrainJob(Layout):
@@ -45,7 +45,7 @@ class TrainJob(Layout):
     def check(self, spec: JobSpec) -> None:
         super().check(spec)
         refuse_elastic(spec, self.name, "Kubeflow Trainer v2 has no elastic training")
-        if "port" in spec.rendezvous.model_fields_set and spec.rendezvous.port != TRAINER_PORT:
+        if spec.rendezvous.port not in (DEFAULT_PORT, TRAINER_PORT):  # by value: see spec.py
             raise ValueError(
                 f"target trainjob: rendezvous.port is fixed at {TRAINER_PORT} by Trainer v2; "
                 "remove rendezvous.port"
