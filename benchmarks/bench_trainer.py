@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Benchmark train/ddptrain.py against a minimal textbook DDP loop (run by hand).
 
-  python benchmarks/bench_trainer.py [--trials 3] [--steps 400]
+  python benchmarks/bench_trainer.py [--trials 5] [--steps 400] [--large-steps 100]
 
 Reports, for two model sizes (the built-in MLP and a ~4M-parameter MLP), with 2 processes
 on gloo and the same data, batch and optimizer:
   * steps/s of ddptrain.py with checkpointing on, divided by steps/s of the textbook loop
-    (which does no checkpointing at all), median over alternating trials;
+    (which does no checkpointing at all), every trial and the median. Trials interleave:
+    each trial runs both programs for both sizes back to back, alternating which goes
+    first, so a load change on a shared machine hits both sides of a ratio alike;
   * the training stall per checkpoint (ddptrain.py's own measurement: waiting for the
     previous write + CPU snapshot + RNG gather), divided by the time of a synchronous
     torch.save of the same state (the newest checkpoint's payload) to the same directory.
@@ -25,11 +27,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINER = ROOT / "train" / "ddptrain.py"
 
-TEXTBOOK = '''
+TEXTBOOK = """
 import json, os, sys, time
 import torch, torch.distributed as dist, torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -62,24 +65,36 @@ while step < steps:
             break
     epoch += 1
 dist.destroy_process_group()
-'''
+"""
 
-MODELS = '''
+MODELS = """
 import torch
 def large():
     # ~4.3M parameters (17 MB fp32; 34 MB with SGD momentum): checkpoints worth timing.
     return torch.nn.Sequential(torch.nn.Linear(32, 2048), torch.nn.ReLU(),
                                torch.nn.Linear(2048, 2048), torch.nn.ReLU(),
                                torch.nn.Linear(2048, 10))
-'''
+"""
 
 
 def run_timed(argv: list[str], cwd: Path, warm: int, steps: int) -> tuple[float, str]:
     """Run one torchrun job; steps/s between the step-`warm` and step-`steps` lines."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               DDPTRAIN_DIR=str(TRAINER.parent), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
-    p = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        DDPTRAIN_DIR=str(TRAINER.parent),
+        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+    )
+    p = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     t_warm = t_end = None
     assert p.stdout is not None
     for line in p.stdout:
@@ -99,6 +114,10 @@ def run_timed(argv: list[str], cwd: Path, warm: int, steps: int) -> tuple[float,
 
 def sync_save_seconds(ckpt_dir: Path, reps: int = 5) -> float:
     """Median time of a synchronous torch.save of the newest checkpoint's state."""
+    import warnings
+
+    # Without numpy torch warns at import; the trainer needs none, and neither does this.
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     import torch
 
     newest = sorted(ckpt_dir.glob("ckpt-step-*.pt"))[-1]
@@ -113,55 +132,66 @@ def sync_save_seconds(ckpt_dir: Path, reps: int = 5) -> float:
     return statistics.median(times)
 
 
-def bench(size: str, trials: int, steps: int, every: int, workdir: Path) -> dict[str, float]:
-    bs, log_every = 32, 10
+def one_trial(size: str, t: int, steps: int, work: Path) -> dict[str, float]:
+    """ddptrain.py and the textbook loop back to back (order alternating with ``t``)."""
+    bs, log_every, every = 32, 10, steps // 4
     warm = max(log_every, steps // 5 // log_every * log_every)  # must be a logged step
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node", "2"]
-    textbook = workdir / "textbook_ddp.py"
-    ratios, stalls, sync_saves = [], [], []
-    for t in range(trials):
-        ck = workdir / f"ck-{size}-{t}"
-        model = ["--model", "bench_models:large"] if size == "large" else []
-        mine, err = run_timed(
-            torchrun + [str(TRAINER), "--steps", str(steps), "--batch-size", str(bs),
-                        "--log-every", str(log_every), "--checkpoint-dir", str(ck),
-                        "--checkpoint-every", str(every), "--keep", "2", *model],
-            workdir, warm, steps)
-        base, _ = run_timed(
-            torchrun + [str(textbook), str(steps), str(bs), str(log_every), size],
-            workdir, warm, steps)
-        ratios.append(mine / base)
-        m = re.search(r"mean training stall ([0-9.]+) ms", err)
-        assert m, err[-2000:]
-        stalls.append(float(m.group(1)) / 1000)
-        sync_saves.append(sync_save_seconds(ck))
-        print(f"  {size} trial {t}: ddptrain {mine:.1f} steps/s, textbook {base:.1f} steps/s, "
-              f"stall {1000 * stalls[-1]:.2f} ms, sync torch.save {1000 * sync_saves[-1]:.1f} ms",
-              flush=True)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    torchrun += ["--nproc-per-node", "2"]
+    ck = work / f"ck-{size}-{t}"
+    mine_argv = torchrun + [str(TRAINER), "--steps", str(steps), "--batch-size", str(bs)]
+    mine_argv += ["--log-every", str(log_every), "--checkpoint-dir", str(ck)]
+    mine_argv += ["--checkpoint-every", str(every), "--keep", "2"]
+    mine_argv += ["--model", "bench_models:large"] if size == "large" else []
+    base_argv = torchrun + [str(work / "textbook_ddp.py"), str(steps), str(bs)]
+    base_argv += [str(log_every), size]
+    runs = {}
+    for name in ("ddptrain", "textbook") if t % 2 == 0 else ("textbook", "ddptrain"):
+        argv = mine_argv if name == "ddptrain" else base_argv
+        runs[name] = run_timed(argv, work, warm, steps)
+    mine, err = runs["ddptrain"]
+    base = runs["textbook"][0]
+    m = re.search(r"mean training stall ([0-9.]+) ms", err)
+    assert m, err[-2000:]
+    stall = float(m.group(1)) / 1000
+    sync_save = sync_save_seconds(ck)
+    print(
+        f"  {size} trial {t}: ddptrain {mine:.1f} steps/s, textbook {base:.1f} steps/s, "
+        f"ratio {mine / base:.3f}; stall {1000 * stall:.2f} ms, sync torch.save "
+        f"{1000 * sync_save:.1f} ms, stall ratio {stall / sync_save:.3f}",
+        flush=True,
+    )
+    return {"ratio": mine / base, "stall": stall, "sync_save": sync_save}
+
+
+def summary(trials: list[dict[str, float]]) -> dict[str, Any]:
+    med = statistics.median
     return {
-        "steps_per_s_ratio": statistics.median(ratios),
-        "stall_ms": 1000 * statistics.median(stalls),
-        "sync_save_ms": 1000 * statistics.median(sync_saves),
-        "stall_ratio": statistics.median(s / b for s, b in zip(stalls, sync_saves, strict=True)),
+        "steps_per_s_ratio": med(r["ratio"] for r in trials),
+        "steps_per_s_ratio_trials": [round(r["ratio"], 3) for r in trials],
+        "stall_ms": 1000 * med(r["stall"] for r in trials),
+        "sync_save_ms": 1000 * med(r["sync_save"] for r in trials),
+        "stall_ratio": med(r["stall"] / r["sync_save"] for r in trials),
+        "stall_ratio_trials": [round(r["stall"] / r["sync_save"], 3) for r in trials],
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--steps", type=int, default=400, help="steps per run, small model")
     ap.add_argument("--large-steps", type=int, default=100, help="steps per run, large model")
     args = ap.parse_args()
+    steps = {"small": args.steps, "large": args.large_steps}
+    trials: dict[str, list[dict[str, float]]] = {"small": [], "large": []}
     with tempfile.TemporaryDirectory(prefix="bench-ddptrain-") as d:
         work = Path(d)
         (work / "textbook_ddp.py").write_text(TEXTBOOK)
         (work / "bench_models.py").write_text(MODELS)
-        results = {
-            "small": bench("small", args.trials, args.steps, args.steps // 4, work),
-            "large": bench("large", args.trials, args.large_steps, args.large_steps // 4, work),
-        }
-    print(json.dumps(results, indent=2))
+        for t in range(args.trials):
+            for size in trials:
+                trials[size].append(one_trial(size, t, steps[size], work))
+    print(json.dumps({size: summary(rs) for size, rs in trials.items()}, indent=2))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,14 @@ COMMANDS: dict[str, str] = {
     "smoke": "smoke:smoke",
     "compose": "compose:compose",
     "schema": "schema:schema",
+    "up": "up:up",
+    "status": "status:status",
+    "logs": "logs:logs",
+    "list": "list:list_jobs",
+    "down": "down:down",
+    "scale": "scale:scale",
+    "resume": "resume:resume",
+    "collect": "collect:collect",
 }
 
 

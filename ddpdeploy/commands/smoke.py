@@ -76,6 +76,18 @@ def smoke(
     force: Annotated[
         bool, typer.Option("--force", help="Start more workers than this host's cores suit.")
     ] = False,
+    docker: Annotated[
+        bool,
+        typer.Option(
+            "--docker", help="Run the nodes as a docker-compose project (`ddpdeploy compose`)."
+        ),
+    ] = False,
+    base_image: Annotated[
+        str | None, typer.Option("--base-image", help="--docker without --image: build on this.")
+    ] = None,
+    keep_volume: Annotated[
+        bool, typer.Option("--keep-volume", help="--docker: keep the checkpoint volume.")
+    ] = False,
 ) -> None:
     """Run the job as a CPU smoke test (gloo): one torchrun agent per node on 127.0.0.1,
     each with the env the cluster's operator would give that node.
@@ -84,10 +96,10 @@ def smoke(
     """
     from ddpdeploy import smoke_runner
 
-    if not local:
-        raise UserError("--no-local: only local processes are supported so far; pass --local")
+    if not (local or docker):
+        raise UserError("--no-local: pass --local (processes here) or --docker (compose)")
     smoke_runner.check_cpu_budget(spec.nodes, spec.procs_per_node, force)
-    if importlib.util.find_spec("torch") is None:
+    if not docker and importlib.util.find_spec("torch") is None:
         raise UserError(
             "torch is not installed here: pip install torch==2.13.0 (CPU) or 'ddpdeploy[train]'"
         )
@@ -96,11 +108,24 @@ def smoke(
     restarts = None
     if kill_at is not None:
         spec, restarts = _chaos_spec(spec, kill_at)
+    where = "in docker-compose" if docker else "on 127.0.0.1"
     typer.echo(
         f"smoke: {spec.name}: {spec.nodes} node(s) x {spec.procs_per_node} proc(s) = "
-        f"world size {spec.nodes * spec.procs_per_node}, gloo on 127.0.0.1",
+        f"world size {spec.nodes * spec.procs_per_node}, gloo {where}",
         err=True,
     )
+    if docker:
+        from ddpdeploy.smoke_docker import docker_target
+
+        start = docker_target(
+            spec,
+            base_image=base_image,
+            keep_volume=keep_volume,
+            env=smoke_runner.RANK_OUTPUT_ENV,
+            restarts=restarts,
+        )
+        smoke_runner.smoke(start, steps=steps, timeout=timeout, kill_at=kill_at)
+        return
     with ExitStack() as cleanup:
         start = _local_target(spec, restarts, fresh_checkpoints=kill_at is not None, at=cleanup)
         smoke_runner.smoke(start, steps=steps, timeout=timeout, kill_at=kill_at)

@@ -1,7 +1,4 @@
-"""`ddpdeploy smoke --docker` as users run it: the CLI, a real engine, the compose CLI.
-
-Needs the target-neutral smoke runner (ddpdeploy/smoke_runner.py) with `--docker` wired
-into commands/smoke.py; skipped where the runner is absent."""
+"""`ddpdeploy smoke --docker` as users run it: the CLI, a real engine, the compose CLI."""
 
 from __future__ import annotations
 
@@ -19,7 +16,6 @@ import pytest
 
 from ddpdeploy.adapters.compose import PROJECT_LABEL
 
-pytest.importorskip("ddpdeploy.smoke_runner", reason="smoke --docker needs the smoke runner")
 pytestmark = pytest.mark.docker
 
 HASH = re.compile(r"^weights_sha256  ([0-9a-f]{64})$", re.M)

@@ -1,0 +1,136 @@
+"""Collecting the trainer's rank-0 checkpoints: pick the newest complete one, copy it with
+its sha256 checked, and land it in the target folder atomically.
+
+A checkpoint at step N is `ckpt-step-<N:09d>.pt` plus its sidecar `ckpt-step-<N:09d>.json`
+(step, host, rank, …, `sha256` and `file` of the payload); the trainer writes the sidecar
+last, so a payload without one is not a checkpoint. Sources (a local folder today) only list
+names and open files; everything else is here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+from ddpdeploy.errors import OperationError, UserError
+
+_SIDECAR = re.compile(r"^ckpt-step-(\d+)\.json$")
+CHUNK = 1 << 20
+
+
+class Source(Protocol):
+    where: str
+
+    def names(self) -> list[str]: ...
+
+    def open(self, name: str) -> contextlib.AbstractContextManager[BinaryIO]: ...
+
+
+class LocalSource:
+    """A checkpoint folder on this machine (`smoke --local` writes .ddpdeploy/checkpoints/NAME)."""
+
+    def __init__(self, folder: Path) -> None:
+        if not folder.is_dir():
+            raise UserError(f"--from local: no checkpoint folder at {folder}")
+        self.folder = folder
+        self.where = str(folder)
+
+    def names(self) -> list[str]:
+        return sorted(p.name for p in self.folder.iterdir() if p.is_file())
+
+    def open(self, name: str) -> contextlib.AbstractContextManager[BinaryIO]:
+        return open(self.folder / name, "rb")
+
+
+def steps_newest_first(names: list[str]) -> list[int]:
+    """Steps that have a sidecar, newest first (the payload is checked when copied)."""
+    steps = [int(m[1]) for n in names if (m := _SIDECAR.match(n))]
+    return sorted(set(steps), reverse=True)
+
+
+def _copy_verified(
+    source: Source, name: str, sha256: str, dest: Path, progress: Callable[[int], None]
+) -> Path | None:
+    """Copy ``name`` into a temp file in ``dest``; its path if the sha256 matches, else None."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=dest)
+    digest = hashlib.sha256()
+    try:
+        with os.fdopen(fd, "wb") as out, source.open(name) as src:
+            while chunk := src.read(CHUNK):
+                digest.update(chunk)
+                out.write(chunk)
+                progress(len(chunk))
+            out.flush()
+            os.fsync(out.fileno())
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    if digest.hexdigest() != sha256:
+        os.unlink(tmp)
+        return None
+    return Path(tmp)
+
+
+def _sidecar(source: Source, step: int) -> dict | None:
+    try:
+        with source.open(f"ckpt-step-{step:09d}.json") as fh:
+            meta = json.loads(fh.read())
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(meta, dict) and isinstance(meta.get("sha256"), str) and meta.get("file")
+    return meta if ok else None
+
+
+def collect(
+    source: Source,
+    dest: Path,
+    step: int | None,
+    warn: Callable[[str], None],
+    progress: Callable[[int], None] = lambda n: None,
+) -> int:
+    """Copy the newest complete checkpoint (or ``step``) into ``dest``; return its step.
+
+    A checkpoint whose sidecar is unreadable or whose payload fails its sha256 is skipped
+    with a warning (or refused, when ``step`` names it). Payload first, then the sidecar,
+    each by rename: ``dest`` never holds half a checkpoint.
+    """
+    steps = steps_newest_first(source.names())
+    if step is not None:
+        if step not in steps:
+            have = ", ".join(map(str, steps)) or "none"
+            raise UserError(
+                f"--step: no checkpoint at step {step} in {source.where} (have: {have})"
+            )
+        steps = [step]
+    if not steps:
+        raise OperationError(f"no checkpoint in {source.where}")
+    dest.mkdir(parents=True, exist_ok=True)
+    for candidate in steps:
+        meta = _sidecar(source, candidate)
+        tmp = None
+        if meta is not None:
+            payload = os.path.basename(str(meta["file"]))
+            tmp = _copy_verified(source, payload, meta["sha256"], dest, progress)
+        if tmp is None:
+            warn(f"checkpoint at step {candidate} in {source.where} is incomplete or corrupt")
+            continue
+        os.replace(tmp, dest / payload)
+        _write_atomic(dest / f"ckpt-step-{candidate:09d}.json", json.dumps(meta).encode())
+        return candidate
+    raise OperationError(f"no intact checkpoint in {source.where}")
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,128 @@
+"""What `up` needs to decide before and around applying, as pure functions over dicts.
+
+The saved spec (an annotation on the job and on its checkpoint PVC, so that `resume` can
+recreate a job even after `down`), GPU capacity from node objects, and the size limits
+`scale` enforces.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from pydantic import ValidationError
+
+from ddpdeploy.errors import UserError
+from ddpdeploy.spec import JobSpec
+
+Obj = dict[str, Any]
+
+JOB_API = "kubeflow.org/v1"
+JOB_KIND = "PyTorchJob"
+SPEC_ANNOTATION = "ddpdeploy.dev/spec"
+GPU = "nvidia.com/gpu"
+INSTALL_OPERATOR = (
+    "install the Kubeflow training operator (v1.9): kubectl apply --server-side -k "
+    '"github.com/kubeflow/trainer.git/manifests/overlays/standalone?ref=v1.9.4"'
+)
+
+
+def spec_json(spec: JobSpec) -> str:
+    return json.dumps(spec.model_dump(mode="json", by_alias=True), sort_keys=True)
+
+
+def with_saved_spec(objects: list[Obj], spec: JobSpec) -> list[Obj]:
+    """Copies of ``objects``, each annotated with the spec that rendered them."""
+    saved = spec_json(spec)
+    out = []
+    for obj in objects:
+        obj = copy.deepcopy(obj)
+        obj["metadata"].setdefault("annotations", {})[SPEC_ANNOTATION] = saved
+        out.append(obj)
+    return out
+
+
+def saved_spec(obj: Obj) -> JobSpec | None:
+    text = ((obj.get("metadata") or {}).get("annotations") or {}).get(SPEC_ANNOTATION)
+    if not text:
+        return None
+    try:
+        return JobSpec.model_validate(json.loads(text))
+    except (ValueError, ValidationError) as exc:
+        name = obj["metadata"].get("name")
+        raise UserError(f"{obj['kind']} {name}: the saved spec is unreadable ({exc})") from None
+
+
+def _quantity_int(value: Any) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
+def gpu_nodes(nodes: list[Obj], gpus: int) -> tuple[int, int]:
+    """(nodes whose allocatable GPUs hold ``gpus`` at all, schedulable ones among them)."""
+    fit = ready = 0
+    for node in nodes:
+        alloc = _quantity_int(((node.get("status") or {}).get("allocatable") or {}).get(GPU, 0))
+        if alloc < gpus:
+            continue
+        fit += 1
+        if not (node.get("spec") or {}).get("unschedulable"):
+            ready += 1
+    return fit, ready
+
+
+def gpu_requests_by_node(pods: list[Obj]) -> dict[str, int]:
+    """GPUs that running or pending-but-bound pods hold, per node name."""
+    used: dict[str, int] = {}
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        for c in (pod.get("spec") or {}).get("containers") or []:
+            limits = (c.get("resources") or {}).get("limits") or {}
+            used[node] = used.get(node, 0) + _quantity_int(limits.get(GPU, 0))
+    return used
+
+
+def gpu_nodes_free(nodes: list[Obj], pods: list[Obj], gpus: int) -> int:
+    """Nodes that have ``gpus`` free right now."""
+    used = gpu_requests_by_node(pods)
+    free = 0
+    for node in nodes:
+        name = (node.get("metadata") or {}).get("name", "")
+        alloc = _quantity_int(((node.get("status") or {}).get("allocatable") or {}).get(GPU, 0))
+        if alloc - used.get(name, 0) >= gpus and not (node.get("spec") or {}).get("unschedulable"):
+            free += 1
+    return free
+
+
+def elastic_range(job: Obj) -> tuple[int, int] | None:
+    policy = (job.get("spec") or {}).get("elasticPolicy")
+    if not policy:
+        return None
+    return int(policy.get("minReplicas") or 1), int(policy.get("maxReplicas") or 1)
+
+
+def scaled_spec(job: Obj, nodes: int) -> JobSpec:
+    """The job's saved spec at ``nodes`` nodes, within its elastic MIN:MAX.
+
+    Re-rendering it and applying as the same field manager changes exactly the Worker
+    count and the saved spec, and keeps later applies by `up` and `resume` free of
+    conflicts with another manager."""
+    name = job["metadata"]["name"]
+    bounds = elastic_range(job)
+    if bounds is None:
+        raise UserError(
+            f"--nodes: PyTorchJob {name} is not elastic; only jobs started with "
+            "--elastic MIN:MAX can be scaled (down and up again to change a static job)"
+        )
+    low, high = bounds
+    if not low <= nodes <= high:
+        raise UserError(f"--nodes: {nodes} is outside the job's elastic range {low}:{high}")
+    spec = saved_spec(job)
+    if spec is None:
+        raise UserError(f"PyTorchJob {name} has no saved spec: only jobs `ddpdeploy up` made scale")
+    return spec.model_copy(update={"nodes": nodes})

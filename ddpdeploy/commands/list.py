@@ -1,0 +1,77 @@
+"""`ddpdeploy list`: the jobs ddpdeploy manages, with state, age and size."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ddpdeploy.errors import UserError
+from ddpdeploy.kubeopts import ContextOpt, KubeconfigOpt, NamespaceOpt, connect
+
+
+def _age(created: str | None, now: datetime) -> str:
+    if not created:
+        return "?"
+    then = datetime.fromisoformat(str(created).replace("Z", "+00:00"))
+    seconds = int((now - then).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{max(seconds, 0)}s"
+
+
+def list_jobs(
+    namespace: NamespaceOpt = None,
+    all_namespaces: Annotated[
+        bool, typer.Option("-A", "--all-namespaces", help="Jobs in every namespace.")
+    ] = False,
+    kubeconfig: KubeconfigOpt = None,
+    context: ContextOpt = None,
+    output: Annotated[
+        str, typer.Option("-o", "--output", help="table or json.", case_sensitive=False)
+    ] = "table",
+) -> None:
+    """List the PyTorchJobs labelled managed-by ddpdeploy.
+
+    Example: ddpdeploy list -A
+    """
+    from ddpdeploy.clusterplan import JOB_API, JOB_KIND
+    from ddpdeploy.jobstate import job_size, job_state
+    from ddpdeploy.render.k8s import MANAGED_BY
+
+    fmt = output.lower()
+    if fmt not in ("table", "json"):
+        raise UserError(f"-o/--output: {output!r} is not a format; use table or json")
+    kube = connect(kubeconfig, context)
+    ns = None if all_namespaces else namespace or kube.default_namespace
+    jobs = kube.list(JOB_API, JOB_KIND, ns, labels=f"app.kubernetes.io/managed-by={MANAGED_BY}")
+    now = datetime.now(timezone.utc)
+    rows = []
+    for job in sorted(jobs, key=lambda j: (j["metadata"]["namespace"], j["metadata"]["name"])):
+        meta = job["metadata"]
+        nodes, gpus = job_size(job)
+        rows.append(
+            {
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "state": job_state(job, []).state,
+                "age": _age(meta.get("creationTimestamp"), now),
+                "nodes": nodes,
+                "gpus": gpus,
+            }
+        )
+    if fmt == "json":
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    table = Table()
+    for col in ("NAME", "NAMESPACE", "STATE", "AGE", "NODES×GPUS"):
+        table.add_column(col)
+    for r in rows:
+        size = f"{r['nodes']}×{r['gpus']}"
+        table.add_row(r["name"], r["namespace"], r["state"], r["age"], size)
+    Console(width=200).print(table)

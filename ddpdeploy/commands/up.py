@@ -1,0 +1,74 @@
+"""`ddpdeploy up`: preflight, server-side dry run, apply, then (optionally) wait and follow."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from ddpdeploy.kubeopts import CLUSTER_PANEL, ContextOpt, KubeconfigOpt, connect
+from ddpdeploy.options import spec_command
+from ddpdeploy.spec import JobSpec
+
+
+def _say(text: str) -> None:
+    typer.echo(text, err=True)
+
+
+@spec_command
+def up(
+    spec: JobSpec,
+    kubeconfig: KubeconfigOpt = None,
+    context: ContextOpt = None,
+    create_namespace: Annotated[
+        bool,
+        typer.Option(
+            "--create-namespace",
+            help="Create the namespace when it is missing.",
+            rich_help_panel=CLUSTER_PANEL,
+        ),
+    ] = False,
+    replace: Annotated[
+        bool, typer.Option("--replace", help="Delete and recreate a job of the same name.")
+    ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Stop after the server-side dry run; change nothing."),
+    ] = False,
+    wait: Annotated[
+        bool | None,
+        typer.Option("--wait/--no-wait", help="Watch the job to its end (default on a terminal)."),
+    ] = None,
+    timeout: Annotated[
+        str | None, typer.Option("--timeout", help="Give up waiting after this long (90s, 15m).")
+    ] = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", help="Stream the logs of the pod hosting global rank 0.")
+    ] = False,
+) -> None:
+    """Submit the job to the cluster as a Kubeflow PyTorchJob.
+
+    Example: ddpdeploy up --image ghcr.io/me/train:v1 --nodes 2 --gpus 8 -- --steps 1000
+    """
+    from ddpdeploy import deploy, jobwatch
+    from ddpdeploy.clusterplan import with_saved_spec
+    from ddpdeploy.render.k8s import render_objects
+
+    seconds = jobwatch.parse_duration(timeout) if timeout else None
+    objects = with_saved_spec(render_objects(spec), spec)
+    kube = connect(kubeconfig, context)
+    plan = deploy.preflight(kube, spec, objects, create_namespace)
+    for warning in plan.warnings:
+        _say(f"warning: {warning}")
+    if dry_run:
+        deploy.dry_run(kube, plan, replace, _say)
+        return
+    deploy.apply(kube, plan, replace, _say)
+    if wait is None:
+        wait = sys.stdout.isatty()
+    if not (wait or follow):
+        _say(f"submitted; `ddpdeploy status {spec.name} -n {spec.namespace}` shows progress")
+        return
+    state = jobwatch.follow_and_wait(kube, spec.name, spec.namespace, seconds, follow)
+    _say(f"PyTorchJob {spec.name} succeeded" + (f": {state.reason}" if state.reason else ""))

@@ -1,0 +1,160 @@
+"""A PyTorchJob's conditions and its pods -> one state and the reason behind it.
+
+Pure: plain dicts in (as the API returns them), a value out; no client, no clock. `up
+--wait`, `status` and `list` all read a job through here, so they agree on what "stuck"
+means.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+Obj = dict[str, Any]
+
+# Labels the training operator (v1.9) puts on each replica's pod.
+REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
+REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+
+# Container waiting reasons that no amount of waiting fixes.
+IMAGE_PULL = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull")
+CONFIG_ERRORS = ("CreateContainerConfigError", "CreateContainerError")
+
+
+@dataclass(frozen=True)
+class PodView:
+    name: str
+    replica: str
+    index: int
+    phase: str
+    restarts: int
+    detail: str  # why it is not running, or ""
+
+
+@dataclass(frozen=True)
+class JobState:
+    state: str  # Pending, Running, Restarting, Succeeded, Failed, or a stuck pod's reason
+    reason: str
+    done: bool  # no point in waiting longer
+    ok: bool = False
+
+
+def _statuses(pod: Obj) -> list[Obj]:
+    status = pod.get("status") or {}
+    return [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+
+
+def _unschedulable(pod: Obj) -> str | None:
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        unscheduled = cond.get("type") == "PodScheduled" and cond.get("status") == "False"
+        if unscheduled and cond.get("reason") == "Unschedulable":
+            return cond.get("message") or "no node fits the pod"
+    return None
+
+
+def _last_exit(status: Obj) -> str:
+    term = (status.get("lastState") or {}).get("terminated") or {}
+    if not term:
+        return ""
+    why = f" ({term['reason']})" if term.get("reason") else ""
+    return f", last exit code {term.get('exitCode')}{why}"
+
+
+def pod_view(pod: Obj) -> PodView:
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    statuses = _statuses(pod)
+    detail = ""
+    for st in statuses:
+        waiting = (st.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason"):
+            detail = f"{waiting['reason']}: {waiting.get('message') or st.get('image', '')}".strip()
+            break
+    if not detail and (msg := _unschedulable(pod)):
+        detail = f"Unschedulable: {msg}"
+    index = labels.get(REPLICA_INDEX_LABEL, "0")
+    return PodView(
+        name=meta.get("name", ""),
+        replica=labels.get(REPLICA_TYPE_LABEL, "").lower(),
+        index=int(index) if str(index).isdigit() else 0,
+        phase=(pod.get("status") or {}).get("phase") or "Pending",
+        restarts=sum(int(st.get("restartCount") or 0) for st in statuses),
+        detail=detail,
+    )
+
+
+def _stuck(pod: Obj) -> JobState | None:
+    """A reason this pod will not get anywhere by itself, or None."""
+    name = (pod.get("metadata") or {}).get("name", "?")
+    for st in _statuses(pod):
+        waiting = (st.get("state") or {}).get("waiting") or {}
+        reason = waiting.get("reason", "")
+        message = waiting.get("message") or ""
+        if reason in IMAGE_PULL:
+            what = f"cannot pull image {st.get('image', '?')}"
+            return JobState(reason, f"pod {name}: {what}: {message}".rstrip(": "), done=True)
+        if reason in CONFIG_ERRORS:
+            return JobState(reason, f"pod {name}: {message or reason}", done=True)
+        if reason == "CrashLoopBackOff":
+            count = int(st.get("restartCount") or 0)
+            text = f"pod {name}: container {st.get('name')} restarted {count} times{_last_exit(st)}"
+            return JobState(reason, text, done=True)
+    if (msg := _unschedulable(pod)) is not None:
+        return JobState("Unschedulable", f"pod {name}: {msg}", done=True)
+    return None
+
+
+def _condition(job: Obj, kind: str) -> Obj | None:
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind and cond.get("status") == "True":
+            return cond
+    return None
+
+
+def job_state(job: Obj | None, pods: list[Obj]) -> JobState:
+    """The job's state: its terminal conditions first, then any stuck pod, then progress."""
+    if job is None:
+        return JobState("NotFound", "the job no longer exists", done=True)
+    if cond := _condition(job, "Succeeded"):
+        return JobState("Succeeded", cond.get("message") or "", done=True, ok=True)
+    if cond := _condition(job, "Failed"):
+        return JobState("Failed", cond.get("message") or cond.get("reason") or "", done=True)
+    for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("name", "")):
+        if stuck := _stuck(pod):
+            return stuck
+    if cond := _condition(job, "Restarting"):
+        return JobState("Restarting", cond.get("message") or "", done=False)
+    running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+    if _condition(job, "Running") or running:
+        return JobState("Running", f"{len(running)}/{len(pods)} pods running", done=False)
+    if _condition(job, "Suspended"):
+        return JobState("Suspended", "", done=False)
+    return JobState("Pending", f"{len(pods)} pods created" if pods else "no pods yet", done=False)
+
+
+def job_size(job: Obj) -> tuple[int, int]:
+    """(nodes, GPUs per node) from a PyTorchJob's replica specs."""
+    nodes, gpus = 0, 0
+    for replica in ((job.get("spec") or {}).get("pytorchReplicaSpecs") or {}).values():
+        nodes += int(replica.get("replicas") or 0)
+        for c in (replica.get("template") or {}).get("spec", {}).get("containers") or []:
+            limits = (c.get("resources") or {}).get("limits") or {}
+            gpus = max(gpus, int(limits.get("nvidia.com/gpu") or 0))
+    return nodes, gpus
+
+
+def logs_show_rank0(lines: list[str]) -> bool:
+    """True when a trainer log holds rank 0's `start` event (only rank 0 logs JSON)."""
+    for line in lines:
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and event.get("event") == "start":
+            return True
+    return False

@@ -1,0 +1,120 @@
+"""The tests' stand-ins for the training operator and the kubelet, which the test cluster
+lacks: they create a job's pods and write the statuses those components would write."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+MERGE = "application/merge-patch+json"
+
+
+def res(admin: Any, api_version: str, kind: str) -> Any:
+    return admin.resources.get(api_version=api_version, kind=kind)
+
+
+def get_job(admin: Any, ns: str, name: str) -> dict | None:
+    jobs = res(admin, "kubeflow.org/v1", "PyTorchJob")
+    items = jobs.get(namespace=ns).to_dict()["items"]
+    return next((j for j in items if j["metadata"]["name"] == name), None)
+
+
+def wait_for_job(admin: Any, ns: str, name: str, proc: subprocess.Popen | None = None) -> dict:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if (job := get_job(admin, ns, name)) is not None:
+            return job
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"up exited early: {proc.communicate()}")
+        time.sleep(0.2)
+    raise AssertionError(f"PyTorchJob {ns}/{name} never appeared")
+
+
+def create_pods(admin: Any, job: dict) -> list[str]:
+    """One pod per replica, named and labelled as the operator (v1.9) does."""
+    meta = job["metadata"]
+    names = []
+    for replica, rspec in job["spec"]["pytorchReplicaSpecs"].items():
+        for index in range(rspec["replicas"]):
+            name = f"{meta['name']}-{replica.lower()}-{index}"
+            labels = {
+                "training.kubeflow.org/job-name": meta["name"],
+                "training.kubeflow.org/replica-type": replica.lower(),
+                "training.kubeflow.org/replica-index": str(index),
+            }
+            template = rspec["template"]["spec"]
+            body = {
+                "metadata": {"name": name, "labels": labels},
+                "spec": {"containers": template["containers"], "volumes": template.get("volumes")},
+            }
+            res(admin, "v1", "Pod").create(namespace=meta["namespace"], body=body)
+            names.append(name)
+    return names
+
+
+def set_pod_status(admin: Any, ns: str, pod: str, status: dict) -> None:
+    pods = res(admin, "v1", "Pod")
+    pods.status.patch(body={"status": status}, name=pod, namespace=ns, content_type=MERGE)
+
+
+def container_status(image: str, state: dict, restarts: int = 0, last: dict | None = None) -> dict:
+    out = {
+        "name": "pytorch",
+        "image": image,
+        "imageID": "",
+        "ready": "running" in state,
+        "restartCount": restarts,
+        "state": state,
+    }
+    if last:
+        out["lastState"] = last
+    return out
+
+
+def set_job_conditions(admin: Any, ns: str, name: str, *conditions: tuple[str, str]) -> None:
+    """Conditions as the operator writes them, through the status subresource."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    conds = [
+        {
+            "type": kind,
+            "status": "True",
+            "reason": f"PyTorchJob{kind}",
+            "message": message or f"PyTorchJob {name} is {kind.lower()}.",
+            "lastUpdateTime": now,
+            "lastTransitionTime": now,
+        }
+        for kind, message in conditions
+    ]
+    jobs = res(admin, "kubeflow.org/v1", "PyTorchJob")
+    jobs.status.patch(
+        body={"status": {"conditions": conds}}, name=name, namespace=ns, content_type=MERGE
+    )
+
+
+def start_cli(kubeconfig: Path, *args: str) -> subprocess.Popen[str]:
+    """`python -m ddpdeploy ARGS` in the background (for `up --wait`)."""
+    import os
+
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig), "XDG_CACHE_HOME": str(kubeconfig.parent)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "ddpdeploy", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 90) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"the CLI did not finish: {out} {err}") from None
+    return proc.returncode, out, err

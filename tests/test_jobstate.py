@@ -1,0 +1,179 @@
+"""Job conditions and pod statuses -> state and reason, as the API reports them."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddpdeploy.clusterplan import gpu_nodes, gpu_nodes_free, scaled_spec, with_saved_spec
+from ddpdeploy.errors import UserError
+from ddpdeploy.jobstate import job_size, job_state, logs_show_rank0, pod_view
+from ddpdeploy.render.k8s import render_objects
+from ddpdeploy.spec import load_spec
+
+
+def job(*conds: tuple[str, str]) -> dict:
+    conditions = [{"type": t, "status": "True", "message": m} for t, m in conds]
+    return {"metadata": {"name": "j"}, "status": {"conditions": conditions}}
+
+
+def pod(name="j-master-0", phase="Pending", waiting=None, restarts=0, sched=None, last=None):
+    status: dict = {"phase": phase}
+    if waiting:
+        cs = {"name": "pytorch", "image": "img:1", "restartCount": restarts}
+        cs["state"] = {"waiting": {"reason": waiting[0], "message": waiting[1]}}
+        if last:
+            cs["lastState"] = {"terminated": {"exitCode": last[0], "reason": last[1]}}
+        status["containerStatuses"] = [cs]
+    if sched:
+        status["conditions"] = [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": sched}
+        ]
+    labels = {
+        "training.kubeflow.org/replica-type": "master",
+        "training.kubeflow.org/replica-index": "0",
+    }
+    return {"metadata": {"name": name, "labels": labels}, "status": status}
+
+
+CASES = [
+    ("no job", None, [], "NotFound", True, False),
+    ("created", job(("Created", "")), [], "Pending", False, False),
+    ("pods pending", job(("Created", "")), [pod()], "Pending", False, False),
+    ("running", job(("Running", "")), [pod(phase="Running")], "Running", False, False),
+    ("pod running first", job(), [pod(phase="Running")], "Running", False, False),
+    ("succeeded", job(("Running", ""), ("Succeeded", "done")), [], "Succeeded", True, True),
+    ("failed", job(("Failed", "backoff limit")), [pod(phase="Failed")], "Failed", True, False),
+    (
+        "image pull backoff",
+        job(("Created", "")),
+        [pod(waiting=("ImagePullBackOff", "Back-off pulling image"))],
+        "ImagePullBackOff",
+        True,
+        False,
+    ),
+    (
+        "err image pull",
+        job(),
+        [pod(waiting=("ErrImagePull", "not found"))],
+        "ErrImagePull",
+        True,
+        False,
+    ),
+    (
+        "unschedulable",
+        job(),
+        [pod(sched="0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")],
+        "Unschedulable",
+        True,
+        False,
+    ),
+    (
+        "crash loop",
+        job(("Running", "")),
+        [
+            pod(
+                phase="Running",
+                waiting=("CrashLoopBackOff", "back-off"),
+                restarts=4,
+                last=(1, "Error"),
+            )
+        ],
+        "CrashLoopBackOff",
+        True,
+        False,
+    ),
+    (
+        "restarting",
+        job(("Restarting", "restarting")),
+        [pod(phase="Running")],
+        "Restarting",
+        False,
+        False,
+    ),
+    (
+        "terminal beats stuck",
+        job(("Failed", "x")),
+        [pod(waiting=("ErrImagePull", ""))],
+        "Failed",
+        True,
+        False,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("what", "job_obj", "pods", "state", "done", "ok"), CASES, ids=[c[0] for c in CASES]
+)
+def test_job_state(what, job_obj, pods, state, done, ok):
+    got = job_state(job_obj, pods)
+    assert (got.state, got.done, got.ok) == (state, done, ok)
+
+
+def test_reasons_name_the_pod_and_the_cause():
+    sched = job_state(job(), [pod(sched="0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")])
+    assert sched.reason == "pod j-master-0: 0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+    crash = job_state(
+        job(), [pod(waiting=("CrashLoopBackOff", "b"), restarts=5, last=(137, "OOMKilled"))]
+    )
+    assert crash.reason == (
+        "pod j-master-0: container pytorch restarted 5 times, last exit code 137 (OOMKilled)"
+    )
+    pull = job_state(job(), [pod(waiting=("ImagePullBackOff", "Back-off pulling image"))])
+    assert pull.reason == "pod j-master-0: cannot pull image img:1: Back-off pulling image"
+
+
+def test_pod_view():
+    view = pod_view(pod(phase="Running", waiting=("CrashLoopBackOff", "b"), restarts=2))
+    assert (view.replica, view.index, view.phase, view.restarts) == ("master", 0, "Running", 2)
+    assert view.detail == "CrashLoopBackOff: b"
+
+
+def spec(*flags: str, **values):
+    return load_spec(None, {f"--{k}": v for k, v in values.items()}, list(flags) or None)
+
+
+def test_job_size_and_saved_spec_round_trip():
+    s = spec(image="t:1", nodes=3, gpus=8)
+    objs = with_saved_spec(render_objects(s), s)
+    assert job_size(objs[-1]) == (3, 8)
+    from ddpdeploy.clusterplan import saved_spec
+
+    assert saved_spec(objs[-1]) == s
+    assert render_objects(s)[-1]["metadata"].get("annotations") is None  # render unchanged
+
+
+def node(name, gpus, unschedulable=False):
+    return {
+        "metadata": {"name": name},
+        "spec": {"unschedulable": unschedulable},
+        "status": {"allocatable": {"nvidia.com/gpu": str(gpus)}},
+    }
+
+
+def test_gpu_capacity():
+    nodes = [node("a", 8), node("b", 8, unschedulable=True), node("c", 4)]
+    assert gpu_nodes(nodes, 8) == (2, 1)
+    busy = {
+        "spec": {"nodeName": "a", "containers": [{"resources": {"limits": {"nvidia.com/gpu": 2}}}]},
+        "status": {"phase": "Running"},
+    }
+    assert gpu_nodes_free(nodes, [busy], 8) == 0
+    assert gpu_nodes_free(nodes, [busy], 4) == 2
+
+
+def test_scaled_spec_respects_the_elastic_range():
+    s = spec(image="t:1", nodes=2, elastic="1:3")
+    job_obj = with_saved_spec(render_objects(s), s)[-1]
+    assert scaled_spec(job_obj, 3) == s.model_copy(update={"nodes": 3})
+    with pytest.raises(UserError, match="outside the job's elastic range 1:3"):
+        scaled_spec(job_obj, 4)
+    static = render_objects(spec(image="t:1", nodes=2))[-1]
+    with pytest.raises(UserError, match="not elastic"):
+        scaled_spec(static, 2)
+    with pytest.raises(UserError, match="no saved spec"):
+        scaled_spec(render_objects(s)[-1], 2)
+
+
+def test_rank0_is_found_by_the_start_event():
+    assert logs_show_rank0(["waiting for DNS", '{"event": "start", "world_size": 4}'])
+    assert not logs_show_rank0(["ddptrain: warning: x", "{not json", '{"event": "step"}'])

@@ -1,0 +1,130 @@
+"""Command line of ddptrain.py: flags, one-line errors (exit 2), warnings, user factories."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import torch
+
+EXIT_BAD_ARGS = 2
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse prints usage plus the error; the CLI wants exactly one line and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        bad_args(message)
+
+
+def bad_args(message: str) -> NoReturn:
+    print(f"ddptrain: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_BAD_ARGS)
+
+
+def warn(msg: str) -> None:
+    print(f"ddptrain: warning: {msg}", file=sys.stderr, flush=True)
+
+
+def _positive(v: str) -> int:
+    n = int(v)
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {v}")
+    return n
+
+
+def _non_negative(v: str) -> int:
+    n = int(v)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return n
+
+
+def _training_flags(a: Callable[..., Any]) -> None:
+    a("--steps", type=_positive, help="total optimizer steps (default: --epochs worth)")
+    a("--epochs", type=_positive, help="epochs (default 1 when --steps is not given)")
+    a("--batch-size", type=_positive, default=32, help="per-rank micro-batch size")
+    a("--lr", type=float, default=0.05)
+    a("--optimizer", choices=["sgd", "adamw"], default="sgd")
+    a("--momentum", type=float, default=0.9, help="SGD momentum")
+    a("--weight-decay", type=float, default=0.0)
+    a("--warmup-steps", type=_non_negative, default=0, help="linear LR warmup steps")
+    a("--seed", type=int, default=0, help="rank r is seeded with seed + r")
+    a("--grad-accum", type=_positive, default=1, help="micro-steps per optimizer step")
+    a("--bn", action="store_true", help="built-in MLP: add a BatchNorm1d layer")
+    a("--amp", action="store_true", help="bf16 autocast (GPU only; ignored with a warning)")
+    a("--clip-grad", type=float, default=0.0, help="max grad norm (0: off)")
+    a("--model", help="pkg.mod:factory returning an nn.Module (default: built-in MLP)")
+    a("--dataset", help="pkg.mod:factory returning a map-style Dataset of (input, target)")
+    a("--loss", choices=["cross_entropy", "mse"], default="cross_entropy")
+    a("--num-workers", type=_non_negative, default=0, help="DataLoader workers per rank")
+    a("--no-drop-last", action="store_true", help="DistributedSampler pads instead of drops")
+    a("--log-every", type=_positive, default=1)
+
+
+def _distributed_flags(a: Callable[..., Any]) -> None:
+    a("--backend", choices=["auto", "nccl", "gloo"], default="auto")
+    a("--bucket-cap-mb", type=float, default=25.0)
+    a("--static-graph", action="store_true")
+    a("--find-unused-parameters", action="store_true")
+    a("--sync-bn", action="store_true", help="synchronise BatchNorm statistics across ranks")
+    a("--timeout-s", type=_positive, default=300, help="collective / store timeout")
+    a(
+        "--stop-check-every",
+        type=_non_negative,
+        default=0,
+        help="steps between the all-reduces that agree on a SIGTERM stop (0: auto, about "
+        "every 0.25 s)",
+    )
+
+
+def _checkpoint_flags(a: Callable[..., Any]) -> None:
+    a("--checkpoint-dir", help="directory shared by all nodes; resume from it on start")
+    a("--checkpoint-every", type=_non_negative, default=0, help="steps between checkpoints")
+    a("--keep", type=_positive, default=3, help="checkpoints to keep")
+    a("--save-final", help="rank 0 writes ddp.module.state_dict() here at the end")
+
+
+def _debug_flags(a: Callable[..., Any]) -> None:
+    # Test and teaching hooks; documented in train/README.md.
+    a("--debug-dump", help="every rank writes rank<R>.pt with per-rank state here")
+    a(
+        "--debug-desync-opt",
+        action="store_true",
+        help="ranks != 0 use 2x lr: shows DDP does not sync optimizer state/hyperparameters",
+    )
+    a("--debug-step-delay", type=float, default=0.0, help="sleep seconds per step")
+    a("--debug-slow-save", type=float, default=0.0, help="writer sleeps mid-write")
+
+
+def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
+    p = _OneLineParser(prog="ddptrain.py", description=description)
+    for add_flags in (_training_flags, _distributed_flags, _checkpoint_flags, _debug_flags):
+        add_flags(p.add_argument)
+    args = p.parse_args(argv)
+    if args.checkpoint_every and not args.checkpoint_dir:
+        bad_args("--checkpoint-every needs --checkpoint-dir")
+    for flag in ("model", "dataset"):
+        spec = getattr(args, flag)
+        if spec is not None and (spec.count(":") != 1 or not all(spec.split(":"))):
+            bad_args(f"--{flag} must look like pkg.mod:factory, got {spec!r}")
+    if args.backend == "nccl" and not torch.cuda.is_available():
+        bad_args("--backend nccl needs CUDA, which is not available here")
+    return args
+
+
+def load_factory(flag: str, spec: str | None) -> Callable[[], Any] | None:
+    """The zero-argument callable that --model/--dataset name, or None when not given."""
+    if spec is None:
+        return None
+    mod_name, fn_name = spec.split(":")
+    try:
+        fn = getattr(importlib.import_module(mod_name), fn_name)
+    except (ImportError, AttributeError) as e:
+        bad_args(f"--{flag} {spec}: {type(e).__name__}: {e}")
+    if not callable(fn):
+        bad_args(f"--{flag} {spec}: not callable")
+    return fn
