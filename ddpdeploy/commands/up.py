@@ -47,7 +47,7 @@ def up(
         bool, typer.Option("--follow", help="Stream the logs of the pod hosting global rank 0.")
     ] = False,
 ) -> None:
-    """Submit the job to the cluster as a Kubeflow PyTorchJob.
+    """Submit the job to the cluster as its target's objects (PyTorchJob by default).
 
     Example: ddpdeploy up --image ghcr.io/me/train:v1 --nodes 2 --gpus 8 -- --steps 1000
     """
@@ -71,4 +71,7 @@ def up(
         _say(f"submitted; `ddpdeploy status {spec.name} -n {spec.namespace}` shows progress")
         return
     state = jobwatch.follow_and_wait(kube, spec.name, spec.namespace, seconds, follow)
-    _say(f"PyTorchJob {spec.name} succeeded" + (f": {state.reason}" if state.reason else ""))
+    from ddpdeploy.targets import layout_of
+
+    kind = layout_of(spec.target).kind
+    _say(f"{kind} {spec.name} succeeded" + (f": {state.reason}" if state.reason else ""))

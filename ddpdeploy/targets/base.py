@@ -90,8 +90,24 @@ class Layout(ABC):
     succeeded: ClassVar[str]  # the job object's condition type once it succeeded
     failed: ClassVar[str] = "Failed"
 
+    install_hint: ClassVar[str] = ""  # how to get the job's API into a cluster, if needed
+
     def pod_selector(self, job_name: str) -> dict[str, str]:
         return {self.pod_label: job_name}
+
+    @abstractmethod
+    def node_hostname(self, job_name: str, index: int, replica: str = "") -> str:
+        """The hostname of a job's node: node ``index`` (of ``replica`` for PyTorchJob)."""
+
+    def rank0_hostname(self, obj: dict[str, Any]) -> str | None:
+        """The hostname of the pod that hosts global rank 0 (static rendezvous: node 0);
+        None when the rendezvous decides (elastic)."""
+        return self.node_hostname(obj["metadata"]["name"], 0)
+
+    def companions(self, job_name: str) -> list[tuple[str, str, str]]:
+        """(apiVersion, kind, name) of objects we render beside the job that deleting the
+        job does not delete (its controller does not own them)."""
+        return []
 
     def pod_templates(self, obj: dict[str, Any]) -> list[dict[str, Any]]:
         """The pod specs inside the job object (for sizes, images, resources)."""

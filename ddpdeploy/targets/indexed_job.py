@@ -26,8 +26,14 @@ class IndexedJob(Layout):
     pod_label = "batch.kubernetes.io/job-name"  # set by the Job controller (1.27+)
     succeeded = "Complete"
 
+    def node_hostname(self, job_name: str, index: int, replica: str = "") -> str:
+        return f"{job_name}-{index}"  # the Job controller's hostname for an Indexed Job
+
+    def companions(self, job_name: str) -> list[tuple[str, str, str]]:
+        return [("v1", "Service", job_name)]  # the headless Service is ours, not the Job's
+
     def nodes(self, spec: JobSpec) -> list[Node]:
-        hosts = [f"{spec.name}-{i}" for i in range(spec.nodes)]
+        hosts = [self.node_hostname(spec.name, i) for i in range(spec.nodes)]
         return [Node(h, f"{h}.{spec.name}", i, i) for i, h in enumerate(hosts)]
 
     def longest_hostname(self, spec: JobSpec) -> str:

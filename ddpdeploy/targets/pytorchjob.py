@@ -24,6 +24,19 @@ class PyTorchJob(Layout):
     pod_label = "training.kubeflow.org/job-name"
     succeeded = "Succeeded"
 
+    install_hint = (
+        "install the Kubeflow training operator (v1.9): kubectl apply --server-side -k "
+        '"github.com/kubeflow/trainer.git/manifests/overlays/standalone?ref=v1.9.4"'
+    )
+
+    def node_hostname(self, job_name: str, index: int, replica: str = "") -> str:
+        return f"{job_name}-{(replica or 'master').lower()}-{index}"
+
+    def rank0_hostname(self, obj: dict[str, Any]) -> str | None:
+        if "Master" in ((obj.get("spec") or {}).get("pytorchReplicaSpecs") or {}):
+            return self.node_hostname(obj["metadata"]["name"], 0, "master")
+        return None  # elastic: c10d puts rank 0 on any pod
+
     def replicas(self, spec: JobSpec) -> dict[str, int]:
         if spec.elastic:
             return {"Worker": spec.nodes}  # the operator requires Worker replicas for elastic
@@ -34,7 +47,7 @@ class PyTorchJob(Layout):
         out: list[Node] = []
         for replica, count in self.replicas(spec).items():
             for i in range(count):
-                host = f"{spec.name}-{replica.lower()}-{i}"
+                host = self.node_hostname(spec.name, i, replica)
                 out.append(Node(host, host, len(out), i, replica))
         return out
 

@@ -31,9 +31,17 @@ class TrainJob(Layout):
     pod_label = "jobset.sigs.k8s.io/jobset-name"  # a TrainJob runs as a JobSet of its name
     succeeded = "Complete"
 
-    def nodes(self, spec: JobSpec) -> list[Node]:
+    install_hint = (
+        "install Kubeflow Trainer v2 and its torch-distributed runtime (see "
+        "https://www.kubeflow.org/docs/components/trainer/), or use --target indexed-job"
+    )
+
+    def node_hostname(self, job_name: str, index: int, replica: str = "") -> str:
         # JobSet pod hostnames: <jobset>-<replicatedJob>-<job index>-<pod index>.
-        hosts = [f"{spec.name}-{REPLICATED_JOB}-0-{i}" for i in range(spec.nodes)]
+        return f"{job_name}-{REPLICATED_JOB}-0-{index}"
+
+    def nodes(self, spec: JobSpec) -> list[Node]:
+        hosts = [self.node_hostname(spec.name, i) for i in range(spec.nodes)]
         return [Node(h, f"{h}.{spec.name}", i, i) for i, h in enumerate(hosts)]
 
     def longest_hostname(self, spec: JobSpec) -> str:
