@@ -176,13 +176,14 @@ def _pod_doc(view: PodView) -> Obj:
     }
 
 
-def _by_hostname(pods: list[Obj], hostname: str) -> str | None:
-    """The pod with that hostname (a Job's or JobSet's pod name has a random suffix)."""
+def _by_hostname(pods: list[Obj], hostname: str, layout: Layout) -> str | None:
+    """The pod with that hostname: a Job's or JobSet's pod name has a random suffix, a
+    PyTorchJob's pod is named like its hostname (so it is named even before it exists)."""
     for pod in pods:
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
         if (spec.get("hostname") or meta.get("name")) == hostname:
             return meta.get("name")
-    return None
+    return hostname if layout.name == "pytorchjob" else None
 
 
 def node_pod(job: Obj, pods: list[Obj], replica: str | None, index: int | None) -> str | None:
@@ -201,7 +202,7 @@ def node_pod(job: Obj, pods: list[Obj], replica: str | None, index: int | None) 
         if index is None:
             return None
         host = layout.node_hostname(name, index)
-    return _by_hostname(pods, host) or host
+    return _by_hostname(pods, host, layout)
 
 
 def rank0_pod(kube: Kube, job: Obj, pods: list[Obj]) -> str | None:
@@ -209,8 +210,8 @@ def rank0_pod(kube: Kube, job: Obj, pods: list[Obj]) -> str | None:
     running pod whose trainer logged rank 0's `start` event (only rank 0 logs JSON)."""
     layout = layout_for_kind(job["apiVersion"], job["kind"])
     host = layout.rank0_hostname(job) if layout else None
-    if host is not None:
-        return _by_hostname(pods, host) or host
+    if layout is not None and host is not None:
+        return _by_hostname(pods, host, layout)
     namespace = job["metadata"]["namespace"]
     for pod in pods:
         if (pod.get("status") or {}).get("phase") != "Running":
@@ -233,8 +234,8 @@ def _rank0_running(kube: Kube) -> Callable[[Snapshot], bool]:
         phases = {p["metadata"]["name"]: (p.get("status") or {}).get("phase") for p in pods}
         layout = layout_for_kind(job["apiVersion"], job["kind"])
         host = layout.rank0_hostname(job) if layout else None
-        if host is not None:
-            return phases.get(_by_hostname(pods, host) or host) == "Running"
+        if layout is not None and host is not None:
+            return phases.get(_by_hostname(pods, host, layout) or "") == "Running"
         return any(phase == "Running" for phase in phases.values())
 
     return check

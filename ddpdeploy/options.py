@@ -82,6 +82,64 @@ _SPEC_PARAMS: list[tuple[str, str | None, Any]] = [
         _flag(int, "--max-restarts", help="torchrun restarts of the worker group."),
     ),
     (
+        "scheduler",
+        "--scheduler",
+        _flag(
+            str,
+            "--scheduler",
+            metavar="default|volcano",
+            help="volcano: gang-schedule all nodes with Volcano.",
+        ),
+    ),
+    (
+        "queue",
+        "--queue",
+        _flag(
+            str,
+            "--queue",
+            metavar="NAME",
+            help="Kueue LocalQueue (the job starts suspended); with volcano, its queue.",
+        ),
+    ),
+    (
+        "rdma",
+        "--rdma",
+        _flag(
+            str,
+            "--rdma",
+            metavar="RESOURCE=N",
+            help="RDMA device plugin resource per node, e.g. rdma/hca_shared_devices_a=1.",
+        ),
+    ),
+    (
+        "host_network",
+        "--host-network",
+        _flag(bool, "--host-network", help="Use the node's network namespace."),
+    ),
+    (
+        "nccl_debug",
+        "--nccl-debug",
+        _flag(str, "--nccl-debug", metavar="LEVEL", help="NCCL_DEBUG: VERSION|WARN|INFO|TRACE."),
+    ),
+    (
+        "network_policy",
+        "--network-policy",
+        _flag(
+            bool,
+            "--network-policy/--no-network-policy",
+            help="A NetworkPolicy admitting only the job's own pods (default on).",
+        ),
+    ),
+    (
+        "writable_rootfs",
+        "--writable-rootfs",
+        _flag(
+            bool,
+            "--writable-rootfs",
+            help="Writable image file system, for code that writes into the image.",
+        ),
+    ),
+    (
         "train_args",
         None,
         Annotated[

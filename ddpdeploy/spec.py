@@ -47,6 +47,10 @@ INT64_MAX = 2**63 - 1  # activeDeadlineSeconds, terminationGracePeriodSeconds, t
 MAX_USER_ANNOTATIONS = 256 * 1024 - 1024
 MAX_IMAGE_NAME = 255  # the registry's limit on [domain/]path
 SHM_PATH = "/dev/shm"
+# Writable emptyDirs under a read-only root: temp files, and HOME for every cache below it.
+TMP_DIR = "/tmp"
+HOME_DIR = "/home/ddp"  # the image user's home in docker/Dockerfile
+WRITABLE_DIRS = (TMP_DIR, HOME_DIR)
 
 # Env the launch contract sets on every node (torchrun's, the operator's and ddpdeploy's own);
 # a user value would silently change the topology or break the launch. One list, here, so
@@ -510,6 +514,139 @@ class RunPolicy(Model):
     )
 
 
+_NCCL_DEBUG = Literal["VERSION", "WARN", "INFO", "TRACE"]
+IMAGE_UID = 10001  # the user docker/Dockerfile creates (USER_UID): uid and gid
+NCCL_FIELDS = {  # Network field -> the NCCL env var it sets
+    "nccl_debug": "NCCL_DEBUG",
+    "nccl_socket_ifname": "NCCL_SOCKET_IFNAME",
+    "nccl_ib_hca": "NCCL_IB_HCA",
+}
+
+
+def _secret_key(value: str) -> str:
+    if len(value) > MAX_DNS_SUBDOMAIN or not re.fullmatch(r"[-._a-zA-Z0-9]+", value):
+        raise ValueError(
+            f"secret key {_show(value)} is invalid: letters, digits, '-', '_', '.', at most "
+            f"{MAX_DNS_SUBDOMAIN} characters"
+        )
+    return value
+
+
+def _extended_resource(value: str) -> str:
+    _qualified_name(value, "resource", "rdma/hca_shared_devices_a")
+    domain = value.partition("/")[0]
+    if "/" not in value or domain == "kubernetes.io" or domain.endswith(".kubernetes.io"):
+        raise ValueError(
+            f"resource {_show(value)} must be a device plugin's domain-qualified name, e.g. "
+            "rdma/hca_shared_devices_a or nvidia.com/hostdev"
+        )
+    return value
+
+
+class SecretRef(Model):
+    """One key of a Kubernetes Secret, passed as an env var by reference (secretKeyRef)."""
+
+    secret: Subdomain = Field(description="Name of the Secret in the job's namespace.")
+    key: Annotated[str, AfterValidator(_secret_key)] = Field(
+        description="Key inside the Secret whose value becomes the env var."
+    )
+
+
+class Security(Model):
+    """The pods' security settings: hardened by default, each loosened by name."""
+
+    run_as_user: int = Field(
+        default=IMAGE_UID,
+        strict=True,
+        ge=1,
+        le=INT64_MAX,
+        description="UID the container runs as (runAsNonRoot); the built image's user is 10001.",
+    )
+    run_as_group: int = Field(
+        default=IMAGE_UID, strict=True, ge=0, le=INT64_MAX, description="Primary GID."
+    )
+    fs_group: int = Field(
+        default=IMAGE_UID,
+        strict=True,
+        ge=0,
+        le=INT64_MAX,
+        description="Group that owns the volumes (fsGroup): a new checkpoint PVC is root's "
+        "until Kubernetes hands it to this group, and the trainer's first checkpoint would fail.",
+    )
+    read_only_root_filesystem: bool = Field(
+        default=True,
+        description="Read-only image file system, with emptyDirs for /tmp and HOME (caches); "
+        "false (--writable-rootfs) for code that writes into the image.",
+    )
+    automount_service_account_token: bool = Field(
+        default=False,
+        description="Mount the service account's API token into the pods (only for code "
+        "that calls the Kubernetes API).",
+    )
+
+
+class Scheduling(Model):
+    """Gang scheduling and queueing."""
+
+    scheduler: Literal["default", "volcano"] = Field(
+        default="default",
+        description="volcano: schedulerName volcano and a gang of all nodes (minAvailable), "
+        "so no pod runs until every pod can (--scheduler).",
+    )
+    queue: Namespace | None = Field(
+        default=None,
+        description="default scheduler: the Kueue LocalQueue (label kueue.x-k8s.io/queue-name; "
+        "the job starts suspended until Kueue admits it). volcano: the Volcano queue (--queue).",
+    )
+
+
+class Rdma(Model):
+    """An RDMA device plugin's resource, requested per node."""
+
+    resource: Annotated[str, AfterValidator(_extended_resource)] = Field(
+        description="The device plugin's resource name, e.g. rdma/hca_shared_devices_a."
+    )
+    count: Count = Field(default=1, description="Devices per node (requests = limits).")
+
+
+class Network(Model):
+    """The job's network: NetworkPolicy, host network, RDMA and NCCL settings."""
+
+    policy: bool = Field(
+        default=True,
+        description="A NetworkPolicy admitting ingress to the job's pods only from its own "
+        "pods (torchrun's store and NCCL/gloo take unauthenticated connections); false "
+        "(--no-network-policy) on clusters without a policy engine.",
+    )
+    host_network: bool = Field(
+        default=False,
+        description="Pods use the node's network namespace (--host-network), with dnsPolicy "
+        "ClusterFirstWithHostNet; NetworkPolicies do not apply to such pods.",
+    )
+    rdma: Rdma | None = Field(
+        default=None,
+        description="RDMA devices per node (--rdma RESOURCE=N); adds the IPC_LOCK capability "
+        "NCCL needs to pin memory.",
+    )
+    nccl_debug: _NCCL_DEBUG | None = Field(
+        default=None,
+        description="NCCL_DEBUG (--nccl-debug); default WARN on GPU jobs. INFO shows the "
+        "transport NCCL chose (e.g. a silent fall-back from RDMA to TCP).",
+    )
+    nccl_socket_ifname: ArgStr | None = Field(
+        default=None,
+        min_length=1,
+        description="NCCL_SOCKET_IFNAME: interfaces for NCCL's TCP traffic, e.g. eth0 or ^lo,"
+        "docker (default: NCCL chooses).",
+    )
+    nccl_ib_hca: ArgStr | None = Field(
+        default=None,
+        min_length=1,
+        description="NCCL_IB_HCA: InfiniBand/RoCE adapters to use, e.g. mlx5_0,mlx5_1 "
+        "(default: NCCL chooses).",
+    )
+
+
 class JobSpec(Model):
     """One training job: what runs, on how many nodes, with what resources."""
 
@@ -543,10 +680,13 @@ class JobSpec(Model):
         default=None, description="Processes per node (default: gpus, or 1 on CPU)."
     )
     cpu: CpuQuantity | None = Field(
-        default=None, description="CPU request per node, a Kubernetes quantity (e.g. 8, 500m)."
+        default=None,
+        description="CPU request per node, a Kubernetes quantity (e.g. 8, 500m); default one "
+        "per process. No CPU limit: CFS throttling stalls collectives.",
     )
     memory: ByteQuantity | None = Field(
-        default=None, description="Memory per node (request and limit), e.g. 64Gi."
+        default=None,
+        description="Memory per node (request and limit), e.g. 64Gi; default 4Gi per process.",
     )
     command: Command = Field(
         default_factory=Command,
@@ -599,6 +739,22 @@ class JobSpec(Model):
         default_factory=RunPolicy,
         description="The PyTorchJob's runPolicy: retries, deadline, cleanup after the job.",
     )
+    secret_env: dict[str, SecretRef] = Field(
+        default_factory=dict,
+        description="Env vars read from Secrets by reference (secretKeyRef), e.g. "
+        "{HF_TOKEN: {secret: hf, key: token}}; the value never appears in the output.",
+    )
+    security: Security = Field(
+        default_factory=Security,
+        description="Pod security: non-root UID, fsGroup, read-only root, no API token.",
+    )
+    scheduling: Scheduling = Field(
+        default_factory=Scheduling, description="Gang scheduling (Volcano) and Kueue queues."
+    )
+    network: Network = Field(
+        default_factory=Network,
+        description="NetworkPolicy, host network, RDMA devices and NCCL settings.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
@@ -621,6 +777,14 @@ class JobSpec(Model):
             raise ValueError(
                 f"checkpoint.mountPath {SHM_PATH} is where shmSize mounts; use another path"
             )
+        self._check_env_sources()
+        if ckpt and self.security.read_only_root_filesystem:
+            taken = [p for p in WRITABLE_DIRS if posixpath.normpath(ckpt.mount_path) == p]
+            if taken:
+                raise ValueError(
+                    f"checkpoint.mountPath {taken[0]} is where the read-only root's writable "
+                    "emptyDir mounts; use another path"
+                )
         from ddpdeploy.targets import layout_of  # it imports this module's names lazily too
 
         # By value, not by "was it set": a dumped spec (e.g. one saved on the cluster) holds
@@ -629,6 +793,37 @@ class JobSpec(Model):
             raise ValueError("runtime applies only to target trainjob (--target trainjob)")
         layout_of(self.target).check(self)  # the target's name rules and what it refuses
         return self
+
+    def _check_env_sources(self) -> None:
+        _env(dict.fromkeys(self.secret_env, ""))
+        both = sorted(set(self.env) & set(self.secret_env))
+        if both:
+            raise ValueError(f"{both[0]} is in both env and secretEnv; keep one")
+        for field, var in NCCL_FIELDS.items():
+            if getattr(self.network, field) is not None and (
+                var in self.env or var in self.secret_env
+            ):
+                raise ValueError(f"{var} is set by network.{to_camel(field)} and by env; keep one")
+
+    @property
+    def cpu_request(self) -> str:
+        """CPU requested per node: the field, else one CPU per process."""
+        return self.cpu or str(self.procs_per_node)
+
+    @property
+    def memory_request(self) -> str:
+        """Memory requested and limited per node: the field, else 4Gi per process."""
+        return self.memory or f"{4 * self.procs_per_node}Gi"
+
+    @property
+    def queued(self) -> bool:
+        """Kueue admits the job: a queue with the default scheduler."""
+        return bool(self.scheduling.queue) and self.scheduling.scheduler == "default"
+
+    @property
+    def min_available(self) -> int:
+        """Pods a gang needs before any of them starts."""
+        return self.rendezvous.min_nodes or self.nodes
 
     @property
     def max_nodes(self) -> int:
@@ -688,6 +883,31 @@ FLAG_FIELDS: dict[str, tuple[str, ...]] = {
     "--procs": ("procs",),
     "--max-restarts": ("rendezvous", "maxRestarts"),
     "--elastic": ("rendezvous",),
+    "--scheduler": ("scheduling", "scheduler"),
+    "--queue": ("scheduling", "queue"),
+    "--rdma": ("network", "rdma"),
+    "--host-network": ("network", "hostNetwork"),
+    "--nccl-debug": ("network", "ncclDebug"),
+    "--network-policy": ("network", "policy"),
+    "--writable-rootfs": ("security", "readOnlyRootFilesystem"),
+}
+
+
+def parse_rdma(text: str) -> dict[str, Any]:
+    """``RESOURCE=N`` -> the network.rdma mapping."""
+    match = re.fullmatch(r"([^=\s]+)=([0-9]{1,100})", text)
+    if not match:
+        raise UserError(
+            f"--rdma: {_show(text)} is not RESOURCE=N; use the device plugin's resource and a "
+            "count, e.g. rdma/hca_shared_devices_a=1"
+        )
+    return {"resource": match[1], "count": int(match[2])}
+
+
+# Flags whose value is not the field's value as typed.
+_FLAG_VALUES: dict[str, Callable[[Any], Any]] = {
+    "--rdma": parse_rdma,
+    "--writable-rootfs": lambda writable: not writable,
 }
 
 
@@ -738,7 +958,13 @@ def _section(doc: dict[str, Any], key: str, source: str, hint: str) -> dict[str,
     return dict(value)
 
 
-_HINTS = {"rendezvous": "{mode: static}", "command": "{script: train.py, args: [--lr, '0.1']}"}
+_HINTS = {
+    "rendezvous": "{mode: static}",
+    "command": "{script: train.py, args: [--lr, '0.1']}",
+    "scheduling": "{scheduler: volcano}",
+    "network": "{policy: true}",
+    "security": "{readOnlyRootFilesystem: true}",
+}
 
 
 def _default_document() -> tuple[dict[str, Any], str]:
@@ -773,7 +999,7 @@ def load_spec(
         if flag == "--elastic":
             section.update(parse_elastic(value))
         else:
-            section[field_path[1]] = value
+            section[field_path[1]] = _FLAG_VALUES.get(flag, lambda v: v)(value)
         doc[field_path[0]] = section
     if extra_args:
         command = _section(doc, "command", source, _HINTS["command"])

@@ -17,8 +17,8 @@ def test_render_yaml_is_deterministic_and_parses():
     second = run_cli(*ARGS, "--", "--steps", "100")
     assert first.returncode == 0, first.stderr
     assert first.stdout == second.stdout
-    (job,) = list(yaml.safe_load_all(first.stdout))
-    assert job["kind"] == "PyTorchJob"
+    policy, job = list(yaml.safe_load_all(first.stdout))
+    assert (policy["kind"], job["kind"]) == ("NetworkPolicy", "PyTorchJob")
     cmd = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0][
         "command"
     ]
@@ -28,7 +28,7 @@ def test_render_yaml_is_deterministic_and_parses():
 def test_training_args_after_double_dash_may_look_like_anything():
     res = run_cli(*ARGS, "--", "deploy/", "--", "--nodes", "3")
     assert res.returncode == 0, res.stderr
-    (job,) = list(yaml.safe_load_all(res.stdout))
+    *_, job = list(yaml.safe_load_all(res.stdout))
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1  # --nodes 2 held
     cmd = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0][
         "command"
@@ -65,7 +65,8 @@ def test_render_json_lists_several_objects(spec_with_pvc):
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["kind"] == "List"
-    assert [o["kind"] for o in doc["items"]] == ["PersistentVolumeClaim", "PyTorchJob"]
+    kinds = [o["kind"] for o in doc["items"]]
+    assert kinds == ["PersistentVolumeClaim", "NetworkPolicy", "PyTorchJob"]
 
 
 def test_out_dir_writes_kustomize_folder(tmp_path, spec_with_pvc):
@@ -75,12 +76,14 @@ def test_out_dir_writes_kustomize_folder(tmp_path, spec_with_pvc):
     assert sorted(p.name for p in out.iterdir()) == [
         ".ddpdeploy-render.sha256",
         "kustomization.yaml",
+        "networkpolicy-j.yaml",
         "persistentvolumeclaim-j-checkpoints.yaml",
         "pytorchjob-j.yaml",
     ]
     kustomization = yaml.safe_load((out / "kustomization.yaml").read_text())
     assert kustomization["resources"] == [
         "persistentvolumeclaim-j-checkpoints.yaml",
+        "networkpolicy-j.yaml",
         "pytorchjob-j.yaml",
     ]
     job = yaml.safe_load((out / "pytorchjob-j.yaml").read_text())
@@ -91,6 +94,7 @@ def test_out_dir_writes_kustomize_folder(tmp_path, spec_with_pvc):
     assert sorted(p.name for p in out.iterdir()) == [
         ".ddpdeploy-render.sha256",
         "kustomization.yaml",
+        "networkpolicy-j.yaml",
         "pytorchjob-j.yaml",
     ]
     assert [p.name for p in tmp_path.iterdir()] == ["deploy"]  # no temp files left

@@ -9,6 +9,7 @@ import pytest
 
 from ddpdeploy.contract import launch_contract
 from ddpdeploy.render.k8s import render_objects
+from ddpdeploy.render.pod import pod_only_env
 from ddpdeploy.spec import JobSpec
 
 
@@ -90,8 +91,10 @@ def test_node_env_matches_what_the_operator_injects(case):
         (r, i) for r, s in job["spec"]["pytorchReplicaSpecs"].items() for i in range(s["replicas"])
     ]
     assert [(n.replica, n.index) for n in contract.nodes] == pods
+    own = pod_only_env(spec)  # the pod's file system and NCCL settings, not the launch
     for node in contract.nodes:
-        assert contract.node_env(node) == operator_env(job, node.replica, node.index)
+        env = operator_env(job, node.replica, node.index)
+        assert contract.node_env(node) == {k: v for k, v in env.items() if k not in own}
 
 
 def test_static_rank_zero_is_master_zero():
@@ -162,8 +165,10 @@ def test_node_env_matches_trainer_v2_and_the_indexed_job_pod(case):
         contract = launch_contract(spec)
         (job,) = [o for o in render_objects(spec) if o["kind"] in ("TrainJob", "Job")]
         assert [n.index for n in contract.nodes] == list(range(spec.nodes))
+        own = pod_only_env(spec)  # the pod's file system and NCCL settings, not the launch
         for node in contract.nodes:
-            assert contract.node_env(node) == expected(job, node.index), target
+            env = expected(job, node.index)
+            assert contract.node_env(node) == {k: v for k, v in env.items() if k not in own}
 
 
 def test_rendezvous_host_is_node_zero_of_each_layout():

@@ -19,6 +19,7 @@ from ddpdeploy.render.output import RECORD, parse_record, plan_folder, sha256
 RENDER = ["render", "--image", "t:1", "--name", "j"]
 JOB = "pytorchjob-j.yaml"
 PVC = "persistentvolumeclaim-j-checkpoints.yaml"
+POLICY = "networkpolicy-j.yaml"
 
 
 def snapshot(folder: Path) -> dict[str, bytes | None]:
@@ -75,7 +76,7 @@ def test_record_is_sha256sum_format(gitops):
         ["sha256sum", "-c", RECORD], cwd=gitops, capture_output=True, text=True, check=False
     )
     assert res.returncode == 0, res.stdout + res.stderr
-    assert set(parse_record((gitops / RECORD).read_text())) == {JOB, "kustomization.yaml"}
+    assert set(parse_record((gitops / RECORD).read_text())) == {JOB, POLICY, "kustomization.yaml"}
 
 
 @pytest.mark.parametrize("name", [JOB, "kustomization.yaml"])
@@ -102,7 +103,7 @@ def test_stale_file_is_removed_unless_edited(tmp_path):
     (out / PVC).write_text(before[PVC].decode().replace("# mine\n", ""))
     assert render(out).returncode == 0
     assert not (out / PVC).exists()
-    assert set(parse_record((out / RECORD).read_text())) == {JOB, "kustomization.yaml"}
+    assert set(parse_record((out / RECORD).read_text())) == {JOB, POLICY, "kustomization.yaml"}
 
 
 def test_fresh_folder_with_user_files_is_fine_and_identical_files_are_adopted(tmp_path):

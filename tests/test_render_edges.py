@@ -198,6 +198,8 @@ def api_errors(obj: dict[str, Any]) -> list[str]:
     """What a real API server would refuse in ``obj``, as far as the schemas here tell."""
     errors = _metadata_errors(obj["metadata"]) + int_format_errors(obj)
     namespace = obj["metadata"]["namespace"]
+    if obj["kind"] == "NetworkPolicy":
+        return errors + builtin_errors(obj)
     if obj["kind"] == "PersistentVolumeClaim":
         sc = obj["spec"].get("storageClassName")
         if sc is not None and (len(sc) > 253 or not re.fullmatch(_SUBDOMAIN, sc)):
@@ -247,7 +249,7 @@ def test_the_matrix_has_both_outcomes(tmp_path):
 
 
 def test_the_oracle_refuses_what_the_api_server_would():
-    job = render_objects(load_spec(None, {"--image": "train:v1", "--nodes": 2}))[0]
+    job = render_objects(load_spec(None, {"--image": "train:v1", "--nodes": 2}))[-1]
     assert api_errors(job) == []
     job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = 2**31
     job["metadata"]["labels"]["bad key"] = "x"

@@ -59,6 +59,40 @@ MATRIX: dict[str, dict[str, Any]] = {
     "no-shm": {"image": "train:v1", "shmSize": None},
     "module": {"image": "train:v1", "command": {"module": "pkg.train", "args": ["-x"]}},
     "full": FULL,
+    "volcano-elastic": {
+        "image": "train:v1",
+        "nodes": 3,
+        "gpus": 8,
+        "priorityClass": "high",
+        "rendezvous": {"mode": "elastic", "minNodes": 2, "maxNodes": 4},
+        "scheduling": {"scheduler": "volcano", "queue": "research"},
+    },
+    "kueue": {"image": "train:v1", "nodes": 2, "scheduling": {"queue": "team-a"}},
+    "rdma-host-network": {
+        "image": "train:v1",
+        "nodes": 2,
+        "gpus": 8,
+        "network": {
+            "rdma": {"resource": "rdma/hca_shared_devices_a", "count": 2},
+            "hostNetwork": True,
+            "ncclDebug": "INFO",
+            "ncclSocketIfname": "^lo,docker",
+            "ncclIbHca": "mlx5_0,mlx5_1",
+        },
+    },
+    "loosened": {
+        "image": "train:v1",
+        "nodes": 2,
+        "network": {"policy": False},
+        "security": {
+            "readOnlyRootFilesystem": False,
+            "automountServiceAccountToken": True,
+            "runAsUser": 2000,
+            "runAsGroup": 0,
+            "fsGroup": 3000,
+        },
+        "secretEnv": {"HF_TOKEN": {"secret": "hf", "key": "token"}},
+    },
 }
 
 
@@ -70,10 +104,16 @@ def render(doc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
     return jobs[0], (pvcs[0] if pvcs else None)
 
 
+def by_kind(doc: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    return [o for o in render_objects(JobSpec.model_validate(doc)) if o["kind"] == kind]
+
+
 @pytest.mark.parametrize("case", list(MATRIX))
 def test_every_rendered_object_validates(case):
     job, pvc = render(MATRIX[case])
     assert pytorchjob_errors(job) == []
+    for policy in by_kind(MATRIX[case], "NetworkPolicy"):
+        assert builtin_errors(policy) == []
     for replica in job["spec"]["pytorchReplicaSpecs"].values():
         pod_template = {
             "apiVersion": "v1",
@@ -173,7 +213,7 @@ def test_full_spec_reaches_the_pod():
     env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
     assert env["NCCL_DEBUG"] == "INFO" and env["OMP_NUM_THREADS"] == "4"
     assert pod["containers"][0]["resources"] == {
-        "requests": {"cpu": "32", "memory": "256Gi"},
+        "requests": {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": 8},
         "limits": {"memory": "256Gi", "nvidia.com/gpu": 8},
     }
     assert job["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"
@@ -182,7 +222,9 @@ def test_full_spec_reaches_the_pod():
 
 def test_no_shm_mount_when_disabled():
     job, _ = render(MATRIX["no-shm"])
-    assert "volumes" not in job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    assert "dshm" not in [v["name"] for v in pod["volumes"]]
+    assert "/dev/shm" not in [m["mountPath"] for m in pod["containers"][0]["volumeMounts"]]
 
 
 def test_builtin_trainer_gets_the_checkpoint_dir():

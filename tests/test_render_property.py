@@ -83,6 +83,29 @@ VALID: dict[str, st.SearchStrategy[Any]] = {
     "runPolicy": opt(backoffLimit=st.integers(0, 5), cleanPodPolicy=st.just("Running")),
     "target": st.sampled_from(["pytorchjob", "trainjob", "indexed-job"]),
     "runtime": st.sampled_from(["torch-distributed", "my-runtime"]),
+    "secretEnv": st.dictionaries(
+        st.sampled_from(["HF_TOKEN", "WANDB_API_KEY"]),
+        st.fixed_dictionaries({"secret": st.just("s"), "key": st.sampled_from(["k", ".a-b_c"])}),
+        max_size=2,
+    ),
+    "security": opt(
+        runAsUser=st.integers(1, 2**31),
+        runAsGroup=st.integers(0, 2**31),
+        fsGroup=st.integers(0, 2**31),
+        readOnlyRootFilesystem=st.booleans(),
+        automountServiceAccountToken=st.booleans(),
+    ),
+    "scheduling": opt(
+        scheduler=st.sampled_from(["default", "volcano"]), queue=st.sampled_from(["q", "team-a"])
+    ),
+    "network": opt(
+        policy=st.booleans(),
+        hostNetwork=st.booleans(),
+        rdma=opt(resource=st.just("rdma/ib"), count=st.integers(1, 8)),
+        ncclDebug=st.sampled_from(["WARN", "INFO"]),
+        ncclSocketIfname=st.sampled_from(["eth0", "^lo,docker"]),
+        ncclIbHca=st.just("mlx5_0"),
+    ),
 }
 
 nasty_int = st.one_of(
@@ -133,6 +156,21 @@ NASTY: dict[str, st.SearchStrategy[Any]] = {
         cleanPodPolicy=nasty_str,
     ),
     "command": opt(script=nasty_str, module=nasty_str, args=st.one_of(nasty_str, nasty_map)),
+    "secretEnv": st.dictionaries(
+        st.one_of(word, nasty_str), opt(secret=nasty_str, key=nasty_str), max_size=2
+    ),
+    "security": opt(
+        runAsUser=nasty_int, runAsGroup=nasty_int, fsGroup=nasty_int, readOnlyRootFilesystem=nasty
+    ),
+    "scheduling": opt(scheduler=nasty_str, queue=nasty_str),
+    "network": opt(
+        policy=nasty,
+        hostNetwork=nasty,
+        rdma=opt(resource=nasty_str, count=nasty_int),
+        ncclDebug=nasty_str,
+        ncclSocketIfname=nasty_str,
+        ncclIbHca=nasty_str,
+    ),
 }
 
 
@@ -168,6 +206,10 @@ VALID_FLAGS = {
     "--max-restarts": st.integers(0, 3).map(str),
     "--target": st.sampled_from(["pytorchjob", "trainjob", "indexed-job"]),
     "--runtime": st.sampled_from(["torch-distributed", "r.x"]),
+    "--scheduler": st.sampled_from(["default", "volcano"]),
+    "--queue": st.sampled_from(["q", "team-a"]),
+    "--rdma": st.sampled_from(["rdma/ib=1", "nvidia.com/hostdev=2"]),
+    "--nccl-debug": st.sampled_from(["WARN", "INFO"]),
 }
 
 

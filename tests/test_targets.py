@@ -32,15 +32,22 @@ def for_target(doc: dict[str, Any], target: str) -> dict[str, Any] | None:
     out = {k: v for k, v in doc.items() if k not in UNSUPPORTED.get(target, ())}
     if target == "trainjob" and "runPolicy" in doc:
         out["runPolicy"] = {"activeDeadlineSeconds": 86400}
+    if target == "trainjob" and "network" in doc:  # a runtime patch has no hostNetwork
+        out["network"] = {k: v for k, v in doc["network"].items() if k != "hostNetwork"}
+    if target == "trainjob" and "scheduling" in doc:  # nor a schedulerName
+        out["scheduling"] = {k: v for k, v in doc["scheduling"].items() if k != "scheduler"}
     if target == "indexed-job" and "runPolicy" in doc:
         out["runPolicy"] = {k: v for k, v in doc["runPolicy"].items() if k != "cleanPodPolicy"}
     return {**out, "target": target}
 
 
+GANG = {"image": "train:v1", "nodes": 2, "scheduling": {"scheduler": "volcano", "queue": "q"}}
+
+
 CASES = [
     pytest.param(doc, id=f"{target}-{name}")
     for target in TARGETS
-    for name, base in MATRIX.items()
+    for name, base in {**MATRIX, "volcano-static": GANG}.items()
     if (doc := for_target(base, target)) is not None
 ]
 
@@ -63,7 +70,9 @@ def errors(obj: dict[str, Any]) -> list[str]:
         return out
     if obj["kind"] == "TrainJob":
         return trainjob_errors(obj) + builtin_errors(trainjob_pod_template(obj))
-    return builtin_errors(obj)  # Job (with its pod template), Service, PVC
+    if obj["kind"] == "PodGroup":
+        return []  # Volcano's CRD is not in tests/schemas; tests/test_render_hardening.py
+    return builtin_errors(obj)  # Job (with its pod template), Service, PVC, NetworkPolicy
 
 
 @pytest.mark.parametrize("doc", CASES)
@@ -75,13 +84,18 @@ def test_every_target_renders_valid_objects(doc):
         "trainjob": ["TrainJob"],
         "indexed-job": ["Service", "Job"],
     }[doc["target"]]
-    assert [k for k in kinds if k != "PersistentVolumeClaim"] == expected
+    beside = ("PersistentVolumeClaim", "NetworkPolicy", "PodGroup")
+    assert [k for k in kinds if k not in beside] == expected
+    # No operator makes the Indexed Job's PodGroup: it is rendered (PyTorchJob's operator
+    # makes its own; a TrainJob cannot be gang-scheduled from here, see below).
+    gang = doc.get("scheduling", {}).get("scheduler") == "volcano"
+    assert ("PodGroup" in kinds) == (gang and doc["target"] == "indexed-job")
     for obj in objects:
         assert errors(obj) == [], obj["kind"]
 
 
 def test_trainjob_validator_rejects_unknown_fields():
-    (job,) = render_objects(JobSpec.model_validate(for_target(FULL, "trainjob")))[1:]
+    job = render_one(for_target(FULL, "trainjob"), "TrainJob")
     bad = copy.deepcopy(job)
     bad["spec"]["trainer"]["numProcsPerNode"] = 8
     assert any("numProcsPerNode" in e for e in trainjob_errors(bad))
@@ -115,9 +129,12 @@ def test_trainjob_carries_the_pod_through_trainer_and_runtime_patch():
     assert spec["activeDeadlineSeconds"] == 86400
     pod = trainjob_pod_template(job)["template"]
     assert pod["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
-    assert {v["name"] for v in pod["spec"]["volumes"]} == {"dshm", "checkpoints"}
+    assert {v["name"] for v in pod["spec"]["volumes"]} == {"dshm", "checkpoints", "tmp", "home"}
     (container,) = pod["spec"]["containers"]
-    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/dev/shm", "/ckpt"}
+    assert {"/dev/shm", "/ckpt", "/tmp"} <= {m["mountPath"] for m in container["volumeMounts"]}
+    # The hardened pod's settings reach the pod Trainer runs.
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
     assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
     assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "H100"}
     assert pod["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
@@ -185,6 +202,8 @@ def test_one_line_refusals(args, expected):
         ("trainjob", "runPolicy: {backoffLimit: 1}", "runPolicy.backoffLimit has no TrainJob"),
         ("trainjob", "rendezvous: {port: 29500}", "fixed at 29400"),
         ("indexed-job", "runPolicy: {cleanPodPolicy: All}", "cleanPodPolicy has no Job field"),
+        ("trainjob", "scheduling: {scheduler: volcano}", "cannot set the pod's schedulerName"),
+        ("trainjob", "network: {hostNetwork: true}", "cannot set the pod's hostNetwork"),
     ],
 )
 def test_spec_fields_a_target_cannot_carry(tmp_path, target, text, expected):
@@ -197,12 +216,13 @@ def test_target_field_in_the_file_and_the_flag_wins(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text("target: indexed-job\nnodes: 2\n")
     res = run_cli("render", "--image", "t:1", "-f", str(path))
-    assert res.returncode == 0 and re.findall(r"^kind: (\w+)", res.stdout, re.M) == [
-        "Service",
-        "Job",
-    ]
+    assert res.returncode == 0 and kinds(res.stdout) == ["Service", "Job"]
     res = run_cli("render", "--image", "t:1", "-f", str(path), "--target", "trainjob")
-    assert res.returncode == 0 and re.findall(r"^kind: (\w+)", res.stdout, re.M) == ["TrainJob"]
+    assert res.returncode == 0 and kinds(res.stdout) == ["TrainJob"]
+
+
+def kinds(text: str) -> list[str]:
+    return [k for k in re.findall(r"^kind: (\w+)", text, re.M) if k != "NetworkPolicy"]
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -245,3 +265,43 @@ def test_a_dumped_spec_validates_again(doc):
     # Cluster commands save the spec as JSON on the objects and read it back.
     spec = JobSpec.model_validate(doc)
     assert JobSpec.model_validate(spec.model_dump(mode="json", by_alias=True)) == spec
+
+
+def test_cluster_commands_find_a_targets_pods_by_hostname():
+    from ddpdeploy.jobstate import pod_view
+    from ddpdeploy.jobwatch import node_pod, rank0_pod
+
+    spec = JobSpec.model_validate({"image": "t:1", "nodes": 2, "target": "indexed-job"})
+    job = render_objects(spec)[-1]
+    job["metadata"]["namespace"] = "default"
+    pods = [
+        {
+            "metadata": {
+                "name": f"ddp-train-{i}-x7k2{i}",
+                "labels": {"batch.kubernetes.io/job-completion-index": str(i)},
+            },
+            "spec": {"hostname": f"ddp-train-{i}"},
+            "status": {"phase": "Running"},
+        }
+        for i in (1, 0)
+    ]
+    assert rank0_pod(None, job, pods) == "ddp-train-0-x7k20"  # type: ignore[arg-type]
+    assert node_pod(job, pods, None, 1) == "ddp-train-1-x7k21"
+    assert node_pod(job, pods, None, None) is None
+    assert node_pod(job, pods[1:], None, 1) is None  # not there (yet): no made-up name
+    view = pod_view(pods[0])
+    assert (view.replica, view.index) == ("node", 1)
+
+
+def test_indexed_job_gang_and_queue():
+    gang = render_objects(JobSpec.model_validate({**GANG, "target": "indexed-job"}))
+    group, job = [o for o in gang if o["kind"] in ("PodGroup", "Job")]
+    assert group["spec"]["minMember"] == 2 and group["spec"]["queue"] == "q"
+    pod = job["spec"]["template"]
+    assert pod["spec"]["schedulerName"] == "volcano"
+    assert pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "ddp-train"
+    for target in ("indexed-job", "trainjob"):
+        doc = {"image": "t:1", "nodes": 2, "scheduling": {"queue": "team-a"}, "target": target}
+        job = render_objects(JobSpec.model_validate(doc))[-1]
+        assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+        assert job["spec"]["suspend"] is True

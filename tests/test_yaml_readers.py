@@ -50,7 +50,10 @@ def tricky_spec() -> dict[str, Any]:
             **{s: "k" for s in TRICKY if _valid({"env": {s: "x"}})},
         },
         "annotations": {f"example.com/a{i}": s for i, s in enumerate(TRICKY)},
-        "nodeSelector": {f"k{i}": s for i, s in enumerate(TRICKY)},
+        # nodeSelector values are label values to the API server, and so to the spec.
+        "nodeSelector": {
+            f"k{i}": s for i, s in enumerate(TRICKY) if _valid({"nodeSelector": {"k": s}})
+        },
         "labels": {
             **{f"l{i}": s for i, s in enumerate(TRICKY) if _valid({"labels": {"k": s}})},
             **{s: "v" for s in TRICKY if _valid({"labels": {s: "v"}})},
@@ -72,10 +75,12 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def test_the_matrix_reaches_every_place():
-    job = render_objects(JobSpec.model_validate(tricky_spec()))[-1]
+    objects = render_objects(JobSpec.model_validate(tricky_spec()))
+    (job,) = [o for o in objects if o["kind"] == "PyTorchJob"]
     pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
     labels = pod["metadata"]["labels"]
     assert {"yes", "on", "012", "1e-3", "true", "null", "y"} <= set(labels.values())
+    assert {"yes", "on", "012", "1e-3", "true", "null"} <= set(pod["spec"]["nodeSelector"].values())
     assert {"yes", "on", "null", "true", "y"} <= set(labels)
     env_names = {e["name"] for e in pod["spec"]["containers"][0]["env"]}
     assert {"yes", "on", "null", ".inf"} <= env_names

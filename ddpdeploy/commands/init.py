@@ -31,8 +31,9 @@ target: pytorchjob         # pytorchjob | trainjob (Trainer v2) | indexed-job (n
 nodes: 2                   # example: nodes (pods); default 1
 gpus: 0                    # GPUs per node; 0 = CPU job with gloo
 # procs: 1                 # processes per node; default = gpus (one per GPU), or 1 on CPU
-# cpu: "8"                 # per node, a Kubernetes quantity (requests)
-# memory: 64Gi             # per node (requests and limits)
+# cpu: "8"                 # per node, requested (default 1 per process); never limited:
+                           # CFS throttling stalls collectives
+# memory: 64Gi             # per node, requested and limited (default 4Gi per process)
 backend: auto              # auto (nccl on GPU, gloo on CPU) | nccl | gloo
 
 command:                   # neither script nor module: the built-in trainer
@@ -56,7 +57,8 @@ rendezvous:
 
 shmSize: 2Gi               # /dev/shm as a memory emptyDir; null = no mount (64 MB default)
 terminationGracePeriodSeconds: 120  # SIGTERM -> checkpoint -> exit; torchrun alone takes 30 s
-env: {}                    # e.g. {NCCL_DEBUG: INFO}
+env: {}                    # e.g. {OMP_NUM_THREADS: "4"}
+secretEnv: {}              # by reference only, e.g. {HF_TOKEN: {secret: hf, key: token}}
 imagePullSecrets: []
 nodeSelector: {}
 tolerations: []            # e.g. [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
@@ -66,6 +68,25 @@ labels: {}
 annotations: {}
 runPolicy: {}              # backoffLimit, activeDeadlineSeconds, ttlSecondsAfterFinished,
                            # cleanPodPolicy (None | Running | All)
+
+security:                  # hardened by default; loosen one setting at a time
+  runAsUser: 10001         # non-root; the image `ddpdeploy build` makes runs as 10001
+  runAsGroup: 10001
+  fsGroup: 10001           # volumes (a new, root-owned checkpoint PVC) get this group
+  readOnlyRootFilesystem: true   # /tmp and HOME are emptyDirs; false = --writable-rootfs
+  automountServiceAccountToken: false  # true only for code that calls the Kubernetes API
+
+scheduling:
+  scheduler: default       # default | volcano (gang of all nodes; --scheduler)
+  # queue: team-a          # Kueue LocalQueue (job starts suspended), or the Volcano queue
+
+network:
+  policy: true             # NetworkPolicy: only the job's own pods may connect to them
+  hostNetwork: false       # the node's network (dnsPolicy ClusterFirstWithHostNet)
+  # rdma: {resource: rdma/hca_shared_devices_a, count: 1}  # --rdma RES=N; adds IPC_LOCK
+  # ncclDebug: INFO        # VERSION | WARN | INFO | TRACE; default WARN on GPU jobs
+  # ncclSocketIfname: eth0 # NCCL_SOCKET_IFNAME (default: NCCL chooses)
+  # ncclIbHca: mlx5_0      # NCCL_IB_HCA (default: NCCL chooses)
 """
 )
 

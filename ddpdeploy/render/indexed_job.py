@@ -9,7 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdeploy.contract import LaunchContract
-from ddpdeploy.render.pod import MANAGED_BY, metadata, pod_template, require_image
+from ddpdeploy.render.pod import (
+    metadata,
+    pod_template,
+    require_image,
+    selector_labels,
+    workload_metadata,
+)
+from ddpdeploy.render.policy import POD_GROUP_ANNOTATION, pod_group
 from ddpdeploy.spec import INT32_MAX, JobSpec
 
 Obj = dict[str, Any]
@@ -23,10 +30,6 @@ def _default_backoff(nodes: int) -> int:
     return min(RETRIES_BY_DEFAULT * nodes, INT32_MAX)  # backoffLimit is an int32
 
 
-def selector(spec: JobSpec) -> dict[str, str]:
-    return {"app.kubernetes.io/instance": spec.name, "app.kubernetes.io/managed-by": MANAGED_BY}
-
-
 def headless_service(spec: JobSpec, contract: LaunchContract) -> Obj:
     """DNS for `<job>-<i>.<job>`, published before pods are ready: peers resolve each other
     as soon as a pod has an address (rendezvous still waits for the host in the pod)."""
@@ -37,7 +40,7 @@ def headless_service(spec: JobSpec, contract: LaunchContract) -> Obj:
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": selector(spec),
+            "selector": selector_labels(spec),
             "ports": [
                 {
                     "name": "rendezvous",
@@ -50,9 +53,22 @@ def headless_service(spec: JobSpec, contract: LaunchContract) -> Obj:
     }
 
 
+def objects(spec: JobSpec, contract: LaunchContract) -> list[Obj]:
+    """The headless Service, a Volcano PodGroup when gang-scheduled (no operator makes one
+    here), and the Job."""
+    group = pod_group(spec, spec.name)
+    return [
+        headless_service(spec, contract),
+        *([group] if group else []),
+        indexed_job(spec, contract),
+    ]
+
+
 def indexed_job(spec: JobSpec, contract: LaunchContract) -> Obj:
     require_image(spec)
     template = pod_template(spec, contract)
+    if spec.scheduling.scheduler == "volcano":
+        template["metadata"]["annotations"][POD_GROUP_ANNOTATION] = spec.name
     template["spec"]["subdomain"] = spec.name  # the headless Service
     template["spec"]["restartPolicy"] = "Never"  # podFailurePolicy requires it
     policy = spec.run_policy
@@ -76,10 +92,12 @@ def indexed_job(spec: JobSpec, contract: LaunchContract) -> Obj:
         job_spec["activeDeadlineSeconds"] = policy.active_deadline_seconds
     if policy.ttl_seconds_after_finished is not None:
         job_spec["ttlSecondsAfterFinished"] = policy.ttl_seconds_after_finished
+    if spec.queued:
+        job_spec["suspend"] = True  # Kueue unsuspends the job when its queue admits it
     job_spec["template"] = template
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": metadata(spec, spec.name),
+        "metadata": workload_metadata(spec, spec.name),
         "spec": job_spec,
     }

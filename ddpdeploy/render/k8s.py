@@ -22,7 +22,10 @@ from ddpdeploy.render.pod import (  # noqa: F401  (re-exported for callers of th
     metadata,
     pod_template,
     require_image,
+    selector_labels,
+    workload_metadata,
 )
+from ddpdeploy.render.policy import beside_job
 from ddpdeploy.spec import JobSpec
 from ddpdeploy.targets.pytorchjob import PyTorchJob
 
@@ -53,20 +56,39 @@ def pytorchjob(spec: JobSpec, contract: LaunchContract | None = None) -> Obj:
         if rdzv.max_restarts is not None:
             elastic["maxRestarts"] = rdzv.max_restarts
         job_spec["elasticPolicy"] = elastic
-    run_policy = spec.run_policy.model_dump(by_alias=True, exclude_none=True)
+    run_policy = {**spec.run_policy.model_dump(by_alias=True, exclude_none=True)}
+    run_policy.update(_scheduling_policy(spec))
     if run_policy:
         job_spec["runPolicy"] = run_policy
     job_spec["pytorchReplicaSpecs"] = replica_specs
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
-        "metadata": metadata(spec, spec.name),
+        "metadata": workload_metadata(spec, spec.name),
         "spec": job_spec,
     }
 
 
+def _scheduling_policy(spec: JobSpec) -> Obj:
+    """runPolicy fields for gang scheduling (Volcano) and queueing (Kueue)."""
+    out: Obj = {}
+    if spec.scheduling.scheduler == "volcano":
+        # The operator (started with --gang-scheduler-name=volcano) makes the PodGroup.
+        policy: Obj = {"minAvailable": spec.min_available}
+        if spec.scheduling.queue:
+            policy["queue"] = spec.scheduling.queue
+        if spec.priority_class:
+            policy["priorityClass"] = spec.priority_class
+        out["schedulingPolicy"] = policy
+    if spec.queued:
+        out["suspend"] = True  # Kueue unsuspends the job when its queue admits it
+    return out
+
+
 def render_objects(spec: JobSpec) -> list[Obj]:
-    """Every object the job needs on its target, dependencies (the PVC, a Service) first."""
+    """Every object the job needs on its target, dependencies (the PVC, the policy, a
+    Service) first."""
     contract = launch_contract(spec)
     pvc = checkpoint_pvc(spec)
-    return [*([pvc] if pvc else []), *contract.layout.objects(spec, contract)]
+    policies = beside_job(spec, selector_labels(spec))
+    return [*([pvc] if pvc else []), *policies, *contract.layout.objects(spec, contract)]

@@ -12,7 +12,7 @@ from typing import Any
 
 from ddpdeploy.contract import LaunchContract
 from ddpdeploy.errors import UserError
-from ddpdeploy.render.pod import metadata, pod_template, require_image
+from ddpdeploy.render.pod import pod_template, require_image, workload_metadata
 from ddpdeploy.spec import JobSpec
 from ddpdeploy.targets.trainjob import REPLICATED_JOB
 
@@ -33,6 +33,10 @@ _POD_PATCHABLE = (
     "volumes",
 )
 _CONTAINER_PATCHABLE = ("securityContext", "volumeMounts")
+# Pod fields of our default pod that no runtime patch can carry, left to the runtime: the
+# service account token (set automountServiceAccountToken: false in the runtime to keep it
+# out) and Service links (noise). Anything else we cannot carry is refused in one line.
+_RUNTIME_DECIDES = ("automountServiceAccountToken", "enableServiceLinks")
 # The container's fields that `trainer` holds, or that the runtime owns (its port 29400; the
 # pull policy stays the cluster's default).
 _CONTAINER_ELSEWHERE = ("name", "image", "command", "env", "resources", "ports", "imagePullPolicy")
@@ -50,7 +54,7 @@ def _pod_patch(spec: JobSpec, pod: Obj, container: Obj) -> Obj:
     a TrainJob cannot carry (never silently dropped: it may be a security setting)."""
     out: Obj = {}
     for key, value in pod.items():
-        if key == "containers":
+        if key == "containers" or key in _RUNTIME_DECIDES:
             continue
         if key not in _POD_PATCHABLE:
             raise _refuse(spec, key)
@@ -92,6 +96,8 @@ def trainjob(spec: JobSpec, contract: LaunchContract) -> Obj:
     }
     if spec.run_policy.active_deadline_seconds is not None:
         job_spec["activeDeadlineSeconds"] = spec.run_policy.active_deadline_seconds
+    if spec.queued:
+        job_spec["suspend"] = True  # Kueue unsuspends the job when its queue admits it
     pod = {"metadata": template["metadata"], "spec": _pod_patch(spec, template["spec"], container)}
     job_template = {"spec": {"template": pod}}
     job_spec["runtimePatches"] = [
@@ -107,6 +113,6 @@ def trainjob(spec: JobSpec, contract: LaunchContract) -> Obj:
     return {
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "TrainJob",
-        "metadata": metadata(spec, spec.name),
+        "metadata": workload_metadata(spec, spec.name),
         "spec": job_spec,
     }

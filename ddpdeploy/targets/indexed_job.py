@@ -61,9 +61,9 @@ class IndexedJob(Layout):
         return {"PET_NODE_RANK": COMPLETION_INDEX}
 
     def objects(self, spec: JobSpec, contract: LaunchContract) -> list[dict[str, Any]]:
-        from ddpdeploy.render.indexed_job import headless_service, indexed_job
+        from ddpdeploy.render.indexed_job import objects
 
-        return [headless_service(spec, contract), indexed_job(spec, contract)]
+        return objects(spec, contract)
 
     def pod_templates(self, obj: dict[str, Any]) -> list[dict[str, Any]]:
         return [((obj.get("spec") or {}).get("template") or {}).get("spec") or {}]
