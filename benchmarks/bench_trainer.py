@@ -2,9 +2,11 @@
 """Benchmark train/ddptrain.py against a minimal textbook DDP loop (run by hand).
 
   python benchmarks/bench_trainer.py [--trials 5] [--steps 400] [--large-steps 100]
+                                     [--backend gloo|nccl]
 
 Reports, for two model sizes (the built-in MLP and a ~4M-parameter MLP), with 2 processes
-on gloo and the same data, batch and optimizer:
+on gloo (or, with --backend nccl, one process per CUDA device) and the same data, batch
+and optimizer:
   * steps/s of ddptrain.py with checkpointing on, divided by steps/s of the textbook loop
     (which does no checkpointing at all), every trial and the median. Trials interleave:
     each trial runs both programs for both sizes back to back, alternating which goes
@@ -43,10 +45,16 @@ sys.path.append(os.getcwd())
 import bench_models
 
 steps, bs, log_every, size = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
-dist.init_process_group("gloo")
+backend = sys.argv[5]
+dev = torch.device("cpu")
+if backend == "nccl":
+    dev = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    torch.cuda.set_device(dev)
+dist.init_process_group(backend)
 rank = dist.get_rank()
 torch.manual_seed(rank)
-model = DDP(bench_models.large() if size == "large" else ddptrain_model.build_mlp())
+model = (bench_models.large() if size == "large" else ddptrain_model.build_mlp()).to(dev)
+model = DDP(model, device_ids=[dev.index] if backend == "nccl" else None)
 data = ddptrain_model.SyntheticClassification()
 sampler = DistributedSampler(data, seed=0)
 opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -54,6 +62,7 @@ step, epoch = 0, 0
 while step < steps:
     sampler.set_epoch(epoch)
     for x, y in DataLoader(data, batch_size=bs, sampler=sampler, drop_last=True):
+        x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
         loss = F.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()
@@ -121,7 +130,7 @@ def sync_save_seconds(ckpt_dir: Path, reps: int = 5) -> float:
     import torch
 
     newest = sorted(ckpt_dir.glob("ckpt-step-*.pt"))[-1]
-    state = torch.load(newest, weights_only=True)
+    state = torch.load(newest, map_location="cpu", weights_only=True)
     times = []
     for i in range(reps):
         target = ckpt_dir / f"sync-save-{i}.pt"
@@ -132,19 +141,21 @@ def sync_save_seconds(ckpt_dir: Path, reps: int = 5) -> float:
     return statistics.median(times)
 
 
-def one_trial(size: str, t: int, steps: int, work: Path) -> dict[str, float]:
+def one_trial(
+    size: str, t: int, steps: int, work: Path, backend: str, nproc: int
+) -> dict[str, float]:
     """ddptrain.py and the textbook loop back to back (order alternating with ``t``)."""
     bs, log_every, every = 32, 10, steps // 4
     warm = max(log_every, steps // 5 // log_every * log_every)  # must be a logged step
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    torchrun += ["--nproc-per-node", "2"]
+    torchrun += ["--nproc-per-node", str(nproc)]
     ck = work / f"ck-{size}-{t}"
     mine_argv = torchrun + [str(TRAINER), "--steps", str(steps), "--batch-size", str(bs)]
     mine_argv += ["--log-every", str(log_every), "--checkpoint-dir", str(ck)]
-    mine_argv += ["--checkpoint-every", str(every), "--keep", "2"]
+    mine_argv += ["--checkpoint-every", str(every), "--keep", "2", "--backend", backend]
     mine_argv += ["--model", "bench_models:large"] if size == "large" else []
     base_argv = torchrun + [str(work / "textbook_ddp.py"), str(steps), str(bs)]
-    base_argv += [str(log_every), size]
+    base_argv += [str(log_every), size, backend]
     runs = {}
     for name in ("ddptrain", "textbook") if t % 2 == 0 else ("textbook", "ddptrain"):
         argv = mine_argv if name == "ddptrain" else base_argv
@@ -176,12 +187,29 @@ def summary(trials: list[dict[str, float]]) -> dict[str, Any]:
     }
 
 
+def cuda_procs() -> int:
+    """One rank per CUDA device: nccl cannot share one GPU between two ranks."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("--backend nccl needs CUDA, which is not available here")
+    return max(1, torch.cuda.device_count())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--steps", type=int, default=400, help="steps per run, small model")
     ap.add_argument("--large-steps", type=int, default=100, help="steps per run, large model")
+    ap.add_argument(
+        "--backend",
+        choices=["gloo", "nccl"],
+        default="gloo",
+        help="gloo: 2 CPU processes; nccl: one process per CUDA device (at least 1)",
+    )
     args = ap.parse_args()
+    nproc = 2 if args.backend == "gloo" else cuda_procs()
+    print(f"backend {args.backend}, {nproc} process(es) per run", flush=True)
     steps = {"small": args.steps, "large": args.large_steps}
     trials: dict[str, list[dict[str, float]]] = {"small": [], "large": []}
     with tempfile.TemporaryDirectory(prefix="bench-ddptrain-") as d:
@@ -190,7 +218,7 @@ def main() -> None:
         (work / "bench_models.py").write_text(MODELS)
         for t in range(args.trials):
             for size in trials:
-                trials[size].append(one_trial(size, t, steps[size], work))
+                trials[size].append(one_trial(size, t, steps[size], work, args.backend, nproc))
     print(json.dumps({size: summary(rs) for size, rs in trials.items()}, indent=2))
 
 

@@ -112,6 +112,9 @@ class Kube:
                 f"{what}: the API server at {self.server} rejected the credentials (expired "
                 "or invalid); log in again or refresh the kubeconfig"
             )
+        if status == 403 and " cannot " not in message:
+            # Not RBAC ("User x cannot create ..."): an admission policy such as a LimitRange.
+            return OperationError(f"{what}: the API server refused it: {message}")
         if status == 403:
             return Forbidden(
                 f"{what}: forbidden: {message}; ask a cluster admin for RBAC rights, or use a "

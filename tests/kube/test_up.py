@@ -72,15 +72,23 @@ def test_dry_run_stores_nothing(kube_cli, admin, namespace, ckpt_spec):
 
 
 def test_server_rejection_applies_nothing(kube_cli, admin, namespace, tmp_path):
-    # Our spec checks annotation keys; the apiserver caps their total size at 256 KiB.
+    # A rule of this cluster that no client can know: a LimitRange caps PVCs at 1Gi, and the
+    # apiserver's LimitRanger admission refuses a bigger one, in the dry run already.
+    res(admin, "v1", "LimitRange").create(
+        namespace=namespace,
+        body={
+            "metadata": {"name": "small-pvcs"},
+            "spec": {"limits": [{"type": "PersistentVolumeClaim", "max": {"storage": "1Gi"}}]},
+        },
+    )
     spec = tmp_path / "big.yaml"
-    spec.write_text(f"checkpoint: {{size: 1Gi}}\nannotations: {{note: {'x' * 270000}}}\n")
+    spec.write_text("checkpoint: {size: 2Gi}\n")
     for extra in ([], ["--dry-run"]):
         out = kube_cli(*up_args(namespace, "j", "-f", str(spec), "--no-wait", *extra))
         assert out.returncode == 1
         last = out.stderr.strip().splitlines()[-1]
         assert "dry run of PersistentVolumeClaim j-checkpoints: the API server refused it" in last
-        assert "Too long" in last
+        assert "maximum storage usage per PersistentVolumeClaim is 1Gi" in last
         assert stored(admin, namespace) == {"pvc": [], "job": []}
 
 
