@@ -17,12 +17,11 @@ from typing import Any, BinaryIO
 
 from ddpdeploy.adapters.kube import Kube
 from ddpdeploy.errors import OperationError
-from ddpdeploy.jobstate import JOB_NAME_LABEL
 from ddpdeploy.render.k8s import checkpoint_claim_name, labels
 from ddpdeploy.spec import JobSpec
+from ddpdeploy.targets import layout_of
 
 Obj = dict[str, Any]
-CONTAINER = "pytorch"
 HELPER_CONTAINER = "reader"
 
 
@@ -100,7 +99,9 @@ def helper_pod(spec: JobSpec, image: str) -> Obj:
 
 
 def _running_pod(kube: Kube, spec: JobSpec) -> str | None:
-    pods = kube.list("v1", "Pod", spec.namespace, labels=f"{JOB_NAME_LABEL}={spec.name}")
+    selector = layout_of(spec.target).pod_selector(spec.name)
+    labels = ",".join(f"{k}={v}" for k, v in selector.items())
+    pods = kube.list("v1", "Pod", spec.namespace, labels=labels)
     running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
     return min((p["metadata"]["name"] for p in running), default=None)
 
@@ -113,7 +114,8 @@ def pod_source(kube: Kube, spec: JobSpec, timeout: float) -> Iterator[PodSource]
     folder = spec.checkpoint.mount_path
     pod = _running_pod(kube, spec)
     if pod is not None:
-        yield PodSource(kube, pod, spec.namespace, CONTAINER, folder)
+        container = layout_of(spec.target).container  # the training container
+        yield PodSource(kube, pod, spec.namespace, container, folder)
         return
     body = helper_pod(spec, spec.image or "busybox")
     name = body["metadata"]["name"]

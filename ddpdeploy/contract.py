@@ -1,11 +1,12 @@
 """The launch contract: how torchrun starts on every node, computed once from a JobSpec.
 
-Every target (PyTorchJob, docker-compose, local processes) starts training through this
-module, so a green smoke test starts training exactly as the cluster does.
-
-For the cluster, the Kubeflow training operator (v1.9) injects the per-pod env; `node_env`
-reproduces that injection for targets with no operator. The container command and our own
-env (`base_env`) are the same everywhere.
+Every target (PyTorchJob, TrainJob, Indexed Job, docker-compose, local processes) starts
+training through this module, so a green smoke test starts training exactly as the cluster
+does. The launch itself (the container command, our base env, procs per node, port and
+rendezvous policy) is the same everywhere; the target's layout (ddpdeploy.targets) says how
+nodes are named, where the rendezvous host is and where a node's rank comes from.
+`node_env` gives the env a node's container sees on the cluster, platform injection
+included, so targets with no operator reproduce it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 
 from ddpdeploy.image_layout import TRAINER_IN_IMAGE  # where `ddpdeploy build` puts it
 from ddpdeploy.spec import JobSpec
+from ddpdeploy.targets import COMPLETION_INDEX, POD_IP, Layout, Node, layout_of
 
 CONTAINER_NAME = "pytorch"  # the operator finds the training container by this name
 PORT_NAME = "pytorchjob-port"  # ...and the rendezvous port by this one
@@ -31,37 +33,36 @@ _WAIT_FOR_HOST = (
 
 
 @dataclass(frozen=True)
-class Node:
-    """One node ("pod") of the job: its replica type, index and hostname."""
-
-    replica: str  # "Master" or "Worker"
-    index: int  # index within the replica type
-    rank: int  # node rank as the operator counts it (master 0, worker-i -> i+1)
-
-    def hostname(self, job: str) -> str:
-        return f"{job}-{self.replica.lower()}-{self.index}"
-
-
-@dataclass(frozen=True)
 class LaunchContract:
+    """The launch (argv, base env, procs, port, rendezvous policy) on one target's layout."""
+
     spec: JobSpec
-    replicas: dict[str, int]
+    layout: Layout
     nproc_per_node: int
     port: int
-    rdzv_host: str  # a node hostname; targets may map it to an address
-    base_env: dict[str, str] = field(default_factory=dict)
-    # Env vars that hold the pod's own address: the downward API's status.podIP in the
-    # cluster, the node's mapped address elsewhere.
-    own_address_env: tuple[str, ...] = ()
+    base_env: dict[str, str] = field(default_factory=dict)  # ours and the user's, every node
 
     @property
     def nodes(self) -> list[Node]:
-        out: list[Node] = []
-        if self.replicas.get("Master"):
-            out.append(Node("Master", 0, 0))
-        offset = len(out)
-        out += [Node("Worker", i, i + offset) for i in range(self.replicas.get("Worker", 0))]
-        return out
+        return self.layout.nodes(self.spec)
+
+    @property
+    def rdzv_host(self) -> str:
+        """The rendezvous host's DNS name on the cluster; targets may map it to an address."""
+        return self.layout.rdzv_address(self.spec)
+
+    @property
+    def field_env(self) -> dict[str, str]:
+        """Env the pod takes from the downward API: name -> field path."""
+        env = self.layout.field_env(self.spec)
+        if self.spec.elastic:
+            # The rank-0 agent's store host is its --local-addr: its pod IP, so no DNS.
+            env = {**env, "PET_LOCAL_ADDR": POD_IP}
+        return env
+
+    def pod_env(self) -> dict[str, str]:
+        """The literal env rendered into the pod (field_env aside)."""
+        return {**self.base_env, **self.layout.pod_env(self, self.rdzv_host)}
 
     def entry_argv(
         self, trainer_path: str | None = None, checkpoint_dir: str | None = None
@@ -104,48 +105,20 @@ class LaunchContract:
         return [*wait, *self.torchrun_argv(trainer_path, checkpoint_dir, launcher)]
 
     def node_env(self, node: Node, host_of: dict[str, str] | None = None) -> dict[str, str]:
-        """The env the training operator gives ``node``'s container, plus ``base_env``.
+        """Everything ``node``'s container sees on the cluster: our pod env, what the
+        platform injects, and the downward-API fields resolved for this node.
 
-        ``host_of`` maps node hostnames to the addresses a non-cluster target uses
-        (127.0.0.1 for local processes); by default hostnames stay as they are.
+        ``host_of`` maps node addresses to the ones a non-cluster target uses (127.0.0.1 for
+        local processes); by default addresses stay as they are.
         """
         host_of = host_of or {}
-        job = self.spec.name
-        env = dict(self.base_env)
-        env["PYTHONUNBUFFERED"] = "1"
-        env["PET_NPROC_PER_NODE"] = str(self.nproc_per_node)
-        total = sum(self.replicas.values())
-        if "Master" in self.replicas:
-            master = Node("Master", 0, 0).hostname(job)
-            addr = host_of.get(master, master)
-            env |= {
-                "MASTER_ADDR": addr,
-                "PET_MASTER_ADDR": addr,
-                "MASTER_PORT": str(self.port),
-                "PET_MASTER_PORT": str(self.port),
-                "WORLD_SIZE": str(total * self.nproc_per_node),
-                "RANK": str(node.rank),
-                "PET_NODE_RANK": str(node.rank),
-            }
-        rdzv = self.spec.rendezvous
-        if self.spec.elastic:
-            host = host_of.get(self.rdzv_host, self.rdzv_host)
-            env |= {
-                "PET_RDZV_ENDPOINT": f"{host}:{self.port}",
-                "PET_RDZV_BACKEND": "c10d",
-                "PET_NNODES": f"{rdzv.min_nodes}:{rdzv.max_nodes}",
-                "PET_RDZV_ID": job,
-                "PET_RDZV_CONF": self.rdzv_conf(),
-            }
-            if rdzv.max_restarts is not None:
-                env["PET_MAX_RESTARTS"] = str(rdzv.max_restarts)
-        else:
-            env["PET_NNODES"] = str(total)
-        # Ours, not the operator's: in base_env with the cluster hostname, mapped here.
-        env["DDPDEPLOY_RDZV_HOST"] = host_of.get(self.rdzv_host, self.rdzv_host)
-        hostname = node.hostname(job)
-        for name in self.own_address_env:
-            env[name] = host_of.get(hostname, hostname)
+        rdzv = host_of.get(self.rdzv_host, self.rdzv_host)
+        env = {**self.base_env, **self.layout.pod_env(self, rdzv)}
+        env |= self.layout.platform_env(self, node, rdzv)
+        # Ours: in base_env with the cluster's name, mapped here.
+        env["DDPDEPLOY_RDZV_HOST"] = rdzv
+        for name, path in self.field_env.items():
+            env[name] = _field_value(path, node, host_of)
         return env
 
     def rdzv_conf_items(self) -> dict[str, str]:
@@ -156,40 +129,34 @@ class LaunchContract:
         return ",".join(f"{k}={v}" for k, v in self.rdzv_conf_items().items())
 
 
-def launch_contract(spec: JobSpec) -> LaunchContract:
-    """The single decision of how ``spec`` is launched on every target."""
-    job = spec.name
-    if spec.elastic:
-        # The operator requires Worker replicas for elastic jobs; rendezvous on worker-0.
-        replicas = {"Worker": spec.nodes}
-        rdzv_host = f"{job}-worker-0"
-    else:
-        # Static: global rank 0 lands on master-0, where torchrun's store runs.
-        replicas = {"Master": 1}
-        if spec.nodes > 1:
-            replicas["Worker"] = spec.nodes - 1
-        rdzv_host = f"{job}-master-0"
+def _field_value(path: str, node: Node, host_of: dict[str, str]) -> str:
+    if path == POD_IP:
+        return host_of.get(node.address, node.address)
+    if path == COMPLETION_INDEX:
+        return str(node.index)
+    raise ValueError(f"no local value for the downward API field {path}")
+
+
+def launch_contract(spec: JobSpec, port: int | None = None) -> LaunchContract:
+    """The single decision of how ``spec`` is launched on its target. ``port`` replaces the
+    target's rendezvous port (local runs take a free one)."""
+    layout = layout_of(spec.target)
     base_env = {
         # Bounded wait for peers' DNS, in seconds (the rendezvous join timeout).
         "DDPDEPLOY_DNS_WAIT": str(spec.rendezvous.join_timeout),
-        "DDPDEPLOY_RDZV_HOST": rdzv_host,
+        "DDPDEPLOY_RDZV_HOST": layout.rdzv_address(spec),
     }
-    own_address_env: tuple[str, ...] = ()
     if spec.elastic:
         # By default agents share one TCPStore with their workers that outlives a restart;
         # restarted workers then read peers' stale addresses and fail ("Connection
         # refused"). Unshared, each round's rank-0 agent publishes a fresh port and rank 0's
         # worker hosts a fresh store.
         base_env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-        # That store's host is the rank-0 agent's --local-addr: its pod IP, so no DNS.
-        own_address_env = ("PET_LOCAL_ADDR",)
     base_env.update(spec.env)
     return LaunchContract(
         spec=spec,
-        replicas=replicas,
+        layout=layout,
         nproc_per_node=spec.procs_per_node,
-        port=spec.rendezvous.port,
-        rdzv_host=rdzv_host,
+        port=port or layout.port(spec),
         base_env=base_env,
-        own_address_env=own_address_env,
     )

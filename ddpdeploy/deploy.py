@@ -11,16 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddpdeploy.adapters.kube import Forbidden, Kube
-from ddpdeploy.clusterplan import (
-    INSTALL_OPERATOR,
-    JOB_API,
-    JOB_KIND,
-    gpu_nodes,
-    gpu_nodes_free,
-)
+from ddpdeploy.clusterplan import gpu_nodes, gpu_nodes_free
 from ddpdeploy.errors import OperationError
 from ddpdeploy.jobstate import job_state
 from ddpdeploy.spec import JobSpec
+from ddpdeploy.targets import Layout, layout_of
 
 Obj = dict[str, Any]
 Say = Callable[[str], None]
@@ -43,17 +38,18 @@ def _ref(obj: Obj) -> str:
 def preflight(kube: Kube, spec: JobSpec, objects: list[Obj], create_namespace: bool) -> Plan:
     """Everything that can be known before the dry run; raises on what cannot work."""
     plan = Plan(spec, objects)
-    if not kube.has_kind(JOB_API, JOB_KIND):
+    layout = layout_of(spec.target)
+    if not kube.has_kind(layout.api_version, layout.kind):
         raise OperationError(
-            f"the PyTorchJob CRD ({JOB_API}) is not installed in the cluster at {kube.server}; "
-            + INSTALL_OPERATOR
+            f"the {layout.kind} CRD ({layout.api_version}) is not installed in the cluster at "
+            f"{kube.server}; {layout.install_hint}"
         )
     _check_namespace(kube, plan, create_namespace)
     if spec.gpus:
         _check_gpus(kube, plan)
     _check_storage(kube, plan)
     if not plan.create_namespace:
-        plan.existing_job = kube.get(JOB_API, JOB_KIND, spec.name, spec.namespace)
+        plan.existing_job = kube.get(layout.api_version, layout.kind, spec.name, spec.namespace)
     return plan
 
 
@@ -134,7 +130,8 @@ def _refuse_existing(plan: Plan, replace: bool) -> None:
         spec = plan.spec
         state = job_state(plan.existing_job, []).state
         raise OperationError(
-            f"PyTorchJob {spec.name} already exists in namespace {spec.namespace} ({state}); "
+            f"{plan.existing_job['kind']} {spec.name} already exists in namespace "
+            f"{spec.namespace} ({state}); "
             "pass --replace to delete and recreate it, or choose another --name"
         )
 
@@ -150,7 +147,8 @@ def dry_run(kube: Kube, plan: Plan, replace: bool, say: Say) -> None:
     for obj in plan.objects:
         kube.apply(obj, dry_run=True)
     for obj in plan.objects:
-        verb = "replace" if obj["kind"] == JOB_KIND and plan.existing_job else "apply"
+        job_kind = layout_of(plan.spec.target).kind
+        verb = "replace" if obj["kind"] == job_kind and plan.existing_job else "apply"
         say(f"would {verb} {_ref(obj)} (server dry run passed)")
 
 
@@ -168,8 +166,9 @@ def apply(kube: Kube, plan: Plan, replace: bool, say: Say) -> None:
         for obj in plan.objects:
             kube.apply(obj, dry_run=True)
         if plan.existing_job is not None:
-            delete_job_and_wait(kube, spec.name, spec.namespace)
-            say(f"deleted the old PyTorchJob {spec.namespace}/{spec.name}")
+            layout = layout_of(spec.target)
+            delete_job_and_wait(kube, spec.name, spec.namespace, layout)
+            say(f"deleted the old {layout.kind} {spec.namespace}/{spec.name}")
         for obj in plan.objects:  # rendered with the PVC first
             meta = obj["metadata"]
             existed = kube.get(obj["apiVersion"], obj["kind"], meta["name"], meta["namespace"])
@@ -190,13 +189,16 @@ def _take_back(kube: Kube, created: list[Obj], namespace: str | None) -> None:
         kube.delete("v1", "Namespace", namespace, None)
 
 
-def delete_job_and_wait(kube: Kube, name: str, namespace: str, timeout: float = 120) -> None:
-    kube.delete(JOB_API, JOB_KIND, name, namespace)
+def delete_job_and_wait(
+    kube: Kube, name: str, namespace: str, layout: Layout, timeout: float = 120
+) -> None:
+    api, kind = layout.api_version, layout.kind
+    kube.delete(api, kind, name, namespace)
     deadline = time.monotonic() + timeout
-    while kube.get(JOB_API, JOB_KIND, name, namespace) is not None:
+    while kube.get(api, kind, name, namespace) is not None:
         if time.monotonic() > deadline:
             raise OperationError(
-                f"PyTorchJob {namespace}/{name} is still being deleted after {timeout:.0f}s "
+                f"{kind} {namespace}/{name} is still being deleted after {timeout:.0f}s "
                 "(a finalizer?); try again later"
             )
         time.sleep(0.5)
@@ -204,12 +206,14 @@ def delete_job_and_wait(kube: Kube, name: str, namespace: str, timeout: float = 
 
 def find_saved_spec(kube: Kube, name: str, namespace: str) -> JobSpec:
     """The spec to resume: the job must have ended (or be gone)."""
-    job = kube.get(JOB_API, JOB_KIND, name, namespace)
+    from ddpdeploy.jobwatch import find_job
+
+    _, job = find_job(kube, name, namespace)
     if job is not None:
         state = job_state(job, [])
         if not state.done:
             raise OperationError(
-                f"PyTorchJob {namespace}/{name} is {state.state}; nothing to resume "
+                f"{job['kind']} {namespace}/{name} is {state.state}; nothing to resume "
                 "(`ddpdeploy down` it first to restart it)"
             )
     return saved_spec_of(kube, name, namespace, job)
@@ -221,7 +225,10 @@ def saved_spec_of(kube: Kube, name: str, namespace: str, job: Obj | None = None)
     from ddpdeploy.clusterplan import saved_spec
     from ddpdeploy.render.k8s import MANAGED_BY
 
-    job = job or kube.get(JOB_API, JOB_KIND, name, namespace)
+    if job is None:
+        from ddpdeploy.jobwatch import find_job
+
+        _, job = find_job(kube, name, namespace)
     spec = saved_spec(job) if job is not None else None
     if spec is not None:
         return spec
@@ -231,6 +238,6 @@ def saved_spec_of(kube: Kube, name: str, namespace: str, job: Obj | None = None)
         if spec is not None:
             return spec
     raise OperationError(
-        f"no saved spec for {name} in namespace {namespace}: neither a PyTorchJob nor a "
+        f"no saved spec for {name} in namespace {namespace}: neither a job nor a "
         "checkpoint PVC that `ddpdeploy up` made is there; run `ddpdeploy up` again"
     )

@@ -1,4 +1,5 @@
-"""A PyTorchJob's conditions and its pods -> one state and the reason behind it.
+"""A job's conditions and its pods -> one state and the reason behind it, for every target
+(PyTorchJob, TrainJob, batch/v1 Job).
 
 Pure: plain dicts in (as the API returns them), a value out; no client, no clock. `up
 --wait`, `status` and `list` all read a job through here, so they agree on what "stuck"
@@ -17,6 +18,9 @@ Obj = dict[str, Any]
 REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
 REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"  # label (1.28+) and annotation
+# The condition a finished job has: PyTorchJob's, and batch/v1 Job's and TrainJob's.
+SUCCEEDED = ("Succeeded", "Complete")
 
 # Container waiting reasons that no amount of waiting fixes.
 IMAGE_PULL = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull")
@@ -74,10 +78,17 @@ def pod_view(pod: Obj) -> PodView:
             break
     if not detail and (msg := _unschedulable(pod)):
         detail = f"Unschedulable: {msg}"
-    index = labels.get(REPLICA_INDEX_LABEL, "0")
+    index = labels.get(REPLICA_INDEX_LABEL)
+    replica = labels.get(REPLICA_TYPE_LABEL, "").lower()
+    if replica == "":  # an Indexed Job's (or a TrainJob's JobSet's) pod: its completion index
+        replica = "node"
+        index = labels.get(COMPLETION_INDEX) or (meta.get("annotations") or {}).get(
+            COMPLETION_INDEX
+        )
+    index = index or "0"
     return PodView(
         name=meta.get("name", ""),
-        replica=labels.get(REPLICA_TYPE_LABEL, "").lower(),
+        replica=replica,
         index=int(index) if str(index).isdigit() else 0,
         phase=(pod.get("status") or {}).get("phase") or "Pending",
         restarts=sum(int(st.get("restartCount") or 0) for st in statuses),
@@ -117,7 +128,7 @@ def job_state(job: Obj | None, pods: list[Obj]) -> JobState:
     """The job's state: its terminal conditions first, then any stuck pod, then progress."""
     if job is None:
         return JobState("NotFound", "the job no longer exists", done=True)
-    if cond := _condition(job, "Succeeded"):
+    if cond := next(filter(None, (_condition(job, c) for c in SUCCEEDED)), None):
         return JobState("Succeeded", cond.get("message") or "", done=True, ok=True)
     if cond := _condition(job, "Failed"):
         return JobState("Failed", cond.get("message") or cond.get("reason") or "", done=True)
@@ -135,14 +146,11 @@ def job_state(job: Obj | None, pods: list[Obj]) -> JobState:
 
 
 def job_size(job: Obj) -> tuple[int, int]:
-    """(nodes, GPUs per node) from a PyTorchJob's replica specs."""
-    nodes, gpus = 0, 0
-    for replica in ((job.get("spec") or {}).get("pytorchReplicaSpecs") or {}).values():
-        nodes += int(replica.get("replicas") or 0)
-        for c in (replica.get("template") or {}).get("spec", {}).get("containers") or []:
-            limits = (c.get("resources") or {}).get("limits") or {}
-            gpus = max(gpus, int(limits.get("nvidia.com/gpu") or 0))
-    return nodes, gpus
+    """(nodes, GPUs per node) of a job object of any target."""
+    from ddpdeploy.targets import layout_for_kind
+
+    layout = layout_for_kind(job.get("apiVersion", ""), job.get("kind", ""))
+    return layout.job_size(job) if layout else (0, 0)
 
 
 def logs_show_rank0(lines: list[str]) -> bool:

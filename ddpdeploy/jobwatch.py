@@ -17,20 +17,46 @@ from rich.live import Live
 from rich.table import Table
 
 from ddpdeploy.adapters.kube import Kube
-from ddpdeploy.clusterplan import JOB_API, JOB_KIND
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.jobstate import (
-    JOB_NAME_LABEL,
     JobState,
     PodView,
     job_state,
     logs_show_rank0,
     pod_view,
 )
+from ddpdeploy.render.pod import MANAGED_BY
+from ddpdeploy.targets import DEFAULT_TARGET, TARGETS, Layout, layout_for_kind
 
 Obj = dict[str, Any]
 Snapshot = tuple[Obj | None, list[Obj], JobState]
-CONTAINER = "pytorch"
+CONTAINER = "pytorch"  # PyTorchJob's and the Indexed Job's training container
+
+
+def find_job(kube: Kube, name: str, namespace: str) -> tuple[Layout, Obj | None]:
+    """The job ``name`` of whichever target made it (the target's layout, and the object or
+    None), among the job kinds the cluster serves; a batch/v1 Job counts only when ours."""
+    for layout in TARGETS.values():
+        if not kube.has_kind(layout.api_version, layout.kind):
+            continue
+        job = kube.get(layout.api_version, layout.kind, name, namespace)
+        if job is not None and (layout.name == "pytorchjob" or _ours(job)):
+            return layout, job
+    return TARGETS[DEFAULT_TARGET], None
+
+
+def _ours(obj: Obj) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return labels.get("app.kubernetes.io/managed-by") == MANAGED_BY
+
+
+def kind_of(job: Obj | None) -> str:
+    return (job or {}).get("kind") or "job"
+
+
+def container_of(job: Obj) -> str:
+    layout = layout_for_kind(job["apiVersion"], job["kind"])
+    return layout.container if layout else CONTAINER
 
 
 def parse_duration(text: str) -> float:
@@ -42,8 +68,9 @@ def parse_duration(text: str) -> float:
 
 
 def snapshot(kube: Kube, name: str, namespace: str) -> Snapshot:
-    job = kube.get(JOB_API, JOB_KIND, name, namespace)
-    pods = kube.list("v1", "Pod", namespace, labels=f"{JOB_NAME_LABEL}={name}")
+    layout, job = find_job(kube, name, namespace)
+    selector = ",".join(f"{k}={v}" for k, v in layout.pod_selector(name).items())
+    pods = kube.list("v1", "Pod", namespace, labels=selector)
     return job, pods, job_state(job, pods)
 
 
@@ -69,7 +96,8 @@ def wait(
         if deadline is not None and time.monotonic() >= deadline:
             state = snap[2]
             raise OperationError(
-                f"timed out after {timeout:g}s waiting for PyTorchJob {namespace}/{name}; it is "
+                f"timed out after {timeout:g}s waiting for {kind_of(snap[0])} {namespace}/{name}; "
+                "it is "
                 f"{state.state} ({state.reason}); `ddpdeploy status {name} -n {namespace}` "
                 "shows it, `ddpdeploy down` removes it"
             )
@@ -78,7 +106,7 @@ def wait(
 
 def table(name: str, snap: Snapshot) -> Table:
     job, pods, state = snap
-    title = f"PyTorchJob {name}: {state.state}" + (f" — {state.reason}" if state.reason else "")
+    title = f"{kind_of(job)} {name}: {state.state}" + (f" — {state.reason}" if state.reason else "")
     out = Table(title=title, title_justify="left")
     for col in ("POD", "REPLICA", "PHASE", "RESTARTS", "DETAIL"):
         out.add_column(col)
@@ -148,18 +176,48 @@ def _pod_doc(view: PodView) -> Obj:
     }
 
 
-def rank0_pod(kube: Kube, job: Obj, pods: list[Obj]) -> str | None:
-    """The pod hosting global rank 0: master-0 under static rendezvous; under c10d the
-    running pod whose trainer logged rank 0's `start` event (only rank 0 logs JSON)."""
+def _by_hostname(pods: list[Obj], hostname: str, layout: Layout) -> str | None:
+    """The pod with that hostname: a Job's or JobSet's pod name has a random suffix, a
+    PyTorchJob's pod is named like its hostname (so it is named even before it exists)."""
+    for pod in pods:
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        if (spec.get("hostname") or meta.get("name")) == hostname:
+            return meta.get("name")
+    return hostname if layout.name == "pytorchjob" else None
+
+
+def node_pod(job: Obj, pods: list[Obj], replica: str | None, index: int | None) -> str | None:
+    """The pod `logs --replica/--index` names; None when they name none (rank 0's then)."""
+    layout = layout_for_kind(job["apiVersion"], job["kind"])
     name = job["metadata"]["name"]
-    if "Master" in (job.get("spec") or {}).get("pytorchReplicaSpecs", {}):
-        return f"{name}-master-0"
+    if layout is None:
+        return None
+    if layout.name == "pytorchjob":
+        if replica is None:
+            return None
+        host = layout.node_hostname(name, index or 0, replica)
+    else:
+        if replica is not None:
+            raise UserError(f"--replica: a {layout.kind} has no replicas; pass --index N alone")
+        if index is None:
+            return None
+        host = layout.node_hostname(name, index)
+    return _by_hostname(pods, host, layout)
+
+
+def rank0_pod(kube: Kube, job: Obj, pods: list[Obj]) -> str | None:
+    """The pod hosting global rank 0: node 0 under static rendezvous; under c10d the
+    running pod whose trainer logged rank 0's `start` event (only rank 0 logs JSON)."""
+    layout = layout_for_kind(job["apiVersion"], job["kind"])
+    host = layout.rank0_hostname(job) if layout else None
+    if layout is not None and host is not None:
+        return _by_hostname(pods, host, layout)
     namespace = job["metadata"]["namespace"]
     for pod in pods:
         if (pod.get("status") or {}).get("phase") != "Running":
             continue
         head: list[str] = []
-        for line in kube.logs(pod["metadata"]["name"], namespace, CONTAINER):
+        for line in kube.logs(pod["metadata"]["name"], namespace, container_of(job)):
             head.append(line)
             if len(head) >= 200:
                 break
@@ -174,8 +232,10 @@ def _rank0_running(kube: Kube) -> Callable[[Snapshot], bool]:
         if state.done or job is None:
             return True
         phases = {p["metadata"]["name"]: (p.get("status") or {}).get("phase") for p in pods}
-        if "Master" in (job.get("spec") or {}).get("pytorchReplicaSpecs", {}):
-            return phases.get(f"{job['metadata']['name']}-master-0") == "Running"
+        layout = layout_for_kind(job["apiVersion"], job["kind"])
+        host = layout.rank0_hostname(job) if layout else None
+        if layout is not None and host is not None:
+            return phases.get(_by_hostname(pods, host, layout) or "") == "Running"
         return any(phase == "Running" for phase in phases.values())
 
     return check
@@ -193,13 +253,13 @@ def follow_and_wait(
                 kube, name, namespace, view, timeout, _rank0_running(kube), started=started
             )
         pod = rank0_pod(kube, job, pods) if job else None
-        if pod:
+        if pod and job:
             print(f"--- logs of {pod} ---", file=sys.stderr, flush=True)
-            for line in kube.logs(pod, namespace, CONTAINER, follow=True):
+            for line in kube.logs(pod, namespace, container_of(job), follow=True):
                 print(line, flush=True)
     with WaitView(name, live=None if not follow else False) as view:
-        _, _, state = wait(kube, name, namespace, view, timeout, started=started)
+        job, _, state = wait(kube, name, namespace, view, timeout, started=started)
     if not state.ok:
         hint = "" if state.state == "NotFound" else f"; `ddpdeploy down {name}` removes it"
-        raise OperationError(f"PyTorchJob {name} {state.state}: {state.reason}{hint}")
+        raise OperationError(f"{kind_of(job)} {name} {state.state}: {state.reason}{hint}")
     return state

@@ -36,6 +36,27 @@ _SPEC_PARAMS: list[tuple[str, str | None, Any]] = [
         _flag(Path, "-f", "--file", help="Job spec file (default: ./ddpdeploy.yaml when present)."),
     ),
     ("name", "--name", _flag(str, "--name", help="Job name (DNS-1035 label).")),
+    (
+        "target",
+        "--target",
+        _flag(
+            str,
+            "--target",
+            metavar="pytorchjob|trainjob|indexed-job",
+            help="What runs the job: Kubeflow PyTorchJob (default), Trainer v2 TrainJob, or a "
+            "plain Indexed Job (no operator).",
+        ),
+    ),
+    (
+        "runtime",
+        "--runtime",
+        _flag(
+            str,
+            "--runtime",
+            metavar="NAME",
+            help="trainjob: the ClusterTrainingRuntime (default torch-distributed).",
+        ),
+    ),
     ("namespace", "--namespace", _flag(str, "-n", "--namespace", help="Kubernetes namespace.")),
     ("image", "--image", _flag(str, "--image", help="Training image reference.")),
     ("nodes", "--nodes", _flag(int, "--nodes", help="Number of nodes (pods).")),

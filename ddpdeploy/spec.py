@@ -36,7 +36,9 @@ os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
 
 DEFAULT_FILE = "ddpdeploy.yaml"
 DEFAULT_PORT = 23456  # the operator's default for the port named pytorchjob-port
-# Pod and per-pod Service names are "<job>-worker-<i>"; Services must be DNS-1035 labels.
+DEFAULT_RUNTIME = "torch-distributed"  # Trainer v2's default ClusterTrainingRuntime
+# Pod hostnames and Service names are DNS labels; each target (ddpdeploy.targets) derives its
+# own from the job name and checks their length.
 MAX_DNS_LABEL = 63
 MAX_DNS_SUBDOMAIN = 253
 INT32_MAX = 2**31 - 1  # replicas, counts and most seconds fields are int32 in the API
@@ -652,7 +654,19 @@ class JobSpec(Model):
 
     name: DnsName = Field(
         default="ddp-train",
-        description="Job name (DNS-1035 label); pods are <name>-master-0, <name>-worker-<i>.",
+        description="Job name (DNS-1035 label); pods are named after it (pytorchjob: "
+        "<name>-master-0, <name>-worker-<i>; trainjob: <name>-node-0-<i>; indexed-job: "
+        "<name>-<i>).",
+    )
+    target: Literal["pytorchjob", "trainjob", "indexed-job"] = Field(
+        default="pytorchjob",
+        description="What runs the job on Kubernetes: pytorchjob (Kubeflow training operator "
+        "v1), trainjob (Kubeflow Trainer v2), indexed-job (a plain Indexed Job and a headless "
+        "Service; no operator).",
+    )
+    runtime: Subdomain = Field(
+        default=DEFAULT_RUNTIME,
+        description="trainjob only: the ClusterTrainingRuntime the TrainJob references.",
     )
     namespace: Namespace = Field(default="default", description="Kubernetes namespace.")
     image: ImageRef | None = Field(
@@ -771,13 +785,13 @@ class JobSpec(Model):
                     f"checkpoint.mountPath {taken[0]} is where the read-only root's writable "
                     "emptyDir mounts; use another path"
                 )
-        longest = f"{self.name}-worker-{self.max_nodes - 1}"
-        if len(longest) > MAX_DNS_LABEL:
-            raise ValueError(
-                f"name is too long: pod and Service names like {_show(longest)} must stay within "
-                f"{MAX_DNS_LABEL} characters; shorten name to at most "
-                f"{self.name_budget} characters"
-            )
+        from ddpdeploy.targets import layout_of  # it imports this module's names lazily too
+
+        # By value, not by "was it set": a dumped spec (e.g. one saved on the cluster) holds
+        # every field and must validate again.
+        if self.runtime != DEFAULT_RUNTIME and self.target != "trainjob":
+            raise ValueError("runtime applies only to target trainjob (--target trainjob)")
+        layout_of(self.target).check(self)  # the target's name rules and what it refuses
         return self
 
     def _check_env_sources(self) -> None:
@@ -814,10 +828,6 @@ class JobSpec(Model):
     @property
     def max_nodes(self) -> int:
         return self.rendezvous.max_nodes or self.nodes
-
-    @property
-    def name_budget(self) -> int:
-        return MAX_DNS_LABEL - len(f"-worker-{self.max_nodes - 1}")
 
     @property
     def procs_per_node(self) -> int:
@@ -864,6 +874,8 @@ def _drop_field_titles(node: Any) -> None:
 # Flags that override file fields: flag name -> path in the spec document.
 FLAG_FIELDS: dict[str, tuple[str, ...]] = {
     "--name": ("name",),
+    "--target": ("target",),
+    "--runtime": ("runtime",),
     "--namespace": ("namespace",),
     "--image": ("image",),
     "--nodes": ("nodes",),

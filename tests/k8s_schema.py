@@ -74,3 +74,77 @@ def builtin_errors(obj: dict[str, Any]) -> list[str]:
     except kubernetes_validate.ValidationError as exc:
         return [f"{'/'.join(map(str, exc.path))}: {exc.message}"]
     return []
+
+
+def trainjob_errors(obj: dict[str, Any]) -> list[str]:
+    validator = crd_validator("trainer.kubeflow.org_trainjobs.yaml", "v1alpha1")
+    return [
+        f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(obj)
+    ]
+
+
+def trainjob_pod_template(obj: dict[str, Any]) -> dict[str, Any]:
+    """The pod Trainer v2 would run for this TrainJob on the torch-distributed runtime
+    (schemas/torch_distributed_runtime.yaml), as a PodTemplate: the runtime's `node` pod
+    with the TrainJob's trainer fields and its runtime patch merged in (lists by name)."""
+    runtime = yaml.safe_load((SCHEMAS / "torch_distributed_runtime.yaml").read_text())
+    (rjob,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    pod = copy.deepcopy(rjob["template"]["spec"]["template"])
+    trainer = obj["spec"]["trainer"]
+    (container,) = pod["spec"]["containers"]
+    container.update({k: trainer[k] for k in ("image", "command", "args", "env") if k in trainer})
+    if "resourcesPerNode" in trainer:
+        container["resources"] = trainer["resourcesPerNode"]
+    for patch in obj["spec"].get("runtimePatches", []):
+        for job in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]:
+            assert job["name"] == rjob["name"]
+            template = job["template"]["spec"]["template"]
+            for key, value in template.get("metadata", {}).items():
+                pod.setdefault("metadata", {}).setdefault(key, {}).update(value)
+            for key, value in template.get("spec", {}).items():
+                if key != "containers":
+                    pod["spec"][key] = value
+            for c in template.get("spec", {}).get("containers", []):
+                assert c["name"] == container["name"]
+                container.update({k: v for k, v in c.items() if k != "name"})
+    return {
+        "apiVersion": "v1",
+        "kind": "PodTemplate",
+        "metadata": {"name": "t", "namespace": obj["metadata"]["namespace"]},
+        "template": pod,
+    }
+
+
+# The schemas say `format: int32` / `int64`; jsonschema ignores formats it does not know,
+# the API server refuses numbers out of range.
+INT_FORMATS = jsonschema.FormatChecker()
+INT_FORMATS.checks("int32")(lambda v: not isinstance(v, int) or -(2**31) <= v < 2**31)
+INT_FORMATS.checks("int64")(lambda v: not isinstance(v, int) or -(2**63) <= v < 2**63)
+CRDS = {
+    "PyTorchJob": ("kubeflow.org_pytorchjobs.yaml", "v1"),
+    "TrainJob": ("trainer.kubeflow.org_trainjobs.yaml", "v1alpha1"),
+}
+
+
+def int_format_errors(obj: dict[str, Any]) -> list[str]:
+    """Numbers out of their int32/int64 range, for our CRDs and built-in kinds alike."""
+    if obj["kind"] in CRDS:
+        schema, registry = crd_validator(*CRDS[obj["kind"]]).schema, None
+    else:
+        from kubernetes_validate.utils import schema_contents
+        from referencing import Registry, Resource
+
+        group, _, version = obj["apiVersion"].rpartition("/")
+        group = group.split(".")[0]
+        name = f"{obj['kind'].lower()}-{group + '-' if group else ''}{version}.json"
+        root = f"kubernetes-json-schema/v{K8S_VERSION}.0-local-strict"
+        schema = schema_contents(f"{root}/{name}", K8S_VERSION)
+        defs = schema_contents(f"{root}/_definitions.json", K8S_VERSION)
+        registry = Resource.from_contents(schema) @ (Resource.from_contents(defs) @ Registry())
+    kwargs = {"registry": registry} if registry is not None else {}
+    checked = jsonschema.Draft202012Validator(schema, format_checker=INT_FORMATS, **kwargs)
+    return [
+        f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+        for e in checked.iter_errors(obj)
+        if e.validator == "format"
+    ]

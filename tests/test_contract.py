@@ -99,7 +99,7 @@ def test_node_env_matches_what_the_operator_injects(case):
 
 def test_static_rank_zero_is_master_zero():
     contract = launch_contract(JobSpec.model_validate({"nodes": 3}))
-    ranks = {n.hostname("ddp-train"): contract.node_env(n)["PET_NODE_RANK"] for n in contract.nodes}
+    ranks = {n.hostname: contract.node_env(n)["PET_NODE_RANK"] for n in contract.nodes}
     assert ranks == {
         "ddp-train-master-0": "0",
         "ddp-train-worker-0": "1",
@@ -126,3 +126,62 @@ def test_torchrun_gets_no_topology_flags():
     contract = launch_contract(JobSpec.model_validate({"nodes": 2, "gpus": 4}))
     assert contract.torchrun_argv() == ["torchrun", *contract.entry_argv()]
     assert contract.entry_argv()[0] == "/opt/ddpdeploy/train/ddptrain.py"
+
+
+def trainer_env(job: dict[str, Any], index: int) -> dict[str, str]:
+    """What Kubeflow Trainer v2's torch plugin gives the `node` container of pod
+    <job>-node-0-<index>, plus the TrainJob's own trainer.env; written from Trainer's
+    contract, independently of ddpdeploy."""
+    name, trainer = job["metadata"]["name"], job["spec"]["trainer"]
+    env = {e["name"]: e["value"] for e in trainer.get("env", [])}
+    return env | {
+        "PET_NNODES": str(trainer["numNodes"]),
+        "PET_NPROC_PER_NODE": str(trainer["numProcPerNode"]),
+        "PET_NODE_RANK": str(index),  # the completion index
+        "PET_MASTER_ADDR": f"{name}-node-0-0.{name}",
+        "PET_MASTER_PORT": "29400",
+    }
+
+
+def indexed_pod_env(job: dict[str, Any], index: int) -> dict[str, str]:
+    """The env of the Indexed Job's pod with completion index ``index``, the downward API
+    resolved as the kubelet would."""
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    env = {}
+    for e in container["env"]:
+        if "valueFrom" in e:
+            path = e["valueFrom"]["fieldRef"]["fieldPath"]
+            assert path == "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+            env[e["name"]] = str(index)
+        else:
+            env[e["name"]] = e["value"]
+    return env
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not c.startswith("elastic")])
+def test_node_env_matches_trainer_v2_and_the_indexed_job_pod(case):
+    for target, expected in (("trainjob", trainer_env), ("indexed-job", indexed_pod_env)):
+        spec = JobSpec.model_validate({**CASES[case], "target": target})
+        contract = launch_contract(spec)
+        (job,) = [o for o in render_objects(spec) if o["kind"] in ("TrainJob", "Job")]
+        assert [n.index for n in contract.nodes] == list(range(spec.nodes))
+        own = pod_only_env(spec)  # the pod's file system and NCCL settings, not the launch
+        for node in contract.nodes:
+            env = expected(job, node.index)
+            assert contract.node_env(node) == {k: v for k, v in env.items() if k not in own}
+
+
+def test_rendezvous_host_is_node_zero_of_each_layout():
+    names = {
+        "pytorchjob": ("ddp-train-master-0", "ddp-train-worker-1"),
+        "trainjob": ("ddp-train-node-0-0.ddp-train", "ddp-train-node-0-2.ddp-train"),
+        "indexed-job": ("ddp-train-0.ddp-train", "ddp-train-2.ddp-train"),
+    }
+    for target, (rdzv, last) in names.items():
+        contract = launch_contract(JobSpec.model_validate({"nodes": 3, "target": target}))
+        assert contract.rdzv_host == rdzv == contract.nodes[0].address
+        assert contract.nodes[-1].address == last
+        # The container's DNS wait looks up the very host torchrun connects to.
+        env = contract.node_env(contract.nodes[-1])
+        assert env["DDPDEPLOY_RDZV_HOST"] == rdzv
+        assert env["PET_MASTER_ADDR"] == rdzv

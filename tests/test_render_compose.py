@@ -46,6 +46,11 @@ MATRIX = [
 EXTRA = [
     pytest.param({"image": "t:1"}, None, id="one-node-defaults"),
     pytest.param({"image": "t:1", "shmSize": None, "nodes": 3}, None, id="no-shm"),
+    *(
+        pytest.param({"image": "t:1", "nodes": 2, "gpus": 4, "target": t}, gpu, id=f"{t}-{gpu}")
+        for t in ("trainjob", "indexed-job")
+        for gpu in (None, True)
+    ),
     pytest.param(
         {
             "image": "t:1",
@@ -119,7 +124,7 @@ def test_services_are_the_pods_with_the_operators_env(elastic):
     spec = JobSpec.model_validate(doc)
     project = yaml.safe_load(to_yaml(render_compose(spec)))
     contract = launch_contract(spec)
-    names = [n.hostname("job") for n in contract.nodes]
+    names = [n.hostname for n in contract.nodes]
     expected = (
         ["job-worker-0", "job-worker-1", "job-worker-2"]
         if elastic
@@ -150,6 +155,28 @@ def test_services_are_the_pods_with_the_operators_env(elastic):
             assert svc["restart"] == "no"
     assert project["networks"] == {"ddp": {"driver": "bridge"}}
     assert "volumes" not in project
+
+
+@pytest.mark.parametrize(
+    ("target", "names", "rdzv"),
+    [
+        ("trainjob", ["job-node-0-0", "job-node-0-1", "job-node-0-2"], "job-node-0-0.job"),
+        ("indexed-job", ["job-0", "job-1", "job-2"], "job-0.job"),
+    ],
+)
+def test_services_follow_the_targets_layout(target, names, rdzv):
+    spec = JobSpec.model_validate({"name": "job", "image": "t:1", "nodes": 3, "target": target})
+    project = yaml.safe_load(to_yaml(render_compose(spec)))
+    contract = launch_contract(spec)
+    assert list(project["services"]) == names
+    for node, (name, svc) in zip(contract.nodes, project["services"].items(), strict=True):
+        assert svc["hostname"] == name
+        # Peers look the node up as <host>.<subdomain>, as on the cluster.
+        assert svc["networks"] == {"ddp": {"aliases": [f"{name}.job"]}}
+        env = {k: unescape(v) for k, v in svc["environment"].items()}
+        assert env == contract.node_env(node)
+        assert env["PET_MASTER_ADDR"] == env["DDPDEPLOY_RDZV_HOST"] == rdzv
+        assert env["PET_NODE_RANK"] == str(node.index)
 
 
 INIT = ["ddp-train-volume-init"]

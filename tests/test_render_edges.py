@@ -15,7 +15,14 @@ from typing import Any
 
 import jsonschema
 import pytest
-from k8s_schema import builtin_errors, crd_validator, pytorchjob_errors
+from k8s_schema import (
+    builtin_errors,
+    crd_validator,
+    int_format_errors,
+    pytorchjob_errors,
+    trainjob_errors,
+    trainjob_pod_template,
+)
 
 from ddpdeploy.errors import UserError
 from ddpdeploy.render.k8s import render_objects
@@ -114,6 +121,8 @@ EDGES: dict[str, list[str]] = {
     ],
     "name": ["a", "|\n  abc", "'" + "a" * 60 + "'", "A"],
     "namespace": ["team-a", "'team\\n'", "'a.b'"],
+    "target": ["pytorchjob", "trainjob", "indexed-job", "argo", "'TrainJob'", "null"],
+    "runtime": ["torch-distributed", "'A'", "'" + "a" * 254 + "'"],
 }
 CASES = [(field, value) for field, values in EDGES.items() for value in values]
 
@@ -173,9 +182,22 @@ def _pod_errors(pod: dict[str, Any]) -> list[str]:
     return errors
 
 
+def _template_errors(template: dict[str, Any], namespace: str) -> list[str]:
+    errors = _metadata_errors(template["metadata"]) + _pod_errors(template["spec"])
+    return errors + builtin_errors(
+        {
+            "apiVersion": "v1",
+            "kind": "PodTemplate",
+            "metadata": {"name": "t", "namespace": namespace},
+            "template": template,
+        }
+    )
+
+
 def api_errors(obj: dict[str, Any]) -> list[str]:
     """What a real API server would refuse in ``obj``, as far as the schemas here tell."""
-    errors = _metadata_errors(obj["metadata"])
+    errors = _metadata_errors(obj["metadata"]) + int_format_errors(obj)
+    namespace = obj["metadata"]["namespace"]
     if obj["kind"] == "NetworkPolicy":
         return errors + builtin_errors(obj)
     if obj["kind"] == "PersistentVolumeClaim":
@@ -183,20 +205,19 @@ def api_errors(obj: dict[str, Any]) -> list[str]:
         if sc is not None and (len(sc) > 253 or not re.fullmatch(_SUBDOMAIN, sc)):
             errors.append(f"storageClassName {sc!r}")
         return errors + builtin_errors(obj)
+    if obj["kind"] == "Service":
+        return errors + builtin_errors(obj)
+    if obj["kind"] == "Job":
+        template = obj["spec"]["template"]
+        return errors + builtin_errors(obj) + _template_errors(template, namespace)
+    if obj["kind"] == "TrainJob":
+        pod = trainjob_pod_template(obj)["template"]
+        return errors + trainjob_errors(obj) + _template_errors(pod, namespace)
     validator = _crd_validator_with_formats()
     errors += pytorchjob_errors(obj)
     errors += [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(obj)]
     for replica in obj["spec"]["pytorchReplicaSpecs"].values():
-        template = replica["template"]
-        errors += _metadata_errors(template["metadata"]) + _pod_errors(template["spec"])
-        errors += builtin_errors(
-            {
-                "apiVersion": "v1",
-                "kind": "PodTemplate",
-                "metadata": {"name": "t", "namespace": obj["metadata"]["namespace"]},
-                "template": template,
-            }
-        )
+        errors += _template_errors(replica["template"], namespace)
     return errors
 
 
@@ -248,6 +269,7 @@ def test_random_combinations_render_valid_or_fail_in_one_line(tmp_path):
 
     rng = random.Random(8)
     flags_pool = [{"--nodes": 3}, {"--gpus": 2**40}, {"--elastic": "1:4"}, {"--procs": 2}]
+    flags_pool += [{"--target": t} for t in ("trainjob", "indexed-job")]
     path = tmp_path / "ddpdeploy.yaml"
     rendered = 0
     for _ in range(100):

@@ -13,11 +13,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import yaml
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from k8s_schema import K8S_VERSION, builtin_errors, crd_validator, pytorchjob_errors
+from k8s_schema import (
+    builtin_errors,
+    int_format_errors,
+    pytorchjob_errors,
+    trainjob_errors,
+    trainjob_pod_template,
+)
 from yaml_readers import ruamel_load_all
 
 from ddpdeploy.cli import main
@@ -76,6 +81,8 @@ VALID: dict[str, st.SearchStrategy[Any]] = {
     "labels": st.dictionaries(label_key, label_value, max_size=3),
     "annotations": st.dictionaries(st.sampled_from(["a.b/c", "note"]), word, max_size=2),
     "runPolicy": opt(backoffLimit=st.integers(0, 5), cleanPodPolicy=st.just("Running")),
+    "target": st.sampled_from(["pytorchjob", "trainjob", "indexed-job"]),
+    "runtime": st.sampled_from(["torch-distributed", "my-runtime"]),
     "secretEnv": st.dictionaries(
         st.sampled_from(["HF_TOKEN", "WANDB_API_KEY"]),
         st.fixed_dictionaries({"secret": st.just("s"), "key": st.sampled_from(["k", ".a-b_c"])}),
@@ -171,6 +178,16 @@ NASTY: dict[str, st.SearchStrategy[Any]] = {
 def specs(draw: st.DrawFn) -> dict[str, Any]:
     fields = draw(st.lists(st.sampled_from(sorted(VALID)), unique=True, max_size=8))
     spec = {f: draw(VALID[f]) for f in fields}
+    target = draw(st.sampled_from([None, "trainjob", "indexed-job"]))
+    if target is not None:
+        # Mostly fields the target can carry, so its objects get checked; refusals of the
+        # others are covered by the nasty values and by tests/test_targets.py.
+        spec["target"] = target
+        drop = ["runPolicy", "priorityClass" if target == "trainjob" else "runtime"]
+        for name in drop:
+            spec.pop(name, None)
+        if target == "trainjob" or spec.get("rendezvous", {}).get("mode") == "elastic":
+            spec.pop("rendezvous", None)
     # Most examples put a nasty value in one or two fields.
     for wild in draw(st.lists(st.sampled_from(sorted(NASTY)), max_size=2, unique=True)):
         spec[wild] = draw(NASTY[wild])
@@ -187,6 +204,8 @@ VALID_FLAGS = {
     "--procs": st.integers(1, 4).map(str),
     "--elastic": st.sampled_from(["1:2", "2:4"]),
     "--max-restarts": st.integers(0, 3).map(str),
+    "--target": st.sampled_from(["pytorchjob", "trainjob", "indexed-job"]),
+    "--runtime": st.sampled_from(["torch-distributed", "r.x"]),
     "--scheduler": st.sampled_from(["default", "volcano"]),
     "--queue": st.sampled_from(["q", "team-a"]),
     "--rdma": st.sampled_from(["rdma/ib=1", "nvidia.com/hostdev=2"]),
@@ -216,37 +235,6 @@ def run(argv: list[str]) -> tuple[int, str, str]:
         else:
             code = 0
     return code, out.getvalue(), err.getvalue()
-
-
-# The schemas say `format: int32` / `int64`; jsonschema ignores formats it does not know,
-# the API server refuses numbers out of range.
-INTS = jsonschema.FormatChecker()
-INTS.checks("int32")(lambda v: not isinstance(v, int) or -(2**31) <= v < 2**31)
-INTS.checks("int64")(lambda v: not isinstance(v, int) or -(2**63) <= v < 2**63)
-
-
-def int_format_errors(obj: dict[str, Any]) -> list[str]:
-    if obj["kind"] == "PyTorchJob":
-        validator = crd_validator("kubeflow.org_pytorchjobs.yaml", "v1")
-        schema, registry = validator.schema, None
-    else:
-        from kubernetes_validate.utils import schema_contents
-        from referencing import Registry, Resource
-
-        root = f"kubernetes-json-schema/v{K8S_VERSION}.0-local-strict"
-        group, _, version = obj["apiVersion"].rpartition("/")
-        group = f"-{group.split('.')[0]}" if group else ""  # networking.k8s.io -> -networking
-        name = f"{obj['kind'].lower()}{group}-{version}.json"
-        schema = schema_contents(f"{root}/{name}", K8S_VERSION)
-        defs = schema_contents(f"{root}/_definitions.json", K8S_VERSION)
-        registry = Resource.from_contents(schema) @ (Resource.from_contents(defs) @ Registry())
-    kwargs = {"registry": registry} if registry is not None else {}
-    checked = jsonschema.Draft202012Validator(schema, format_checker=INTS, **kwargs)
-    return [
-        f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
-        for e in checked.iter_errors(obj)
-        if e.validator == "format"
-    ]
 
 
 # A few of the API server's own checks that no schema carries (k8s.io/apimachinery
@@ -300,20 +288,29 @@ def pod_errors(pod: dict[str, Any]) -> list[str]:
     return errors
 
 
+def _template_errors(template: dict[str, Any], namespace: str) -> list[str]:
+    wrapped = {
+        "apiVersion": "v1",
+        "kind": "PodTemplate",
+        "metadata": {"name": "t", "namespace": namespace},
+        "template": template,
+    }
+    return builtin_errors(wrapped) + int_format_errors(wrapped) + pod_errors(template)
+
+
 def object_errors(obj: dict[str, Any]) -> list[str]:
     errors = int_format_errors(obj) + meta_errors(obj["metadata"])
+    namespace = obj["metadata"]["namespace"]
+    if obj["kind"] == "TrainJob":
+        pod = trainjob_pod_template(obj)
+        return errors + trainjob_errors(obj) + _template_errors(pod["template"], namespace)
+    if obj["kind"] == "Job":
+        errors += pod_errors(obj["spec"]["template"])
     if obj["kind"] != "PyTorchJob":
         return errors + builtin_errors(obj)
     errors += pytorchjob_errors(obj)
     for replica in obj["spec"]["pytorchReplicaSpecs"].values():
-        template = {
-            "apiVersion": "v1",
-            "kind": "PodTemplate",
-            "metadata": {"name": "t", "namespace": obj["metadata"]["namespace"]},
-            "template": replica["template"],
-        }
-        errors += builtin_errors(template) + int_format_errors(template)
-        errors += pod_errors(replica["template"])
+        errors += _template_errors(replica["template"], namespace)
     return errors
 
 
@@ -357,6 +354,7 @@ def test_render_is_valid_or_one_line(spec, flags, train_args):
         doc = json.loads(out)
         objects = doc["items"] if doc["kind"] == "List" else [doc]
         for obj in objects:
+            event(f"rendered {obj['kind']}")
             assert_valid(obj)
         yaml_code, yaml_out, _ = run([*argv, "-o", "yaml", *tail])
         assert yaml_code == 0

@@ -177,3 +177,21 @@ def test_elastic_worker_restart_resumes_from_checkpoint(tmp_path, marker):
     # The workers started again (a second "start" line) and resumed from the checkpoint.
     assert err.count('"event": "start"') >= 2
     assert '"resumed": true' in err
+
+
+def test_every_targets_layout_trains_to_the_same_weights(tmp_path, marker):
+    """Each target's contract (its names, rank source and injected env) emulated for 2 nodes
+    x 2 procs: the same training, bit for bit, as the PyTorchJob layout."""
+    hashes, first_node = {}, {}
+    for target in ("pytorchjob", "trainjob", "indexed-job"):
+        args = ("--target", target, "--nodes", "2", "--procs", "2", "--steps", "6")
+        res = smoke(tmp_path, marker, *args)
+        assert res.returncode == 0, res.stderr
+        hashes[target] = HASH.search(res.stdout)[1]
+        first_node[target] = re.search(r'^([\w-]+): \{"event": "start"', res.stderr, re.M)[1]
+    assert len(set(hashes.values())) == 1, hashes
+    assert first_node == {
+        "pytorchjob": "ddp-train-master-0",
+        "trainjob": "ddp-train-node-0-0",
+        "indexed-job": "ddp-train-0",
+    }

@@ -191,6 +191,8 @@ def test_launch_contract_env_cannot_be_overridden(tmp_path, name):
             "nodes": 2,
             "rendezvous": {"mode": "elastic", "minNodes": 1, "maxNodes": 3, "maxRestarts": 1},
         },
+        {"nodes": 2, "target": "trainjob"},
+        {"nodes": 2, "target": "indexed-job"},
     ],
 )
 def test_every_variable_the_contract_sets_is_reserved(doc):

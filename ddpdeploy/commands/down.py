@@ -24,18 +24,24 @@ def down(
 
     Example: ddpdeploy down my-job
     """
-    from ddpdeploy.clusterplan import JOB_API, JOB_KIND
+    from ddpdeploy.jobwatch import find_job
     from ddpdeploy.render.k8s import MANAGED_BY
 
     kube = connect(kubeconfig, context)
     ns = namespace or kube.default_namespace
-    deleted = kube.delete(JOB_API, JOB_KIND, name, ns)
+    layout, job = find_job(kube, name, ns)
+    deleted = job is not None and kube.delete(layout.api_version, layout.kind, name, ns)
     if deleted:
-        typer.echo(f"deleted PyTorchJob {ns}/{name}", err=True)
+        typer.echo(f"deleted {layout.kind} {ns}/{name}", err=True)
+        for api, kind, other in layout.companions(name):
+            if kube.delete(api, kind, other, ns):
+                typer.echo(f"deleted {kind} {ns}/{other}", err=True)
     ours = f"app.kubernetes.io/instance={name},app.kubernetes.io/managed-by={MANAGED_BY}"
     claims = kube.list("v1", "PersistentVolumeClaim", ns, labels=ours)
     if not deleted and not (purge and claims):
-        raise OperationError(f"no PyTorchJob {name} in namespace {ns}; nothing deleted")
+        raise OperationError(
+            f"no job {name} (PyTorchJob, TrainJob or Job) in namespace {ns}; nothing deleted"
+        )
     for claim in claims:
         pvc = claim["metadata"]["name"]
         if purge:

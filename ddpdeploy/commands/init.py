@@ -25,6 +25,8 @@ STARTER = (
 
 name: ddp-train            # DNS-1035 label; pods are <name>-master-0, <name>-worker-<i>
 namespace: default
+target: pytorchjob         # pytorchjob | trainjob (Trainer v2) | indexed-job (no operator)
+# runtime: torch-distributed  # trainjob only: the ClusterTrainingRuntime
 # image: ghcr.io/team/train:v1    # example; `ddpdeploy build` prints one
 nodes: 2                   # example: nodes (pods); default 1
 gpus: 0                    # GPUs per node; 0 = CPU job with gloo

@@ -36,20 +36,26 @@ def list_jobs(
         str, typer.Option("-o", "--output", help="table or json.", case_sensitive=False)
     ] = "table",
 ) -> None:
-    """List the PyTorchJobs labelled managed-by ddpdeploy.
+    """List the jobs (PyTorchJobs, TrainJobs, Jobs) labelled managed-by ddpdeploy.
 
     Example: ddpdeploy list -A
     """
-    from ddpdeploy.clusterplan import JOB_API, JOB_KIND
     from ddpdeploy.jobstate import job_size, job_state
     from ddpdeploy.render.k8s import MANAGED_BY
+    from ddpdeploy.targets import TARGETS
 
     fmt = output.lower()
     if fmt not in ("table", "json"):
         raise UserError(f"-o/--output: {output!r} is not a format; use table or json")
     kube = connect(kubeconfig, context)
     ns = None if all_namespaces else namespace or kube.default_namespace
-    jobs = kube.list(JOB_API, JOB_KIND, ns, labels=f"app.kubernetes.io/managed-by={MANAGED_BY}")
+    ours = f"app.kubernetes.io/managed-by={MANAGED_BY}"
+    jobs = [
+        job
+        for t in TARGETS.values()
+        if kube.has_kind(t.api_version, t.kind)  # a CRD the cluster lacks holds no jobs
+        for job in kube.list(t.api_version, t.kind, ns, labels=ours)
+    ]
     now = datetime.now(timezone.utc)
     rows = []
     for job in sorted(jobs, key=lambda j: (j["metadata"]["namespace"], j["metadata"]["name"])):
@@ -59,6 +65,7 @@ def list_jobs(
             {
                 "name": meta["name"],
                 "namespace": meta["namespace"],
+                "kind": job["kind"],
                 "state": job_state(job, []).state,
                 "age": _age(meta.get("creationTimestamp"), now),
                 "nodes": nodes,
@@ -69,9 +76,9 @@ def list_jobs(
         typer.echo(json.dumps(rows, indent=2))
         return
     table = Table()
-    for col in ("NAME", "NAMESPACE", "STATE", "AGE", "NODES×GPUS"):
+    for col in ("NAME", "KIND", "NAMESPACE", "STATE", "AGE", "NODES×GPUS"):
         table.add_column(col)
     for r in rows:
         size = f"{r['nodes']}×{r['gpus']}"
-        table.add_row(r["name"], r["namespace"], r["state"], r["age"], size)
+        table.add_row(r["name"], r["kind"], r["namespace"], r["state"], r["age"], size)
     Console(width=200).print(table)

@@ -14,9 +14,15 @@ def logs(
     name: NameArg,
     replica: Annotated[
         str | None,
-        typer.Option("--replica", help="master or worker (default: the pod hosting rank 0)."),
+        typer.Option(
+            "--replica",
+            help="PyTorchJob: master or worker (default: the pod hosting rank 0); other "
+            "targets: --index alone names the node.",
+        ),
     ] = None,
-    index: Annotated[int, typer.Option("--index", min=0, help="Replica index.")] = 0,
+    index: Annotated[
+        int | None, typer.Option("--index", min=0, help="Replica (or node) index; default 0.")
+    ] = None,
     follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep streaming.")] = False,
     tail: Annotated[int | None, typer.Option("--tail", min=0, help="Last N lines only.")] = None,
     namespace: NamespaceOpt = None,
@@ -35,11 +41,11 @@ def logs(
     ns = namespace or kube.default_namespace
     job, pods, _ = jobwatch.snapshot(kube, name, ns)
     if job is None:
-        raise OperationError(f"no PyTorchJob {name} in namespace {ns}")
-    pod = f"{name}-{replica.lower()}-{index}" if replica else jobwatch.rank0_pod(kube, job, pods)
+        raise OperationError(f"no job {name} (PyTorchJob, TrainJob or Job) in namespace {ns}")
+    pod = jobwatch.node_pod(job, pods, replica, index) or jobwatch.rank0_pod(kube, job, pods)
     if pod is None:
         raise OperationError(
             f"no pod of {name} has logged rank 0's start yet; pass --replica and --index"
         )
-    for line in kube.logs(pod, ns, jobwatch.CONTAINER, follow=follow, tail=tail):
+    for line in kube.logs(pod, ns, jobwatch.container_of(job), follow=follow, tail=tail):
         typer.echo(line)

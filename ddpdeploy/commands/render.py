@@ -28,7 +28,8 @@ def render(
         ),
     ] = None,
 ) -> None:
-    """Render the Kubeflow PyTorchJob, its NetworkPolicy (and checkpoint PVC) for the job.
+    """Render the job's Kubernetes objects for its target (PyTorchJob, TrainJob, or Indexed
+    Job and headless Service), its NetworkPolicy and the checkpoint PVC.
 
     Example: ddpdeploy render --image ghcr.io/me/train:v1 --nodes 2 --gpus 8 -- --steps 1000
     """

@@ -33,7 +33,8 @@ def status(
     snap = jobwatch.snapshot(kube, name, ns)
     if snap[0] is None:
         raise OperationError(
-            f"no PyTorchJob {name} in namespace {ns}; `ddpdeploy list -n {ns}` shows the jobs"
+            f"no job {name} (PyTorchJob, TrainJob or Job) in namespace {ns}; "
+            f"`ddpdeploy list -n {ns}` shows the jobs"
         )
     if fmt == "table":
         Console().print(jobwatch.table(name, snap))

@@ -60,7 +60,7 @@ def up(
         str | None, typer.Option("--base-image", help="With --build: the base image to build on.")
     ] = None,
 ) -> None:
-    """Submit the job to the cluster as a Kubeflow PyTorchJob.
+    """Submit the job to the cluster as its target's objects (PyTorchJob by default).
 
     Example: ddpdeploy up --image ghcr.io/me/train:v1 --nodes 2 --gpus 8 -- --steps 1000
     """
@@ -95,4 +95,7 @@ def up(
         _say(f"submitted; `ddpdeploy status {spec.name} -n {spec.namespace}` shows progress")
         return
     state = jobwatch.follow_and_wait(kube, spec.name, spec.namespace, seconds, follow)
-    _say(f"PyTorchJob {spec.name} succeeded" + (f": {state.reason}" if state.reason else ""))
+    from ddpdeploy.targets import layout_of
+
+    kind = layout_of(spec.target).kind
+    _say(f"{kind} {spec.name} succeeded" + (f": {state.reason}" if state.reason else ""))

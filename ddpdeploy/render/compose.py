@@ -1,10 +1,12 @@
 """JobSpec -> a docker-compose project (a plain dict): each node of the job as a service.
 
 Pure: no network, no clock, no randomness; same spec, same dict. Every service is started
-as its pod would be on the cluster: the same container command, the env the training
-operator would inject (from the launch contract), and the pod's hostname as both service
-name and hostname, so MASTER_ADDR and the rendezvous endpoint are the same strings as on
-the cluster and resolve through the project network's DNS.
+as its pod would be on the cluster, in the layout of the job's target: the same container
+command, the env its pod gets there (from the launch contract, the operator's or Trainer's
+injection included), the pod's hostname as both service name and hostname, and its address
+(`<host>.<subdomain>` for TrainJob and Indexed Job) as a network alias, so MASTER_ADDR and
+the rendezvous endpoint are the same strings as on the cluster and resolve through the
+project network's DNS.
 
 The keys used are those both the Compose Specification and docker-compose 1.29 (Debian 12)
 accept; tests check the file against both.
@@ -80,7 +82,12 @@ def _restart(spec: JobSpec) -> str:
 
 def _service(spec: JobSpec, contract: LaunchContract, node_index: int) -> Obj:
     node = contract.nodes[node_index]
-    hostname = node.hostname(spec.name)
+    hostname = node.hostname
+    # Peers reach a node by its address: the hostname itself (PyTorchJob) or
+    # hostname.subdomain (TrainJob, Indexed Job), which a network alias resolves here.
+    networks: Any = [NETWORK]
+    if node.address != hostname:
+        networks = {NETWORK: {"aliases": [node.address]}}
     service: Obj = {
         "image": _escape(spec.image or ""),
         "hostname": hostname,
@@ -90,7 +97,7 @@ def _service(spec: JobSpec, contract: LaunchContract, node_index: int) -> Obj:
         # Unmapped: node hostnames (and a node's own address, PET_LOCAL_ADDR) resolve on
         # the project network as they do on the cluster.
         "environment": {k: _escape(v) for k, v in sorted(contract.node_env(node).items())},
-        "networks": [NETWORK],
+        "networks": networks,
         "restart": _restart(spec),
         "stop_grace_period": f"{spec.termination_grace_period_seconds}s",
     }
@@ -144,9 +151,7 @@ def render_compose(spec: JobSpec, cpu: bool | None = None) -> Obj:
         )
     job = compose_job(spec, cpu)
     contract = launch_contract(job)
-    services = {
-        node.hostname(job.name): _service(job, contract, i) for i, node in enumerate(contract.nodes)
-    }
+    services = {node.hostname: _service(job, contract, i) for i, node in enumerate(contract.nodes)}
     project: Obj = {
         "services": services,
         "networks": {NETWORK: {"driver": "bridge"}},

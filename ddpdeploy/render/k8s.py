@@ -1,4 +1,7 @@
-"""JobSpec -> Kubernetes objects (plain dicts): Kubeflow PyTorchJob v1 and its PVC.
+"""JobSpec -> Kubernetes objects (plain dicts): the job's target objects and its PVC.
+
+`render_objects` is the entry for every target (ddpdeploy.targets); the PyTorchJob itself
+is built here, the others in render/trainjob.py and render/indexed_job.py.
 
 Pure: no network, no clock, no randomness; same spec, same objects. The container command
 and env come from the launch contract; the operator injects the per-pod rendezvous env.
@@ -24,6 +27,7 @@ from ddpdeploy.render.pod import (  # noqa: F401  (re-exported for callers of th
 )
 from ddpdeploy.render.policy import beside_job
 from ddpdeploy.spec import JobSpec
+from ddpdeploy.targets.pytorchjob import PyTorchJob
 
 Obj = dict[str, Any]
 
@@ -33,9 +37,10 @@ def pytorchjob(spec: JobSpec, contract: LaunchContract | None = None) -> Obj:
     require_image(spec)
     contract = contract or launch_contract(spec)
     template = pod_template(spec, contract)
+    replicas = PyTorchJob().replicas(spec)
     replica_specs = {
         replica: {"replicas": count, "restartPolicy": "OnFailure", "template": template}
-        for replica, count in contract.replicas.items()
+        for replica, count in replicas.items()
     }
     job_spec: Obj = {"nprocPerNode": str(contract.nproc_per_node)}
     rdzv = spec.rendezvous
@@ -81,8 +86,9 @@ def _scheduling_policy(spec: JobSpec) -> Obj:
 
 
 def render_objects(spec: JobSpec) -> list[Obj]:
-    """Every object the job needs, dependencies (the PVC, the policy) first."""
+    """Every object the job needs on its target, dependencies (the PVC, the policy, a
+    Service) first."""
     contract = launch_contract(spec)
+    pvc = checkpoint_pvc(spec)
     policies = beside_job(spec, selector_labels(spec))
-    objects = [checkpoint_pvc(spec), *policies, pytorchjob(spec, contract)]
-    return [o for o in objects if o is not None]
+    return [*([pvc] if pvc else []), *policies, *contract.layout.objects(spec, contract)]

@@ -1,7 +1,8 @@
 """The local target: each node of the launch contract as a process on this host.
 
-Pure: from a contract, the argv and env every node's torchrun agent gets, with node
-hostnames mapped to 127.0.0.1. The same container command the cluster runs, with the
+Pure: from a contract, the argv and env every node's torchrun agent gets on the job's
+target (its layout's names, node ranks and injected env), with node addresses mapped to
+127.0.0.1. The same container command the cluster runs, with the
 in-image paths swapped for this checkout's and this interpreter's torchrun as the
 launcher.
 """
@@ -38,14 +39,11 @@ def local_nodes(
     checkpoint_dir: str | None = None,
     python: str = sys.executable,
 ) -> list[LocalNode]:
-    hosts = {n.hostname(contract.spec.name): LOOPBACK for n in contract.nodes}
+    hosts = {n.address: LOOPBACK for n in contract.nodes}
     # This interpreter's torchrun, so the smoke run uses the torch it was installed with.
     launcher = [python, "-m", "torch.distributed.run"]
     argv = contract.container_command(trainer_path, checkpoint_dir, launcher)
-    return [
-        LocalNode(node.hostname(contract.spec.name), argv, contract.node_env(node, hosts))
-        for node in contract.nodes
-    ]
+    return [LocalNode(n.hostname, argv, contract.node_env(n, hosts)) for n in contract.nodes]
 
 
 def plan(
@@ -57,7 +55,8 @@ def plan(
 ) -> list[LocalNode]:
     """Every node of ``spec`` as a local torchrun agent. ``max_restarts`` overrides the
     contract's torchrun restarts for this run only (chaos runs need at least one)."""
-    nodes = local_nodes(launch_contract(cpu_spec(spec, port)), trainer_path, checkpoint_dir)
+    contract = launch_contract(cpu_spec(spec, port), port)
+    nodes = local_nodes(contract, trainer_path, checkpoint_dir)
     if max_restarts is None:
         return nodes
     extra = {"PET_MAX_RESTARTS": str(max_restarts)}

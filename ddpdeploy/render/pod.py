@@ -1,7 +1,7 @@
 """The pod every Kubernetes target runs (container, volumes, scheduling) and the objects
 beside it (the checkpoint PVC). Pure: spec and launch contract in, plain dicts out.
 
-Targets (PyTorchJob today) wrap ``pod_template`` in their own layout; what a pod looks like
+Targets (ddpdeploy.targets) wrap ``pod_template`` in their own layout; what a pod looks like
 is decided here once, so every target gets the same pod.
 """
 
@@ -108,10 +108,10 @@ def pod_only_env(spec: JobSpec) -> dict[str, str]:
 
 def env_list(contract: LaunchContract) -> list[Obj]:
     spec = contract.spec
-    values = {**pod_only_env(spec), **contract.base_env}
+    values = {**pod_only_env(spec), **contract.pod_env()}
     env: dict[str, Obj] = {k: {"name": k, "value": v} for k, v in values.items()}
-    for name in contract.own_address_env:
-        env[name] = {"name": name, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    for name, path in contract.field_env.items():
+        env[name] = {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
     for name, ref in spec.secret_env.items():
         # By reference only: the secret's value never appears in rendered output.
         key_ref = {"name": ref.secret, "key": ref.key}

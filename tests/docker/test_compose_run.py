@@ -84,11 +84,17 @@ def nothing_left(engine: Any, project: str) -> list[str]:
     )
 
 
-@pytest.mark.parametrize("elastic", [False, True], ids=["static", "elastic"])
+@pytest.mark.parametrize(
+    ("elastic", "target"),
+    [(False, "pytorchjob"), (True, "pytorchjob"), (False, "trainjob"), (False, "indexed-job")],
+    ids=["static", "elastic", "trainjob", "indexed-job"],
+)
 def test_two_by_two_trains_like_smoke_local(
-    elastic: bool, image: str, engine: Any, cli: Callable[..., Any], tmp_path: Path
+    elastic: bool, target: str, image: str, engine: Any, cli: Callable[..., Any], tmp_path: Path
 ) -> None:
-    extra = {"rendezvous": {"mode": "elastic", "minNodes": 2, "maxNodes": 2}} if elastic else {}
+    extra: dict[str, Any] = {"target": target}
+    if elastic:
+        extra["rendezvous"] = {"mode": "elastic", "minNodes": 2, "maxNodes": 2}
     spec = job(image, **extra)
     with ComposeRun(render_compose(spec), spec.name) as run:
         project = run.project_name
@@ -96,7 +102,7 @@ def test_two_by_two_trains_like_smoke_local(
         contract = launch_contract(compose_job(spec))
         for node, n in zip(contract.nodes, run.nodes, strict=True):
             config = n.container.attrs["Config"]
-            assert config["Hostname"] == n.name == node.hostname("cmp")
+            assert config["Hostname"] == n.name == node.hostname
             assert n.rank == (None if elastic else node.rank)
             assert config["Entrypoint"] == contract.container_command()
             assert not config["Cmd"]
@@ -104,10 +110,11 @@ def test_two_by_two_trains_like_smoke_local(
             assert env.items() >= contract.node_env(node).items()
         done, failed = run_to_end(run)
         assert failed is None, (failed, run.tail(failed)[-20:])
-        assert run.exit_codes() == {node.hostname("cmp"): 0 for node in contract.nodes}
+        assert run.exit_codes() == {node.hostname: 0 for node in contract.nodes}
     assert nothing_left(engine, project) == []
     assert done is not None and done["step"] == STEPS
 
+    # Every static layout trains exactly as the PyTorchJob layout does locally.
     assert done["weights_sha256"] == local_hash(cli, tmp_path, elastic)
 
 

@@ -49,7 +49,7 @@ def test_status_shows_state_and_pods(kube_cli, admin, namespace, up):
     table = kube_cli("status", "j", "-n", namespace)
     assert "PyTorchJob j: Running" in table.stdout and "j-worker-0" in table.stdout
     missing = kube_cli("status", "nope", "-n", namespace)
-    assert missing.returncode == 1 and "no PyTorchJob nope" in missing.stderr
+    assert missing.returncode == 1 and "no job nope" in missing.stderr
 
 
 def test_list_shows_only_ours(kube_cli, admin, namespace, up):

@@ -1,0 +1,73 @@
+"""A plain batch/v1 Indexed Job plus a headless Service: no operator needed.
+
+Pods are `<job>-<i>` (the Job controller's hostnames for an Indexed Job) in the subdomain of
+the headless Service `<job>`, so peers reach node i at `<job>-<i>.<job>`. Nothing injects
+the rendezvous env, so the pod carries it itself: the node rank from the completion index
+(downward API), the master at `<job>-0.<job>`, PET_NNODES, PET_NPROC_PER_NODE and
+PET_MASTER_PORT. Elastic rendezvous is refused: a Job's parallelism is fixed, and replacing
+or adding nodes between min and max is what the operator's elastic support is for.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ddpdeploy.targets.base import COMPLETION_INDEX, Layout, Node, gpus_of, refuse_elastic
+
+if TYPE_CHECKING:
+    from ddpdeploy.contract import LaunchContract
+    from ddpdeploy.spec import JobSpec
+
+
+class IndexedJob(Layout):
+    name = "indexed-job"
+    api_version = "batch/v1"
+    kind = "Job"
+    pod_label = "batch.kubernetes.io/job-name"  # set by the Job controller (1.27+)
+    succeeded = "Complete"
+
+    def node_hostname(self, job_name: str, index: int, replica: str = "") -> str:
+        return f"{job_name}-{index}"  # the Job controller's hostname for an Indexed Job
+
+    def companions(self, job_name: str) -> list[tuple[str, str, str]]:
+        return [("v1", "Service", job_name)]  # the headless Service is ours, not the Job's
+
+    def nodes(self, spec: JobSpec) -> list[Node]:
+        hosts = [self.node_hostname(spec.name, i) for i in range(spec.nodes)]
+        return [Node(h, f"{h}.{spec.name}", i, i) for i, h in enumerate(hosts)]
+
+    def longest_hostname(self, spec: JobSpec) -> str:
+        return f"{spec.name}-{spec.nodes - 1}"
+
+    def check(self, spec: JobSpec) -> None:
+        super().check(spec)
+        refuse_elastic(spec, self.name, "a Job's parallelism is fixed, so it cannot be elastic")
+        if spec.run_policy.clean_pod_policy is not None:
+            raise ValueError(
+                "target indexed-job: runPolicy.cleanPodPolicy has no Job field (a Job keeps "
+                "its pods until runPolicy.ttlSecondsAfterFinished); remove it"
+            )
+
+    def pod_env(self, contract: LaunchContract, rdzv: str) -> dict[str, str]:
+        return {
+            "PYTHONUNBUFFERED": "1",
+            "PET_MASTER_ADDR": rdzv,
+            "PET_MASTER_PORT": str(contract.port),
+            "PET_NNODES": str(contract.spec.nodes),
+            "PET_NPROC_PER_NODE": str(contract.nproc_per_node),
+        }
+
+    def field_env(self, spec: JobSpec) -> dict[str, str]:
+        return {"PET_NODE_RANK": COMPLETION_INDEX}
+
+    def objects(self, spec: JobSpec, contract: LaunchContract) -> list[dict[str, Any]]:
+        from ddpdeploy.render.indexed_job import objects
+
+        return objects(spec, contract)
+
+    def pod_templates(self, obj: dict[str, Any]) -> list[dict[str, Any]]:
+        return [((obj.get("spec") or {}).get("template") or {}).get("spec") or {}]
+
+    def job_size(self, obj: dict[str, Any]) -> tuple[int, int]:
+        nodes = int((obj.get("spec") or {}).get("completions") or 1)
+        return nodes, gpus_of(self.pod_templates(obj))
