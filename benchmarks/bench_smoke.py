@@ -50,6 +50,12 @@ def docker_image(name: str) -> str:
     return done.stdout.strip()
 
 
+def image_present(image: str) -> bool:
+    """Other users of a shared engine may prune images between trials."""
+    done = subprocess.run(["docker", "image", "inspect", image], capture_output=True)
+    return done.returncode == 0
+
+
 def one_trial(target: str, kill_at: int | None, image: str, ws: Path) -> dict[str, object]:
     cmd = [sys.executable, "-m", "ddpdeploy", "smoke", f"--{target}", "--name", "benchsmoke"]
     cmd += JOB
@@ -99,6 +105,19 @@ def trace(target: str, kill_at: int, image: str, ws: Path, out: Path) -> None:
         if self.kill and self.kill.at and not before:
             log.write(f"{time.monotonic() - t0:8.3f} RUNNER kill sent: {self.kill.what}\n")
 
+    if target == "docker":
+        from ddpdeploy.adapters.compose import ComposeRun
+
+        compose = ComposeRun._compose
+
+        def compose_stamped(self: ComposeRun, *args: str, timeout: float = 300) -> object:
+            log.write(f"{time.monotonic() - t0:8.3f} RUNNER compose {args[0]} ...\n")
+            try:
+                return compose(self, *args, timeout=timeout)
+            finally:
+                log.write(f"{time.monotonic() - t0:8.3f} RUNNER compose {args[0]} done\n")
+
+        ComposeRun._compose = compose_stamped  # type: ignore[method-assign]
     smoke_runner._Run.take = stamped  # type: ignore[method-assign]
     smoke_runner._Run.chaos = chaos_stamped  # type: ignore[method-assign]
     args = ["smoke", f"--{target}", "--name", "benchsmoke", *JOB, "--kill-at", str(kill_at)]
@@ -154,6 +173,9 @@ def main() -> None:
     for trial in range(1, opts.trials + 1):
         for target, kill_at in kinds:  # interleaved: load drifts hit every kind alike
             key = target if kill_at is None else f"{target} kill-at"
+            if target == "docker" and not image_present(image):
+                print(f"note: {image} was removed; building it again (not timed)")
+                image = docker_image("benchsmoke")
             row = one_trial(target, kill_at, image, ws)
             results.setdefault(key, []).append(row)
             print(f"trial {trial} {key:16s} load {load():14s} {row}", flush=True)
