@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ["--nodes", "2", "--procs", "2", "--steps", "20"]
@@ -118,6 +119,11 @@ def trace(target: str, kill_at: int, image: str, ws: Path, out: Path) -> None:
                 log.write(f"{time.monotonic() - t0:8.3f} RUNNER compose {args[0]} done\n")
 
         ComposeRun._compose = compose_stamped  # type: ignore[method-assign]
+    from ddpdeploy.adapters.compose import ComposeRun
+    from ddpdeploy.adapters.local import LocalRun
+
+    for cls in (ComposeRun, LocalRun):  # when the runner saw every node end
+        cls.drain = _stamped(cls.drain, "drain (all nodes ended)", log, t0)  # type: ignore[method-assign]
     smoke_runner._Run.take = stamped  # type: ignore[method-assign]
     smoke_runner._Run.chaos = chaos_stamped  # type: ignore[method-assign]
     args = ["smoke", f"--{target}", "--name", "benchsmoke", *JOB, "--kill-at", str(kill_at)]
@@ -132,6 +138,17 @@ def trace(target: str, kill_at: int, image: str, ws: Path, out: Path) -> None:
         smoke_runner._Run.take, smoke_runner._Run.chaos = take, chaos  # type: ignore[method-assign]
         log.close()
     print(f"trace: {out / f'{target}.log'}")
+
+
+def _stamped(fn: Any, what: str, log: Any, t0: float) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        log.write(f"{time.monotonic() - t0:8.3f} RUNNER {what} ...\n")
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            log.write(f"{time.monotonic() - t0:8.3f} RUNNER {what} done\n")
+
+    return wrapper
 
 
 def summarize(results: dict[str, list[dict[str, object]]]) -> None:
