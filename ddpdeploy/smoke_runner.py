@@ -299,6 +299,9 @@ class _Run:
             self.chaos(step)
         elif kind == "done":
             self.done = event
+            # The kill can land after the last step (rank 0's lines arrive in batches): the
+            # restarted workers resume at the end and only say "done". That is recovery too.
+            self.chaos_recovered(int(event["step"]))
             self.progress.update(self.task, completed=event["step"], info="done")
         elif kind in ("start", "checkpoint"):
             if event.get("total_steps"):
@@ -319,7 +322,13 @@ class _Run:
             kill.what = self.target.kill_worker(kill.node)
             kill.at = time.monotonic()
             self.progress.console.print(f"kill-at: SIGKILL {kill.what} of {kill.node}, step {step}")
-        elif kill.restarted and kill.recovered_at is None:
+        else:
+            self.chaos_recovered(step)
+
+    def chaos_recovered(self, step: int) -> None:
+        """The first step (or the end) the restarted workers report ends the recovery."""
+        kill = self.kill
+        if kill is not None and kill.restarted and kill.recovered_at is None:
             kill.recovered_at, kill.recovered_step = time.monotonic(), step
 
     def settle(self) -> None:

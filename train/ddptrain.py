@@ -301,5 +301,22 @@ def save_weights(module: nn.Module, path: str) -> None:
     os.replace(tmp, path)
 
 
+def exit_on_error() -> NoReturn:
+    """An uncaught error ends the worker at once, printed as Python would print it.
+
+    Most such errors are a peer's death (gloo: "Connection closed by peer"). torchrun
+    restarts the worker group only once every worker of the node has ended, and the
+    interpreter's own teardown with a broken process group took ~3 s on a loaded host (and
+    may deadlock, see ddptrain_dist.exit_now). Checkpoints are atomic (temp file, rename),
+    so an unfinished one is never taken for a finished one."""
+    sys.excepthook(*sys.exc_info())  # torch's hook, if set, prefixes the rank as before
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)  # Python's own exit code for an uncaught exception
+
+
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except Exception:  # not SystemExit: bad arguments keep their exit code 2
+        exit_on_error()

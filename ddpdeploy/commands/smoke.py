@@ -46,7 +46,9 @@ def _chaos_spec(spec: JobSpec, kill_at: int) -> tuple[JobSpec, int]:
         )
     if spec.command.builtin:
         if spec.checkpoint is None:
-            spec = spec.model_copy(update={"checkpoint": Checkpoint(claim_name="smoke")})
+            spec = spec.model_copy(
+                update={"checkpoint": Checkpoint.model_validate({"claimName": "smoke"})}
+            )
         if not any(a.startswith("--checkpoint-every") for a in spec.command.args):
             spec = _with_args(spec, "--checkpoint-every", str(max(1, kill_at // 2)))
     return spec, restarts or 1
