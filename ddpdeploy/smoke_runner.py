@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import signal
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections import deque
@@ -74,21 +76,60 @@ class Node:
 
 
 class SmokeTarget(ABC):
-    """One run of the job's nodes on some target; see the module docstring."""
+    """One run of the job's nodes on some target; see the module docstring.
+
+    The line queue is shared: an adapter starts one reader per node stream with
+    `_read_in_background`, whose function hands each line to `_feed`; `events` and `drain`
+    are the same for every target."""
 
     nodes: list[Node]
 
-    @abstractmethod
-    def events(self, poll: float = 0.2) -> Iterator[Line | None]: ...
+    def __init__(self) -> None:
+        self._lines: queue.Queue[Line | None] = queue.Queue()
+        self._readers: list[threading.Thread] = []
+
+    def _read_in_background(self, read: Callable[..., None], *args: Any) -> None:
+        def pump() -> None:
+            try:
+                read(*args)
+            finally:
+                self._lines.put(None)  # wakes events() so the runner checks exits
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        self._readers.append(reader)
+
+    def _feed(self, line: Line) -> None:
+        self._lines.put(line)
+
+    def events(self, poll: float = 0.2) -> Iterator[Line | None]:
+        """Lines as they come; None now and then so the caller can check exits."""
+        while True:
+            try:
+                yield self._lines.get(timeout=poll)
+            except queue.Empty:
+                yield None
+
+    def drain(self, timeout: float = 2.0) -> list[Line]:
+        """Lines still on their way after the nodes ended (an orphaned worker may hold a
+        pipe open, hence the bound)."""
+        deadline = time.monotonic() + timeout
+        for reader in self._readers:
+            reader.join(max(0.0, deadline - time.monotonic()))
+        out = []
+        while True:
+            try:
+                item = self._lines.get_nowait()
+            except queue.Empty:
+                return out
+            if item is not None:
+                out.append(item)
 
     @abstractmethod
     def exit_codes(self) -> dict[str, int | None]: ...
 
     @abstractmethod
     def tail(self, node: str) -> list[str]: ...
-
-    @abstractmethod
-    def drain(self, timeout: float = 2.0) -> list[Line]: ...
 
     @abstractmethod
     def kill_worker(self, node: str) -> str: ...

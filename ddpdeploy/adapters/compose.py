@@ -16,15 +16,12 @@ exit_codes, failed, finished, tail, drain, kill_worker, last_output_at, stop), s
 from __future__ import annotations
 
 import contextlib
-import queue
 import secrets
 import shutil
 import subprocess
 import tempfile
-import threading
 import time
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +29,7 @@ from typing import Any
 from ddpdeploy.errors import OperationError
 from ddpdeploy.render.compose import ROLE_LABEL
 from ddpdeploy.render.output import to_yaml
+from ddpdeploy.smoke_runner import Line, SmokeTarget
 
 PROJECT_LABEL = "com.docker.compose.project"
 SERVICE_LABEL = "com.docker.compose.service"
@@ -98,16 +96,9 @@ def engine() -> Any:
     return client
 
 
-@dataclass(frozen=True)
-class Line:
-    node: str  # the node's (pod's) hostname
-    stream: str  # "stdout" or "stderr"
-    text: str
-
-
 @dataclass
 class Node:
-    """One service's container: a node of the job."""
+    """One service's container: a node of the job (name and rank as the runner's Node)."""
 
     name: str  # the pod's hostname, also the service name
     rank: int | None  # static node rank; None when c10d assigns it
@@ -139,7 +130,7 @@ def _unescape(value: str) -> str:
     return value.replace("$$", "$")
 
 
-class ComposeRun:
+class ComposeRun(SmokeTarget):
     """One rendered compose project, started under a unique project name."""
 
     def __init__(
@@ -150,14 +141,13 @@ class ComposeRun:
         client: Any | None = None,
         cli: list[str] | None = None,
     ) -> None:
+        super().__init__()
         self.client = client or engine()
         self.cli = cli or compose_cli()
         # Unique per run: two runs of one job (or two users) never share containers.
         self.project_name = f"ddpdeploy-{name}-{secrets.token_hex(4)}"
         self.keep_volume = keep_volume
-        self.lines: queue.Queue[Line | None] = queue.Queue()
-        self.nodes: list[Node] = []
-        self._readers: list[threading.Thread] = []
+        self.nodes: list[Node] = []  # type: ignore[assignment]  # name and rank, and more
         self._polled = 0.0
         self._stopped = False
         self.dir = Path(tempfile.mkdtemp(prefix=f"{self.project_name}-"))
@@ -205,9 +195,7 @@ class ComposeRun:
             node = Node(service, int(rank) if rank else None, env, found[service])
             self.nodes.append(node)
             for stream in ("stdout", "stderr"):
-                reader = threading.Thread(target=self._read, args=(node, stream), daemon=True)
-                reader.start()
-                self._readers.append(reader)
+                self._read_in_background(self._read, node, stream)
 
     def _filter(self) -> dict[str, str]:
         return {"label": f"{PROJECT_LABEL}={self.project_name}"}
@@ -216,7 +204,6 @@ class ComposeRun:
         # Errors end the stream quietly: the container went away (teardown).
         with contextlib.suppress(Exception):
             self._follow(node, stream)
-        self.lines.put(None)
 
     def _follow(self, node: Node, stream: str) -> None:
         """Follow one stream of a container until it stops; whole lines only."""
@@ -239,15 +226,7 @@ class ComposeRun:
     def _put(self, node: Node, stream: str, raw: bytes) -> None:
         text = raw.decode(errors="replace").rstrip("\r")
         node.lines.append(text)
-        self.lines.put(Line(node.name, stream, text))
-
-    def events(self, poll: float = 0.2) -> Iterator[Line | None]:
-        """Lines as they come; None now and then so the caller can check exits."""
-        while True:
-            try:
-                yield self.lines.get(timeout=poll)
-            except queue.Empty:
-                yield None
+        self._feed(Line(node.name, stream, text))
 
     def poll(self, every: float = 0.5) -> None:
         """Refresh every node's state from the engine (at most once per ``every`` s)."""
@@ -284,20 +263,6 @@ class ComposeRun:
 
     def last_output_at(self, node: str) -> dict[int, float]:
         return {}  # the engine's log timestamps would do; torchrun's summary order suffices
-
-    def drain(self, timeout: float = 2.0) -> list[Line]:
-        """Lines still on their way after the containers ended."""
-        deadline = time.monotonic() + timeout
-        for reader in self._readers:
-            reader.join(max(0.0, deadline - time.monotonic()))
-        out = []
-        while True:
-            try:
-                item = self.lines.get_nowait()
-            except queue.Empty:
-                return out
-            if item is not None:
-                out.append(item)
 
     def kill_worker(self, node: str, local_rank: int | None = None) -> str:
         """SIGKILL one torchrun worker process in ``node`` (by default its highest local

@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import shutil
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,13 +39,12 @@ class LocalRun(SmokeTarget):
     """The agents of one local run; use as a context manager so they always stop."""
 
     def __init__(self, nodes: list[LocalNode], cwd: Path) -> None:
+        super().__init__()
         self.marker = uuid.uuid4().hex
         # torchrun writes each worker's output here too (PET_LOG_DIR), one folder per node.
         self.log_dir = Path(tempfile.mkdtemp(prefix="ddpdeploy-smoke-"))
-        self.lines: queue.Queue[Line | None] = queue.Queue()
         self.agents: dict[str, Agent] = {}
         self.nodes = [Node(n.hostname, _node_rank(n)) for n in nodes]
-        self._readers: list[threading.Thread] = []
         self._stopped = False
         for node in nodes:
             self._start(node, cwd)
@@ -74,45 +70,19 @@ class LocalRun(SmokeTarget):
         agent = Agent(node, proc)
         self.agents[node.hostname] = agent
         for stream in ("stdout", "stderr"):
-            reader = threading.Thread(target=self._read, args=(agent, stream), daemon=True)
-            reader.start()
-            self._readers.append(reader)
+            self._read_in_background(self._read, agent, stream)
 
     def _read(self, agent: Agent, stream: str) -> None:
-        pipe = getattr(agent.proc, stream)
-        for raw in pipe:
+        for raw in getattr(agent.proc, stream):
             text = raw.rstrip("\n")
             agent.tail.append(text)
-            self.lines.put(Line(agent.node.hostname, stream, text))
-        self.lines.put(None)
-
-    def events(self, poll: float = 0.2) -> Iterator[Line | None]:
-        while True:
-            try:
-                yield self.lines.get(timeout=poll)
-            except queue.Empty:
-                yield None
+            self._feed(Line(agent.node.hostname, stream, text))
 
     def exit_codes(self) -> dict[str, int | None]:
         return {name: agent.proc.poll() for name, agent in self.agents.items()}
 
     def tail(self, node: str) -> list[str]:
         return list(self.agents[node].tail)
-
-    def drain(self, timeout: float = 2.0) -> list[Line]:
-        """Lines still in the pipes after the processes ended (orphaned workers may hold a
-        pipe open, hence the bound)."""
-        deadline = time.monotonic() + timeout
-        for reader in self._readers:
-            reader.join(max(0.0, deadline - time.monotonic()))
-        out = []
-        while True:
-            try:
-                item = self.lines.get_nowait()
-            except queue.Empty:
-                return out
-            if item is not None:
-                out.append(item)
 
     def last_output_at(self, node: str) -> dict[int, float]:
         """Per local rank, the mtime of its newest log file in the node's latest attempt."""
