@@ -40,8 +40,13 @@ def test_failure_names_the_root_cause_rank_with_its_own_lines(tmp_path, marker):
     res = smoke(tmp_path, marker, "-f", "job.yaml")
     assert res.returncode == 1, res.stderr
     error = res.stderr[res.stderr.index("error: ") :]
-    assert error.startswith(
-        "error: node ddp-train-worker-0 (node rank 1, global rank 3) exited with code 1;"
+    # Code 1 from the uncaught error; or SIGABRT when torch 2.13's teardown of a live gloo
+    # group aborts the interpreter on its way out ("terminate called without an active
+    # exception"): the user script's exit, which the report passes on as it is.
+    assert re.match(
+        r"error: node ddp-train-worker-0 \(node rank 1, global rank 3\) exited with code "
+        r"(1|-6 \(SIGABRT\));",
+        error,
     ), error
     assert "RuntimeError: rank three gives up" in error
     # Only rank 3's own lines: none of its peers' consequences.
