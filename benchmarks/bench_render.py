@@ -40,15 +40,46 @@ def main() -> None:
     (work / "train.py").write_text("print('hello')\n")
     ddpdeploy = shutil.which("ddpdeploy") or sys.exit("ddpdeploy is not installed")
     ours = median_wall(
-        [ddpdeploy, "render", "--image", "ghcr.io/t/train:v1", "--nodes", "2", "--gpus", "8",
-         "--", "--steps", "100"], work, args.runs)
+        [
+            ddpdeploy,
+            "render",
+            "--image",
+            "ghcr.io/t/train:v1",
+            "--nodes",
+            "2",
+            "--gpus",
+            "8",
+            "--",
+            "--steps",
+            "100",
+        ],
+        work,
+        args.runs,
+    )
     print(f"ddpdeploy render 2x8      median {ours * 1000:7.1f} ms over {args.runs} runs")
     if not args.torchx:
         print("torchx not found: pass --torchx PATH to compare")
         return
     theirs = median_wall(
-        [args.torchx, "run", "--workspace", "", "--dryrun", "-s", "kubernetes", "-cfg",
-         "queue=default", "dist.ddp", "-j", "2x8", "--script", "train.py"], work, args.runs)
+        [
+            args.torchx,
+            "run",
+            "--workspace",
+            "",
+            "--dryrun",
+            "-s",
+            "kubernetes",
+            "-cfg",
+            "queue=default",
+            "dist.ddp",
+            "-j",
+            "2x8",
+            "--script",
+            "train.py",
+        ],
+        work,
+        args.runs,
+    )
     print(f"torchx --dryrun 2x8       median {theirs * 1000:7.1f} ms over {args.runs} runs")
     print(f"ratio (torchx / ddpdeploy) {theirs / ours:.2f}x  (target >= 5x)")
 

@@ -34,8 +34,18 @@ def test_bad_arguments_exit_2_with_one_line(tmp_path: Path, args: list[str], nee
 
 def test_json_lines_schema(tmp_path: Path) -> None:
     with Launcher(tmp_path) as L:
-        p = L.run_ok(["--steps", "6", "--log-every", "3", "--checkpoint-dir", str(tmp_path / "c"),
-                      "--checkpoint-every", "3"])
+        p = L.run_ok(
+            [
+                "--steps",
+                "6",
+                "--log-every",
+                "3",
+                "--checkpoint-dir",
+                str(tmp_path / "c"),
+                "--checkpoint-every",
+                "3",
+            ]
+        )
     lines = p.stdout.strip().splitlines()
     events = [json.loads(line) for line in lines]  # every stdout line is JSON
     st = start_event(p)

@@ -21,11 +21,23 @@ def _two_nodes(L: Launcher, args: list[str], mode: str, max_restarts: int = 0) -
     procs = []
     for node in range(2):
         if mode == "static":
-            tr = common + ["--node-rank", str(node), "--master-addr", "127.0.0.1",
-                           "--master-port", str(port)]
+            tr = common + [
+                "--node-rank",
+                str(node),
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(port),
+            ]
         else:
-            tr = common + ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-                           "--rdzv-id", "test-job"]
+            tr = common + [
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                f"127.0.0.1:{port}",
+                "--rdzv-id",
+                "test-job",
+            ]
         procs.append(L.torchrun(args, nproc=2, torchrun_args=tr, name=f"{mode}-node{node}"))
     return procs
 
@@ -60,8 +72,14 @@ def test_c10d_worker_restart_across_two_agents(tmp_path: Path) -> None:
         reference = done_hash(_rank0(ref))
 
         ck = tmp_path / "ck"
-        args = ARGS + ["--checkpoint-dir", str(ck), "--checkpoint-every", "4",
-                       "--debug-step-delay", "0.2"]
+        args = ARGS + [
+            "--checkpoint-dir",
+            str(ck),
+            "--checkpoint-every",
+            "4",
+            "--debug-step-delay",
+            "0.2",
+        ]
         procs = _two_nodes(L, args, "c10d", max_restarts=2)
         procs[0].wait_for(lambda: max(p.last_step() for p in procs) >= 6, timeout=120)
         log_node = next(p for p in procs if p.last_step() >= 6)

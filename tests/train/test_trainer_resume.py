@@ -39,9 +39,11 @@ def test_worker_sigkill_torchrun_restart(tmp_path: Path, reference: str) -> None
     with Launcher(tmp_path) as L:
         # No TORCH_DISABLE_SHARE_RDZV_TCP_STORE here: the trainer's own store namespacing
         # must make the restart work on one node with the agent's shared store.
-        p = L.torchrun(ckpt_args(ck, "--debug-step-delay", "0.15"),
-                       torchrun_args=["--standalone", "--max-restarts", "2"],
-                       env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"})
+        p = L.torchrun(
+            ckpt_args(ck, "--debug-step-delay", "0.15"),
+            torchrun_args=["--standalone", "--max-restarts", "2"],
+            env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"},
+        )
         wait_step(p, 12)
         os.kill(p.workers()[-1], signal.SIGKILL)  # one worker, not rank 0's
         assert p.wait(180) == 0, p.tail()
@@ -55,9 +57,11 @@ def test_static_rendezvous_restart_without_contract_env(tmp_path: Path, referenc
     """Plain `torchrun --nproc-per-node 2` (static rendezvous) also restarts cleanly."""
     ck = tmp_path / "ck"
     with Launcher(tmp_path) as L:
-        p = L.torchrun(ckpt_args(ck, "--debug-step-delay", "0.15"),
-                       torchrun_args=["--master-port", str(free_port()), "--max-restarts", "1"],
-                       env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"})
+        p = L.torchrun(
+            ckpt_args(ck, "--debug-step-delay", "0.15"),
+            torchrun_args=["--master-port", str(free_port()), "--max-restarts", "1"],
+            env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"},
+        )
         wait_step(p, 7)
         os.kill(p.workers()[0], signal.SIGKILL)  # rank 0's worker this time
         assert p.wait(180) == 0, p.tail()
@@ -116,8 +120,9 @@ def test_sigterm_checkpoints_and_exits_143(tmp_path: Path, reference: str) -> No
     ck = tmp_path / "ck"
     with Launcher(tmp_path) as L:
         # No periodic checkpoints: the one we find must come from the SIGTERM.
-        p = L.torchrun(ARGS + ["--checkpoint-dir", str(ck), "--debug-step-delay", "0.15"],
-                       name="first")
+        p = L.torchrun(
+            ARGS + ["--checkpoint-dir", str(ck), "--debug-step-delay", "0.15"], name="first"
+        )
         wait_step(p, 6)
         os.kill(p.workers()[-1], signal.SIGTERM)  # one rank only: all must agree to stop
         assert p.wait(120) != 0  # torchrun reports the workers' non-zero exit
@@ -146,10 +151,33 @@ def test_world_size_change_only_at_epoch_boundary(tmp_path: Path) -> None:
         assert "written mid-epoch with world size 2" in p.stderr, p.tail()
         # Epoch-boundary checkpoint (1 epoch = 32 steps at 2 x 64): 1 rank continues with
         # the second epoch, which has 64 steps in its layout.
-        L.run_ok(["--epochs", "1", "--batch-size", "64", "--log-every", "32",
-                  "--checkpoint-dir", str(edge)], name="edge2")
-        q = L.run_ok(["--epochs", "2", "--batch-size", "64", "--log-every", "32",
-                      "--checkpoint-dir", str(edge)], nproc=1, name="edge1")
+        L.run_ok(
+            [
+                "--epochs",
+                "1",
+                "--batch-size",
+                "64",
+                "--log-every",
+                "32",
+                "--checkpoint-dir",
+                str(edge),
+            ],
+            name="edge2",
+        )
+        q = L.run_ok(
+            [
+                "--epochs",
+                "2",
+                "--batch-size",
+                "64",
+                "--log-every",
+                "32",
+                "--checkpoint-dir",
+                str(edge),
+            ],
+            nproc=1,
+            name="edge1",
+        )
     st = start_event(q)
     assert st["resume_step"] == 32 and st["world_size"] == 1 and st["total_steps"] == 96
     assert q.events()[-1]["step"] == 96

@@ -37,13 +37,28 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             # Plain BatchNorm, per-rank dumps.
             "bn": (2, ["--batch-size", str(B), "--bn", "--debug-dump", str(tmp / "bn")]),
             # Rank-local optimizer difference.
-            "desync": (2, ["--batch-size", str(B), "--debug-desync-opt",
-                           "--debug-dump", str(tmp / "desync")]),
+            "desync": (
+                2,
+                ["--batch-size", str(B), "--debug-desync-opt", "--debug-dump", str(tmp / "desync")],
+            ),
             # CPU SyncBatchNorm vs one rank with the whole batch and plain BatchNorm.
-            "syncbn2": (2, ["--batch-size", str(B), "--bn", "--sync-bn", "--debug-dump",
-                            str(tmp / "syncbn"), "--save-final", str(tmp / "syncbn2.pt")]),
-            "bnbig1": (1, ["--batch-size", str(2 * B), "--bn",
-                           "--save-final", str(tmp / "bnbig1.pt")]),
+            "syncbn2": (
+                2,
+                [
+                    "--batch-size",
+                    str(B),
+                    "--bn",
+                    "--sync-bn",
+                    "--debug-dump",
+                    str(tmp / "syncbn"),
+                    "--save-final",
+                    str(tmp / "syncbn2.pt"),
+                ],
+            ),
+            "bnbig1": (
+                1,
+                ["--batch-size", str(2 * B), "--bn", "--save-final", str(tmp / "bnbig1.pt")],
+            ),
         }
         # Two at a time: the host has two cores.
         names = list(specs)
@@ -52,8 +67,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             for name in names[i : i + 2]:
                 nproc, args = specs[name]
                 port_args = ["--standalone"]
-                procs.append((name, L.torchrun(STEPS + args, nproc=nproc, name=name,
-                                               torchrun_args=port_args)))
+                procs.append(
+                    (
+                        name,
+                        L.torchrun(STEPS + args, nproc=nproc, name=name, torchrun_args=port_args),
+                    )
+                )
             for name, p in procs:
                 assert p.wait(180) == 0, p.tail()
                 out[name] = p
@@ -148,9 +167,7 @@ def test_distributed_sampler_covers_each_sample_once(tmp_path: Path) -> None:
     )
     with Launcher(tmp_path) as L:
         L.run_ok(["--dataset", "recording_data:make", "--batch-size", "8", "--epochs", "2"])
-    per_rank = [
-        [int(v) for v in (tmp_path / f"seen{r}.txt").read_text().split()] for r in range(2)
-    ]
+    per_rank = [[int(v) for v in (tmp_path / f"seen{r}.txt").read_text().split()] for r in range(2)]
     assert [len(s) for s in per_rank] == [64, 64]  # 32 per rank per epoch, 2 epochs
     epochs = [[s[e * 32 : (e + 1) * 32] for s in per_rank] for e in range(2)]
     for ep in epochs:
@@ -161,10 +178,21 @@ def test_distributed_sampler_covers_each_sample_once(tmp_path: Path) -> None:
 def test_grad_accum_equals_bigger_micro_batch(tmp_path: Path) -> None:
     """--grad-accum 2 with micro-batch 8 (no_sync on the first) == micro-batch 16."""
     with Launcher(tmp_path) as L:
-        a = L.torchrun(STEPS + ["--batch-size", "8", "--grad-accum", "2",
-                                "--save-final", str(tmp_path / "accum.pt")], name="accum")
-        b = L.torchrun(STEPS + ["--batch-size", "16", "--save-final", str(tmp_path / "b16.pt")],
-                       name="b16")
+        a = L.torchrun(
+            STEPS
+            + [
+                "--batch-size",
+                "8",
+                "--grad-accum",
+                "2",
+                "--save-final",
+                str(tmp_path / "accum.pt"),
+            ],
+            name="accum",
+        )
+        b = L.torchrun(
+            STEPS + ["--batch-size", "16", "--save-final", str(tmp_path / "b16.pt")], name="b16"
+        )
         for p in (a, b):
             assert p.wait(180) == 0, p.tail()
     wa = torch.load(tmp_path / "accum.pt", weights_only=True)

@@ -34,8 +34,14 @@ def free_port() -> int:
 def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
-              "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"):
+    for k in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
+    ):
         env.pop(k, None)
     env.update(extra or {})
     return env
@@ -64,7 +70,11 @@ class Proc:
         self._out = open(self.out_path, "wb")  # noqa: SIM115 - closed in wait/kill
         self._err = open(self.err_path, "wb")  # noqa: SIM115
         self.p = subprocess.Popen(
-            argv, cwd=cwd, env=env, stdout=self._out, stderr=self._err,
+            argv,
+            cwd=cwd,
+            env=env,
+            stdout=self._out,
+            stderr=self._err,
             start_new_session=True,  # own process group: teardown kills agent and workers
         )
 
@@ -163,8 +173,13 @@ class Launcher:
         if torchrun_args is None:
             torchrun_args = ["--standalone"]
         argv = [
-            sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-            *torchrun_args, str(TRAINER), *trainer_args,
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc-per-node={nproc}",
+            *torchrun_args,
+            str(TRAINER),
+            *trainer_args,
         ]
         p = Proc(argv, self.cwd, name, base_env({**CONTRACT_ENV, **(env or {})}))
         self.procs.append(p)
