@@ -173,12 +173,15 @@ def test_init_writes_a_valid_starter_and_refuses_to_overwrite(tmp_path):
     assert (tmp_path / "ddpdeploy.yaml").read_text() == starter
 
 
-def test_render_imports_no_heavy_module(tmp_path):
+@pytest.mark.parametrize(
+    ("command", "shows"), [("render", "kind: PyTorchJob"), ("compose", "driver: nvidia")]
+)
+def test_rendering_imports_no_heavy_module(tmp_path, command, shows):
     code = (
         "import sys\n"
         "from ddpdeploy.cli import main\n"
         "try:\n"
-        "    main(['render', '--image', 't:1', '--nodes', '2', '--gpus', '8'])\n"
+        f"    main([{command!r}, '--image', 't:1', '--nodes', '2', '--gpus', '8'])\n"
         "except SystemExit as e:\n"
         "    assert e.code == 0, e.code\n"
         "heavy = [m for m in ('torch', 'kubernetes', 'docker') if m in sys.modules]\n"
@@ -192,7 +195,7 @@ def test_render_imports_no_heavy_module(tmp_path):
     )
     assert res.returncode == 0, res.stderr
     assert "HEAVY=\n" in res.stderr
-    assert "kind: PyTorchJob" in res.stdout
+    assert shows in res.stdout
 
 
 def test_version_and_help_examples():
