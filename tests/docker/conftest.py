@@ -87,3 +87,25 @@ def cleanup_images(engine: Any) -> Iterator[list[str]]:
         for image in engine.images.list(name=repo):
             for tag in image.tags:
                 engine.images.remove(tag, force=True)
+
+
+@pytest.fixture(scope="module")
+def trainer_image(
+    request: pytest.FixtureRequest,
+    torch_image: str,
+    cleanup_images: list[str],
+    tmp_path_factory: pytest.TempPathFactory,
+    cli: Any,
+) -> str:
+    """`ddpdeploy build` of a workspace with no code of its own (the built-in trainer runs),
+    on the local torch image; one repository per test module, removed at its end."""
+    repo = f"ddpdeploy-test/{request.module.__name__.rsplit('.', 1)[-1]}-{os.getpid()}"
+    cleanup_images.append(repo)
+    ws = tmp_path_factory.mktemp("ws")
+    (ws / "README.md").write_text("built-in trainer only\n")
+    # --network none: no RUN step needs the internet, and none is reachable here anyway.
+    res = cli(
+        "build", "-w", str(ws), "--image", repo, "--base-image", torch_image, "--network", "none"
+    )
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip()

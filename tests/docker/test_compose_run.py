@@ -7,7 +7,6 @@ file says, and a failing run names its node and leaves nothing behind."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from collections.abc import Callable
@@ -23,26 +22,13 @@ from ddpdeploy.spec import JobSpec
 
 pytestmark = pytest.mark.docker
 
-REPO = f"ddpdeploy-test/compose-it-{os.getpid()}"
 HASH = re.compile(r"^weights_sha256  ([0-9a-f]{64})$", re.M)
 STEPS = 12
 
 
 @pytest.fixture(scope="module")
-def image(
-    torch_image: str,
-    cleanup_images: list[str],
-    tmp_path_factory: pytest.TempPathFactory,
-    cli: Callable[..., Any],
-) -> str:
-    cleanup_images.append(REPO)
-    ws = tmp_path_factory.mktemp("ws")
-    (ws / "README.md").write_text("built-in trainer only\n")
-    res = cli(
-        "build", "-w", str(ws), "--image", REPO, "--base-image", torch_image, "--network", "none"
-    )
-    assert res.returncode == 0, res.stderr
-    return res.stdout.strip()
+def image(trainer_image: str) -> str:
+    return trainer_image
 
 
 def job(image: str, **extra: Any) -> JobSpec:

@@ -12,9 +12,8 @@ job trains and checkpoints.
 
 from __future__ import annotations
 
-import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,25 +24,12 @@ from ddpdeploy.spec import JobSpec
 
 pytestmark = pytest.mark.docker
 
-REPO = f"ddpdeploy-test/hardened-{os.getpid()}"
 STEPS = ["--steps", "4", "--checkpoint-every", "2", "--log-every", "2"]
 
 
 @pytest.fixture(scope="module")
-def image(
-    torch_image: str,
-    cleanup_images: list[str],
-    tmp_path_factory: pytest.TempPathFactory,
-    cli: Callable[..., Any],
-) -> str:
-    cleanup_images.append(REPO)
-    ws = tmp_path_factory.mktemp("ws")
-    (ws / "notes.txt").write_text("the built-in trainer runs; nothing of ours is needed\n")
-    res = cli(
-        "build", "-w", str(ws), "--image", REPO, "--base-image", torch_image, "--network", "none"
-    )
-    assert res.returncode == 0, res.stderr
-    return res.stdout.strip()
+def image(trainer_image: str) -> str:
+    return trainer_image
 
 
 @pytest.fixture

@@ -58,14 +58,8 @@ def test_builds_the_workspace_and_trains_like_local(
 
 
 @pytest.fixture(scope="module")
-def image(torch_image: str, cli: Callable[..., Any], tmp_path_factory, cleanup_images) -> str:
-    repo = f"ddpdeploy-test/smoke-docker-{os.getpid()}"
-    cleanup_images.append(repo)
-    ws = tmp_path_factory.mktemp("ws")
-    (ws / "README.md").write_text("built-in trainer\n")
-    res = cli("build", "-w", str(ws), "--image", repo, "--base-image", torch_image)
-    assert res.returncode == 0, res.stderr
-    return res.stdout.strip()
+def image(trainer_image: str) -> str:
+    return trainer_image
 
 
 def test_failure_names_the_node_and_leaves_nothing(
