@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 
 from ddpdeploy.adapters.kube import Kube
 from ddpdeploy.errors import OperationError
-from ddpdeploy.render.k8s import checkpoint_claim_name, labels
+from ddpdeploy.render.pod import checkpoint_claim_name, labels
 from ddpdeploy.spec import JobSpec
 from ddpdeploy.targets import layout_of
 

@@ -223,7 +223,7 @@ def saved_spec_of(kube: Kube, name: str, namespace: str, job: Obj | None = None)
     """The spec `up` last submitted: from the job, else from its checkpoint PVC (which
     outlives `down`)."""
     from ddpdeploy.clusterplan import saved_spec
-    from ddpdeploy.render.k8s import MANAGED_BY
+    from ddpdeploy.render.pod import MANAGED_BY
 
     if job is None:
         from ddpdeploy.jobwatch import find_job

@@ -25,7 +25,7 @@ def down(
     Example: ddpdeploy down my-job
     """
     from ddpdeploy.jobwatch import find_job
-    from ddpdeploy.render.k8s import MANAGED_BY
+    from ddpdeploy.render.pod import MANAGED_BY
 
     kube = connect(kubeconfig, context)
     ns = namespace or kube.default_namespace

@@ -41,7 +41,7 @@ def list_jobs(
     Example: ddpdeploy list -A
     """
     from ddpdeploy.jobstate import job_size, job_state
-    from ddpdeploy.render.k8s import MANAGED_BY
+    from ddpdeploy.render.pod import MANAGED_BY
     from ddpdeploy.targets import TARGETS
 
     fmt = output.lower()

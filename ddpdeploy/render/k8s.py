@@ -12,14 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from ddpdeploy.contract import LaunchContract, launch_contract
-from ddpdeploy.render.pod import (  # noqa: F401  (re-exported for callers of this module)
-    CHECKPOINT_VOLUME,
-    MANAGED_BY,
-    SHM_VOLUME,
-    checkpoint_claim_name,
+from ddpdeploy.render.pod import (
     checkpoint_pvc,
-    labels,
-    metadata,
     pod_template,
     require_image,
     selector_labels,
