@@ -31,6 +31,8 @@ from ddpdeploy.targets import TARGETS as LAYOUTS
 ALLOWLIST = Path(__file__).resolve().parent / "checkov" / "allowlist.yaml"
 Obj = dict[str, Any]
 
+pytestmark = pytest.mark.slow  # checkov runs a scanner process per folder
+
 # Every target the renderer knows (ddpdeploy.targets); each case renders for it with
 # `target:` set, where the target takes the case (the others are refused in one line, as
 # tests/test_targets.py checks).

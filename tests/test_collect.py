@@ -8,6 +8,8 @@ import json
 import pytest
 from cli_runner import run_cli
 
+pytestmark = pytest.mark.slow  # its fixture trains with `smoke --local`
+
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):

@@ -17,6 +17,8 @@ from cli_runner import run_cli
 
 pytest.importorskip("torch")
 
+pytestmark = pytest.mark.slow  # torchrun agents
+
 HASH = re.compile(r"^weights_sha256  ([0-9a-f]{64})$", re.M)
 
 

@@ -34,6 +34,7 @@ print("never reached", flush=True)
 """
 
 
+@pytest.mark.slow  # torchrun agents
 def test_failure_names_the_root_cause_rank_with_its_own_lines(tmp_path, marker):
     (tmp_path / "fail3.py").write_text(FAIL_ON_RANK_3)
     (tmp_path / "job.yaml").write_text("nodes: 2\nprocs: 2\ncommand: {script: fail3.py}\n")
@@ -67,6 +68,7 @@ def agent_of(node_rank: int, marker: str) -> int:
     raise AssertionError(f"no agent for node rank {node_rank}")
 
 
+@pytest.mark.slow  # torchrun agents
 def test_sigkilled_agent_leaves_no_worker_behind(tmp_path, marker):
     # torchrun starts each worker in a session of its own: killing the agent (SIGKILL, so it
     # cannot pass anything on) orphans its workers, out of reach of its process group.
@@ -94,6 +96,7 @@ def test_too_many_workers_for_this_host_are_refused(tmp_path, marker):
     assert leftovers(marker) == []
 
 
+@pytest.mark.slow  # torchrun agents
 def test_kill_at_recovers_to_the_weights_of_a_clean_run(tmp_path, marker):
     args = ["--nodes", "2", "--procs", "2", "--steps", "24"]
     # Slow steps so the kill lands mid-run, well before the end (rank 0's line arrives late).

@@ -11,6 +11,8 @@ pytest.importorskip("torch")
 
 from trainer_harness import Launcher, done_hash, start_event  # noqa: E402
 
+pytestmark = pytest.mark.slow  # real trainer processes (torch start-up each)
+
 
 @pytest.mark.parametrize(
     ("args", "needle"),

@@ -24,6 +24,7 @@ GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 NPROC = min(GPUS, 2)  # ranks for the tests that work with one or two
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.gpu,
     pytest.mark.skipif(GPUS == 0, reason="needs CUDA (nccl backend, one rank per GPU)"),
 ]

@@ -12,6 +12,8 @@ torch = pytest.importorskip("torch")
 
 from trainer_harness import Launcher, Proc, done_hash, free_port, start_event  # noqa: E402
 
+pytestmark = pytest.mark.slow  # torchrun agents
+
 ARGS = ["--steps", "12", "--batch-size", "16", "--log-every", "4"]
 
 

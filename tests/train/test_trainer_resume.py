@@ -13,6 +13,8 @@ pytest.importorskip("torch")
 
 from trainer_harness import Launcher, Proc, done_hash, free_port, start_event  # noqa: E402
 
+pytestmark = pytest.mark.slow  # torchrun agents
+
 STEPS = 24
 ARGS = ["--steps", str(STEPS), "--batch-size", "16", "--bn"]
 CKPT_EVERY = 5  # checkpoints at 5, 10, 15, 20 and the final 24

@@ -11,6 +11,8 @@ torch = pytest.importorskip("torch")
 
 from trainer_harness import Launcher, done_hash  # noqa: E402
 
+pytestmark = pytest.mark.slow  # torchrun agents
+
 B = 16
 STEPS = ["--steps", "10", "--log-every", "5"]
 

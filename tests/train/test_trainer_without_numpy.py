@@ -17,6 +17,8 @@ pytest.importorskip("torch")
 
 from trainer_harness import TRAINER, Launcher, Proc, base_env, done_hash, start_event  # noqa: E402
 
+pytestmark = pytest.mark.slow  # torchrun agents
+
 BLOCK_NUMPY = """
 import sys
 

@@ -1,0 +1,22 @@
+"""Test tiers: `python -m pytest -m "not slow"` is the fast inner loop; CI runs everything.
+
+Tests that start torchrun, the wheel build or checkov carry `slow` in their own module.
+Containers and the apiserver are marked here, by the fixtures that start them, so a test
+in tests/docker or tests/kube that needs neither (a refusal before any engine is asked)
+stays in the fast tier, and a new engine or apiserver test cannot forget the marker.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+# The fixtures that reach a Docker engine or start a kube-apiserver (tests/docker/conftest.py,
+# tests/kube/conftest.py, tests/kube/test_no_crd.py, tests/kube/test_up_build.py).
+SLOW_FIXTURES = frozenset({"engine", "control_plane", "bare_plane"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        # fixturenames is the closure: a fixture that uses `engine` counts too.
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
