@@ -415,7 +415,9 @@ class Destination:
             raise UserError(f"--to: {self.path} {what} not a folder; name a folder to collect into")
         if not os.access(probe, os.W_OK | os.X_OK):
             what = "is not writable" if probe == path else f"cannot be created in {probe}"
-            raise UserError(f"--to: {self.path} {what} (permission denied); choose another folder")
+            read_only = os.statvfs(probe).f_flag & os.ST_RDONLY
+            why = "a read-only file system" if read_only else "permission denied"
+            raise UserError(f"--to: {self.path} {what} ({why}); choose another folder")
 
     def check_free(self, name: str, sha256: str) -> None:
         """Refuse before copying when ``name`` exists in `--to` and is not the same file."""
