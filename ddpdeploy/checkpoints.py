@@ -404,12 +404,17 @@ class Destination:
         self._made_dirs: list[Path] = []
         self._made_files: list[Path] = []
 
+    def existing(self) -> Path:
+        """`--to`, or its nearest folder above that exists (where it would be created)."""
+        probe = Path(os.path.abspath(self.path))
+        while not os.path.lexists(probe) and probe != probe.parent:
+            probe = probe.parent
+        return probe
+
     def check(self) -> None:
         """Refuse a `--to` that cannot be a folder we can write into; creates nothing."""
         path = Path(os.path.abspath(self.path))
-        probe = path
-        while not os.path.lexists(probe) and probe != probe.parent:
-            probe = probe.parent
+        probe = self.existing()
         if not probe.is_dir():
             what = "is" if probe == path else f"is under {probe}, which is"
             raise UserError(f"--to: {self.path} {what} not a folder; name a folder to collect into")

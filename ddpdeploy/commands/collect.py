@@ -124,19 +124,23 @@ def _from_compose(
     say: Callable[..., None],
 ) -> Any:
     """Stage the volume's regular files beside the target folder, then collect from there."""
+    import os
     import tempfile
 
     from ddpdeploy.adapters.docker_volume import copy_out
-    from ddpdeploy.checkpoints import LocalSource, shown
+    from ddpdeploy.checkpoints import Destination, LocalSource, shown
 
     if not volume:
         raise UserError("--volume: name the compose run's checkpoint volume (docker volume ls)")
-    parent = Path(to).resolve().parent
+    # Staged beside --to (or where it would be created): the same file system, no folder
+    # made; inside --to only when its parent is not ours to write.
+    near = Destination(to, overwrite=False).existing()
+    if near == Path(os.path.abspath(to)) and os.access(near.parent, os.W_OK | os.X_OK):
+        near = near.parent
     try:
-        parent.mkdir(parents=True, exist_ok=True)
-        staging = tempfile.TemporaryDirectory(prefix=".collect-", dir=parent)
+        staging = tempfile.TemporaryDirectory(prefix=".ddpdeploy-collect-", dir=near)
     except OSError as exc:
-        raise UserError(f"--to: cannot stage files in {parent}: {exc.strerror or exc}") from None
+        raise UserError(f"--to: cannot stage files in {near}: {exc.strerror or exc}") from None
     with staging as folder:
         where = f"volume {volume}"
         for entry, kind in sorted(copy_out(volume, ".", Path(folder), image).items()):
