@@ -164,12 +164,16 @@ class Collected:
 
     step: int | None
     files: list[str] = field(default_factory=list)
+    where: str = ""
 
     def describe(self) -> str:
+        """What was found and in which format, e.g. `3 plain files (with SHA256SUMS)`."""
         if self.step is not None:
-            return f"ddpdeploy checkpoint step {self.step}"
-        n = len(self.files)
-        return f"{n} plain file{'' if n == 1 else 's'} (with {SUMS})"
+            what = f"ddpdeploy checkpoint step {self.step}"
+        else:
+            n = len(self.files)
+            what = f"{n} plain file{'' if n == 1 else 's'} (with {SUMS})"
+        return f"{what} from {self.where}" if self.where else what
 
 
 def collect(
@@ -230,7 +234,9 @@ def _collect_checkpoint(
     for candidate in steps:
         problem = _try_checkpoint(source, candidate, out, progress)
         if problem is None:
-            return Collected(candidate)
+            return Collected(
+                candidate, [payload_name(candidate), sidecar_name(candidate)], source.where
+            )
         more = "; trying the next newest" if candidate != steps[-1] else ""
         warn(f"checkpoint at step {candidate} in {source.where}: {problem}{more}")
     raise OperationError(f"no intact checkpoint in {source.where}")
@@ -252,7 +258,7 @@ def _try_checkpoint(
     if meta.step != step:
         return f"sidecar says step {meta.step}, its name step {step}"
     if meta.file is not None and meta.file != payload:
-        return f"sidecar names payload {shown(meta.file)!r}, not {payload}"
+        return f"sidecar names payload '{shown(meta.file)}', not {payload}"
     out.check_free(payload, meta.sha256)
     out.check_free(sidecar_name(step), hashlib.sha256(raw).hexdigest())
     try:
@@ -323,7 +329,7 @@ def _collect_plain(
     sums = "".join(f"{first[n][1]}  {n}\n" for n in copied).encode()
     out.check_free(SUMS, hashlib.sha256(sums).hexdigest())
     out.write(SUMS, sums)
-    return Collected(None, copied)
+    return Collected(None, copied, source.where)
 
 
 def _not_collectable(name: str) -> str | None:

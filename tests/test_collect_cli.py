@@ -69,7 +69,8 @@ def test_a_local_run_folder_is_taken_and_said(project, tmp_path):
     lines = out.stderr.strip().splitlines()
     assert lines == [
         "collect: reading the local run's folder .ddpdeploy/checkpoints/j (--from local)",
-        f"collected ddpdeploy checkpoint step 2 into {tmp_path / 'out'}",
+        "collected ddpdeploy checkpoint step 2 from .ddpdeploy/checkpoints/j into "
+        f"{tmp_path / 'out'}",
     ]
 
 
@@ -92,7 +93,8 @@ def test_plain_files_say_which_format(tmp_path):
     out = run_cli("collect", "s", "--to", "out", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert (
-        out.stderr.strip().splitlines()[-1] == "collected 1 plain file (with SHA256SUMS) into out"
+        out.stderr.strip().splitlines()[-1]
+        == "collected 1 plain file (with SHA256SUMS) from .ddpdeploy/checkpoints/s into out"
     )
     assert "skipping [red]link" in out.stderr and "[bold]x\\x1b]0;t" in out.stderr
     assert "\x1b" not in out.stderr

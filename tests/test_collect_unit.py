@@ -116,7 +116,7 @@ def test_the_newest_intact_checkpoint_is_copied_byte_for_byte(src, tmp_path):
     (src / payload_name(30)).write_bytes(b"no sidecar yet: not a checkpoint")
     got, warnings = run(src, tmp_path / "out")
     assert (got.step, warnings) == (20, [])
-    assert got.describe() == "ddpdeploy checkpoint step 20"
+    assert got.describe() == f"ddpdeploy checkpoint step 20 from {src}"
     assert (tmp_path / "out" / payload_name(20)).read_bytes() == payload
     assert (tmp_path / "out" / sidecar_name(20)).read_bytes() == (
         src / sidecar_name(20)
@@ -215,7 +215,7 @@ def test_plain_files_are_copied_with_sha256sums(tmp_path):
     (src / "sub").mkdir()
     (src / "link").symlink_to(src / "config.json")
     got, warnings = run(src, tmp_path / "out")
-    assert got.describe() == "3 plain files (with SHA256SUMS)"
+    assert got.describe() == f"3 plain files (with SHA256SUMS) from {src}"
     assert listing(tmp_path / "out") == [SUMS, "config.json", "notes v2.txt", "snapshot.pt"]
     check = subprocess.run(
         ["sha256sum", "--strict", "-c", SUMS], cwd=tmp_path / "out", capture_output=True, text=True

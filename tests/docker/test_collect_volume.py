@@ -114,7 +114,7 @@ def test_collect_plain_files_from_a_volume(cli, engine, base_image, tmp_path):
         dest = tmp_path / "out"
         out = cli("collect", "job", "--from", "compose", "--volume", name, "--to", str(dest))
         assert out.returncode == 0, out.stderr
-        assert "collected 1 plain file (with SHA256SUMS)" in out.stderr
+        assert f"collected 1 plain file (with SHA256SUMS) from volume {name}" in out.stderr
         assert (dest / "snapshot.pt").read_bytes() == payload
         sums = (dest / "SHA256SUMS").read_text()
         assert sums == f"{hashlib.sha256(payload).hexdigest()}  snapshot.pt\n"
