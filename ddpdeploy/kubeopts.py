@@ -36,10 +36,12 @@ def _job_name(value: str) -> str:
     and a folder name, so `../x` or `a,b=c` never reach either."""
     from pydantic import TypeAdapter, ValidationError
 
-    from ddpdeploy.spec import DnsName
+    from ddpdeploy.spec import JobSpec
 
+    field = JobSpec.model_fields["name"]  # the field's own grammar, not the whole spec's rules
     try:
-        TypeAdapter(DnsName).validate_python(value)
+        grammar = (field.annotation, *field.metadata)  # Annotated[str, <its validators>]
+        TypeAdapter(Annotated[grammar]).validate_python(value)
     except ValidationError as exc:
         shown = repr(value) if len(value) <= 70 else f"{value[:60]!r}…({len(value)} characters)"
         reason = exc.errors(include_url=False)[0]["msg"].removeprefix("Value error, ")
