@@ -1,107 +1,229 @@
-"""Collecting the trainer's rank-0 checkpoints: pick the newest complete one, copy it with
-its sha256 checked, and land it in the target folder atomically.
+"""Collecting a run's checkpoint: pick the newest intact one, copy it with its sha256 checked,
+and land it in the target folder atomically. Nothing read from the folder is trusted.
 
-A checkpoint at step N is `ckpt-step-<N:09d>.pt` plus its sidecar `ckpt-step-<N:09d>.json`
-(step, host, rank, …, `sha256` and `file` of the payload); the trainer writes the sidecar
-last, so a payload without one is not a checkpoint. Sources (a local folder today) only list
-names and open files; everything else is here.
+Two formats. A ddpdeploy checkpoint at step N is `ckpt-step-<N:09d>.pt` plus its sidecar
+`ckpt-step-<N:09d>.json` (step, sha256, host, rank, …); the trainer writes the sidecar last,
+so a payload without one is not a checkpoint. A folder without sidecars (any other script's)
+is collected as plain files, each read twice to see that it is complete, with a
+`SHA256SUMS` beside them.
+
+The rules that make a hostile folder harmless:
+- the names read are derived from the step (or listed by the source), never taken from a
+  file's contents; the sidecar's own fields are validated and must agree with its name;
+- only regular files directly in the folder are opened, by a reader that refuses anything
+  else at open time (a symlink swapped in after the listing included);
+- a candidate that vanishes or fails its check is skipped with one line, and the next newest
+  is tried; `--to` is left as it was when nothing could be collected;
+- nothing in `--to` is replaced unless asked (identical files are kept as they are).
+
+Sources (a local folder, a pod, a staged compose volume) only list entries and open files;
+everything else is here.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
-import json
 import os
 import re
+import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from ddpdeploy.errors import OperationError, UserError
 
-_SIDECAR = re.compile(r"^ckpt-step-(\d+)\.json$")
 CHUNK = 1 << 20
+MAX_SIDECAR = 1 << 20  # the trainer's are ~300 bytes; anything this big is not one
+SUMS = "SHA256SUMS"
+# The trainer's names: step zero-padded to 9 digits; 18 digits keeps int() cheap.
+_SIDECAR = re.compile(r"^ckpt-step-(\d{9,18})\.json$")
+# Names a writer uses while a file is incomplete: never collected as plain files.
+_TEMP_SUFFIXES = (".tmp", ".temp", ".part", ".partial", ".swp", ".lock", "~")
+
+# Kinds of folder entries (Source.entries).
+FILE, SYMLINK, FOLDER, SPECIAL = "regular file", "symlink", "folder", "special file"
+
+
+class Unreadable(Exception):
+    """A source file that is gone, or not a regular file, when opened or while read."""
 
 
 class Source(Protocol):
     where: str
 
-    def names(self) -> list[str]: ...
+    def entries(self) -> dict[str, str]:
+        """Every entry directly in the folder: name -> kind (FILE, SYMLINK, FOLDER, SPECIAL),
+        without following symlinks."""
+        ...
 
-    def open(self, name: str) -> contextlib.AbstractContextManager[BinaryIO]: ...
+    def open(self, name: str) -> contextlib.AbstractContextManager[BinaryIO]:
+        """The regular file ``name`` (a plain name); Unreadable when it is gone or anything
+        but a regular file at the moment it is opened, or when reading it fails."""
+        ...
+
+
+def payload_name(step: int) -> str:
+    return f"ckpt-step-{step:09d}.pt"
+
+
+def sidecar_name(step: int) -> str:
+    return f"ckpt-step-{step:09d}.json"
+
+
+def shown(name: str) -> str:
+    """A file name as it may appear in one line of text: control characters escaped."""
+    text = name if name.isprintable() else repr(name)[1:-1]
+    return text if len(text) <= 80 else f"{text[:60]}…({len(text)} characters)"
+
+
+def plain_name(name: str) -> bool:
+    """A name of a file directly in a folder: no separator, not `.` or `..`."""
+    return bool(name) and name not in (".", "..") and "/" not in name and "\0" not in name
 
 
 class LocalSource:
     """A checkpoint folder on this machine (`smoke --local` writes .ddpdeploy/checkpoints/NAME)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, where: str | None = None) -> None:
         if not folder.is_dir():
             raise UserError(f"--from local: no checkpoint folder at {folder}")
         self.folder = folder
-        self.where = str(folder)
+        self.where = where or str(folder)
 
-    def names(self) -> list[str]:
-        return sorted(p.name for p in self.folder.iterdir() if p.is_file())
+    def entries(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        try:
+            with os.scandir(self.folder) as it:
+                for entry in it:
+                    if entry.is_symlink():
+                        out[entry.name] = SYMLINK
+                    elif entry.is_file(follow_symlinks=False):
+                        out[entry.name] = FILE
+                    elif entry.is_dir(follow_symlinks=False):
+                        out[entry.name] = FOLDER
+                    else:
+                        out[entry.name] = SPECIAL
+        except OSError as exc:
+            raise OperationError(f"cannot list {self.where}: {exc.strerror or exc}") from None
+        return out
 
     def open(self, name: str) -> contextlib.AbstractContextManager[BinaryIO]:
-        return open(self.folder / name, "rb")
+        if not plain_name(name):
+            raise Unreadable(f"{shown(name)} is not a plain file name")
+        # O_NOFOLLOW: a symlink swapped in after the listing fails here (ELOOP); O_NONBLOCK:
+        # a FIFO does not hang the open. The fstat then rules out anything but a regular file.
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(self.folder / name, flags)
+        except OSError as exc:
+            raise Unreadable(_open_reason(exc)) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise Unreadable("not a regular file")
+        return os.fdopen(fd, "rb")
 
 
-def steps_newest_first(names: list[str]) -> list[int]:
+def _open_reason(exc: OSError) -> str:
+    if exc.errno == errno.ELOOP:
+        return "a symlink, not a regular file"
+    if exc.errno == errno.ENOENT:
+        return "vanished (no such file)"
+    return exc.strerror or str(exc)
+
+
+class Sidecar(BaseModel):
+    """A checkpoint's sidecar as the trainer writes it; other fields are kept, not read."""
+
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+
+    step: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    file: str | None = None
+    world_size: int | None = Field(default=None, ge=1)
+    rank: int | None = Field(default=None, ge=0)
+    restart_count: int | None = Field(default=None, ge=0)
+    host: str | None = Field(default=None, max_length=253)
+    time: float | None = None
+
+
+def steps_newest_first(names: Sequence[str]) -> list[int]:
     """Steps that have a sidecar, newest first (the payload is checked when copied)."""
-    steps = [int(m[1]) for n in names if (m := _SIDECAR.match(n))]
+    steps = [int(m[1]) for n in names if (m := _SIDECAR.match(n)) and n == sidecar_name(int(m[1]))]
     return sorted(set(steps), reverse=True)
 
 
-def _copy_verified(
-    source: Source, name: str, sha256: str, dest: Path, progress: Callable[[int], None]
-) -> Path | None:
-    """Copy ``name`` into a temp file in ``dest``; its path if the sha256 matches, else None."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=dest)
-    digest = hashlib.sha256()
-    try:
-        with os.fdopen(fd, "wb") as out, source.open(name) as src:
-            while chunk := src.read(CHUNK):
-                digest.update(chunk)
-                out.write(chunk)
-                progress(len(chunk))
-            out.flush()
-            os.fsync(out.fileno())
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    if digest.hexdigest() != sha256:
-        os.unlink(tmp)
-        return None
-    return Path(tmp)
+@dataclass
+class Collected:
+    """What `collect` copied: one checkpoint (step set) or plain files."""
 
+    step: int | None
+    files: list[str] = field(default_factory=list)
+    where: str = ""
 
-def _sidecar(source: Source, step: int) -> dict | None:
-    try:
-        with source.open(f"ckpt-step-{step:09d}.json") as fh:
-            meta = json.loads(fh.read())
-    except (OSError, ValueError):
-        return None
-    ok = isinstance(meta, dict) and isinstance(meta.get("sha256"), str) and meta.get("file")
-    return meta if ok else None
+    def describe(self) -> str:
+        """What was found and in which format, e.g. `3 plain files (with SHA256SUMS)`."""
+        if self.step is not None:
+            what = f"ddpdeploy checkpoint step {self.step}"
+        else:
+            n = len(self.files)
+            what = f"{n} plain file{'' if n == 1 else 's'} (with {SUMS})"
+        return f"{what} from {self.where}" if self.where else what
 
 
 def collect(
     source: Source,
     dest: Path,
-    step: int | None,
-    warn: Callable[[str], None],
+    step: int | None = None,
+    warn: Callable[[str], None] = lambda text: None,
     progress: Callable[[int], None] = lambda n: None,
-) -> int:
-    """Copy the newest complete checkpoint (or ``step``) into ``dest``; return its step.
+    *,
+    files: Sequence[str] = (),
+    overwrite: bool = False,
+) -> Collected:
+    """Copy the newest intact checkpoint (or ``step``, or the plain ``files``) into ``dest``.
 
-    A checkpoint whose sidecar is unreadable or whose payload fails its sha256 is skipped
-    with a warning (or refused, when ``step`` names it). Payload first, then the sidecar,
-    each by rename: ``dest`` never holds half a checkpoint.
+    A candidate that cannot be read, fails its checks or its sha256 is skipped with one
+    line to ``warn`` (refused when ``step`` names it). On any failure ``dest`` is left as it
+    was: files and folders this call created are removed.
     """
-    steps = steps_newest_first(source.names())
+    out = Destination(dest, overwrite)
+    out.check()
+    entries = source.entries()
+    for name, kind in sorted(entries.items()):
+        if kind in (SYMLINK, SPECIAL):
+            warn(f"skipping {shown(name)} in {source.where}: a {kind}, not a regular file")
+    regular = sorted(n for n, kind in entries.items() if kind == FILE)
+    steps = steps_newest_first(regular)
+    if files and step is not None:
+        raise UserError("--step and --file: pick one (--step is for ddpdeploy checkpoints)")
+    try:
+        if files or not steps:
+            if step is not None:
+                raise UserError(
+                    f"--step: {source.where} holds no ddpdeploy checkpoint (no "
+                    "ckpt-step-N.json sidecar); leave --step out to collect its plain files"
+                )
+            return _collect_plain(source, regular, list(files), out, warn, progress)
+        return _collect_checkpoint(source, steps, step, out, warn, progress)
+    except BaseException:
+        out.rollback()
+        raise
+
+
+def _collect_checkpoint(
+    source: Source,
+    steps: list[int],
+    step: int | None,
+    out: Destination,
+    warn: Callable[[str], None],
+    progress: Callable[[int], None],
+) -> Collected:
     if step is not None:
         if step not in steps:
             have = ", ".join(map(str, steps)) or "none"
@@ -109,28 +231,316 @@ def collect(
                 f"--step: no checkpoint at step {step} in {source.where} (have: {have})"
             )
         steps = [step]
-    if not steps:
-        raise OperationError(f"no checkpoint in {source.where}")
-    dest.mkdir(parents=True, exist_ok=True)
     for candidate in steps:
-        meta = _sidecar(source, candidate)
-        tmp = None
-        if meta is not None:
-            payload = os.path.basename(str(meta["file"]))
-            tmp = _copy_verified(source, payload, meta["sha256"], dest, progress)
-        if tmp is None:
-            warn(f"checkpoint at step {candidate} in {source.where} is incomplete or corrupt")
-            continue
-        os.replace(tmp, dest / payload)
-        _write_atomic(dest / f"ckpt-step-{candidate:09d}.json", json.dumps(meta).encode())
-        return candidate
+        problem = _try_checkpoint(source, candidate, out, progress)
+        if problem is None:
+            return Collected(
+                candidate, [payload_name(candidate), sidecar_name(candidate)], source.where
+            )
+        more = "; trying the next newest" if candidate != steps[-1] else ""
+        warn(f"checkpoint at step {candidate} in {source.where}: {problem}{more}")
     raise OperationError(f"no intact checkpoint in {source.where}")
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "wb") as out:
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
+def _try_checkpoint(
+    source: Source, step: int, out: Destination, progress: Callable[[int], None]
+) -> str | None:
+    """Copy checkpoint ``step`` into ``out``; None when done, else why it was skipped."""
+    payload = payload_name(step)
+    try:
+        raw = _read_small(source, sidecar_name(step))
+    except Unreadable as exc:
+        return f"sidecar {exc}"
+    try:
+        meta = Sidecar.model_validate_json(raw)
+    except ValidationError as exc:
+        return f"sidecar is not valid: {_first_error(exc)}"
+    if meta.step != step:
+        return f"sidecar says step {meta.step}, its name step {step}"
+    if meta.file is not None and meta.file != payload:
+        return f"sidecar names payload '{shown(meta.file)}', not {payload}"
+    out.check_free(payload, meta.sha256)
+    out.check_free(sidecar_name(step), hashlib.sha256(raw).hexdigest())
+    try:
+        out.write(payload, _verified_copy(source, payload, meta.sha256, progress))
+    except Unreadable as exc:
+        return f"payload {payload} {exc}"
+    except _Mismatch as exc:
+        return f"payload {payload} {exc} (corrupt or still being written)"
+    out.write(sidecar_name(step), raw)
+    return None
+
+
+def _collect_plain(
+    source: Source,
+    regular: list[str],
+    named: list[str],
+    out: Destination,
+    warn: Callable[[str], None],
+    progress: Callable[[int], None],
+) -> Collected:
+    """Every regular file (or the ``named`` ones), each read twice, plus SHA256SUMS."""
+    for name in named:
+        if not plain_name(name) or name not in regular:
+            have = ", ".join(shown(n) for n in regular[:10]) or "none"
+            raise UserError(
+                f"--file: {shown(name)} is not a regular file in {source.where} (have: {have})"
+            )
+    names = []
+    for name in named or regular:
+        why = _not_collectable(name)
+        if why and not named:
+            warn(f"skipping {shown(name)} in {source.where}: {why}")
+        elif why:
+            raise UserError(f"--file: {shown(name)}: {why}")
+        else:
+            names.append(name)
+    if not names:
+        what = "is empty" if not regular else "holds no file to collect"
+        raise OperationError(
+            f"no checkpoint in {source.where}: the folder {what} (a ddpdeploy checkpoint "
+            "is ckpt-step-N.pt + .json; any other script's files are collected as they are)"
+        )
+    first: dict[str, tuple[int, str]] = {}
+    for name in names:
+        try:
+            first[name] = _digest(source, name)
+        except Unreadable as exc:
+            if named:
+                raise OperationError(f"--file: {shown(name)} in {source.where}: {exc}") from None
+            warn(f"skipping {shown(name)} in {source.where}: {exc}")
+            continue
+        out.check_free(name, first[name][1])
+    copied: list[str] = []
+    for name, (size, sha) in first.items():
+        try:
+            out.write(name, _verified_copy(source, name, sha, progress, size))
+        except (Unreadable, _Mismatch) as exc:
+            text = f"{shown(name)} in {source.where}: {exc}"
+            if isinstance(exc, _Mismatch):
+                text += " between two reads (still being written?)"
+            if named:
+                raise OperationError(f"--file: {text}") from None
+            warn(f"skipping {text}")
+            continue
+        copied.append(name)
+    if not copied:
+        raise OperationError(f"no complete file in {source.where}")
+    sums = "".join(f"{first[n][1]}  {n}\n" for n in copied).encode()
+    out.check_free(SUMS, hashlib.sha256(sums).hexdigest())
+    out.write(SUMS, sums)
+    return Collected(None, copied, source.where)
+
+
+def _not_collectable(name: str) -> str | None:
+    if name.startswith(".") or name.endswith(_TEMP_SUFFIXES):
+        return "a temp-file name (a writer may not be done with it)"
+    if name == SUMS:
+        return f"collect writes its own {SUMS}"
+    if "\\" in name or not name.isprintable():
+        return f"its name has a backslash or control character, which {SUMS} cannot list plainly"
+    return None
+
+
+class _Mismatch(Exception):
+    """A copy whose sha256 (or size) is not the one expected."""
+
+
+def _chunks(source: Source, name: str) -> Iterator[bytes]:
+    """The file's bytes; a read error is the file's problem (Unreadable), not ours."""
+    with source.open(name) as src:
+        while True:
+            try:
+                chunk = src.read(CHUNK)
+            except OSError as exc:
+                raise Unreadable(exc.strerror or str(exc)) from None
+            if not chunk:
+                return
+            yield chunk
+
+
+def _read_small(source: Source, name: str) -> bytes:
+    data = b""
+    for chunk in _chunks(source, name):
+        data += chunk
+        if len(data) > MAX_SIDECAR:
+            raise Unreadable(f"is over {MAX_SIDECAR} bytes: not a sidecar")
+    return data
+
+
+def _digest(source: Source, name: str) -> tuple[int, str]:
+    digest, size = hashlib.sha256(), 0
+    for chunk in _chunks(source, name):
+        digest.update(chunk)
+        size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def _verified_copy(
+    source: Source,
+    name: str,
+    sha256: str,
+    progress: Callable[[int], None],
+    size: int | None = None,
+) -> Callable[[BinaryIO], None]:
+    """A writer's fill: copies ``name``, raising _Mismatch (the writer then drops its temp
+    file) unless the bytes have ``sha256`` (and ``size``)."""
+
+    def fill(out: BinaryIO) -> None:
+        digest, got = hashlib.sha256(), 0
+        for chunk in _chunks(source, name):
+            digest.update(chunk)
+            out.write(chunk)
+            got += len(chunk)
+            progress(len(chunk))
+        if size is not None and got != size:
+            raise _Mismatch(f"changed size ({size} then {got} bytes)")
+        if digest.hexdigest() != sha256:
+            raise _Mismatch("fails its sha256 check" if size is None else "changed content")
+
+    return fill
+
+
+class Destination:
+    """The `--to` folder: checked before anything is read, created when first written, and
+    put back as it was (what this run created removed) on failure."""
+
+    def __init__(self, path: Path, overwrite: bool) -> None:
+        self.path, self.overwrite = path, overwrite
+        self._made_dirs: list[Path] = []
+        self._made_files: list[Path] = []
+
+    def existing(self) -> Path:
+        """`--to`, or its nearest folder above that exists (where it would be created)."""
+        probe = Path(os.path.abspath(self.path))
+        while not os.path.lexists(probe) and probe != probe.parent:
+            probe = probe.parent
+        return probe
+
+    def check(self) -> None:
+        """Refuse a `--to` that cannot be a folder we can write into; creates nothing."""
+        path = Path(os.path.abspath(self.path))
+        probe = self.existing()
+        if not probe.is_dir():
+            what = "is" if probe == path else f"is under {probe}, which is"
+            raise UserError(f"--to: {self.path} {what} not a folder; name a folder to collect into")
+        if not os.access(probe, os.W_OK | os.X_OK):
+            what = "is not writable" if probe == path else f"cannot be created in {probe}"
+            read_only = os.statvfs(probe).f_flag & os.ST_RDONLY
+            why = "a read-only file system" if read_only else "permission denied"
+            raise UserError(f"--to: {self.path} {what} ({why}); choose another folder")
+
+    def check_free(self, name: str, sha256: str) -> None:
+        """Refuse before copying when ``name`` exists in `--to` and is not the same file."""
+        target = self.path / name
+        if not os.path.lexists(target):
+            return
+        if not target.is_file() or target.is_symlink():
+            raise UserError(f"--to: {target} exists and is not a regular file; remove it first")
+        if self.overwrite or _file_sha256(target) == sha256:
+            return
+        raise UserError(
+            f"--to: {target} already exists and differs; pass --overwrite to replace it, or "
+            "collect into another folder"
+        )
+
+    def write(self, name: str, fill: bytes | Callable[[BinaryIO], None]) -> None:
+        self._ensure()
+        target = self.path / name
+        try:
+            created = _write_atomic(target, fill, overwrite=self.overwrite)
+        except OSError as exc:
+            raise UserError(f"--to: writing {target}: {exc.strerror or exc}") from None
+        if created:
+            self._made_files.append(target)
+
+    def _ensure(self) -> None:
+        missing: list[Path] = []
+        probe = Path(os.path.abspath(self.path))
+        while not os.path.lexists(probe):
+            missing.append(probe)
+            probe = probe.parent
+        for folder in reversed(missing):
+            try:
+                folder.mkdir()
+            except OSError as exc:
+                raise UserError(f"--to: creating {folder}: {exc.strerror or exc}") from None
+            self._made_dirs.append(folder)
+
+    def rollback(self) -> None:
+        for path in reversed(self._made_files):
+            with contextlib.suppress(OSError):
+                path.unlink()
+        for folder in reversed(self._made_dirs):
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only when empty: never what someone else put there
+
+
+def _file_sha256(path: Path) -> str | None:
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as fh:  # Python 3.10: no hashlib.file_digest
+            while chunk := fh.read(CHUNK):
+                digest.update(chunk)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors(include_url=False)[0]
+    where = ".".join(str(p) for p in err["loc"]) or "contents"
+    text = f"{where}: {err['msg']}"
+    text = text if text.isprintable() else repr(text)[1:-1]
+    return text if len(text) <= 160 else f"{text[:150]}…"
+
+
+def _write_atomic(
+    path: Path, fill: bytes | Callable[[BinaryIO], None], *, overwrite: bool = False
+) -> bool:
+    """Write ``path`` whole or not at all: temp file in the same folder, fsync, then a
+    create-only link (or a rename with ``overwrite``), fsync the folder; the temp file is
+    removed on any failure. False when an identical file was already there (kept).
+
+    To be replaced by the project's one atomic writer (ddpdeploy/adapters/files.py)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            if isinstance(fill, bytes):
+                out.write(fill)
+            else:
+                fill(out)
+            out.flush()
+            os.fsync(out.fileno())
+        created = _publish(Path(tmp), path, overwrite)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    dir_fd = os.open(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return created
+
+
+def _publish(tmp: Path, path: Path, overwrite: bool) -> bool:
+    if overwrite:
+        os.replace(tmp, path)
+        return True
+    try:
+        os.link(tmp, path)  # fails if anything appeared there meanwhile: never replaces
+        return True
+    except OSError as exc:
+        if exc.errno in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP) and not os.path.lexists(
+            path
+        ):  # a file system without hard links: a rename, after the check above
+            os.rename(tmp, path)
+            return True
+        if exc.errno != errno.EEXIST:
+            raise
+        if path.is_file() and not path.is_symlink() and _file_sha256(path) == _file_sha256(tmp):
+            return False
+        raise UserError(
+            f"--to: {path} already exists and differs; pass --overwrite to replace it"
+        ) from None

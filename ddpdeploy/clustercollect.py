@@ -1,9 +1,10 @@
 """Reading a job's checkpoint volume on the cluster, for `collect --from cluster`.
 
 From a running pod of the job when there is one (the volume is mounted there), else from a
-short-lived helper pod that mounts the claim read-only and is deleted afterwards, on
-failure and Ctrl-C too. Files are listed with `ls` and read with `cat` through the exec
-API; checksums are checked by ddpdeploy.checkpoints like for any other source.
+short-lived helper pod (ddpdeploy.render.pod.collect_helper_pod) that mounts the claim
+read-only and is deleted afterwards, on failure and Ctrl-C too. Entries are listed and files
+read by small POSIX `sh` programs through the exec API; the reader refuses anything but a
+regular file, and checksums are checked by ddpdeploy.checkpoints like for any other source.
 """
 
 from __future__ import annotations
@@ -16,17 +17,41 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from ddpdeploy.adapters.kube import Kube
-from ddpdeploy.errors import OperationError
-from ddpdeploy.render.pod import checkpoint_claim_name, labels
+from ddpdeploy.checkpoints import FILE, FOLDER, SPECIAL, SYMLINK, Unreadable, plain_name, shown
+from ddpdeploy.errors import OperationError, UserError
+from ddpdeploy.render.pod import COLLECT_CONTAINER, collect_helper_pod
 from ddpdeploy.spec import JobSpec
 from ddpdeploy.targets import layout_of
 
 Obj = dict[str, Any]
-HELPER_CONTAINER = "reader"
+
+# `sh -c` programs, POSIX only (busybox runs them too). The listing tests each entry without
+# following symlinks; NUL-separated, so any name survives.
+LIST = r"""cd -- "$1" || exit 3
+for f in * .[!.]* ..?*; do
+  if [ -L "$f" ]; then k=l; elif [ -f "$f" ]; then k=f; elif [ -d "$f" ]; then k=d
+  elif [ -e "$f" ]; then k=o; else continue; fi
+  printf '%s %s\000' "$k" "$f"
+done"""
+# The reader refuses anything but a regular file. GNU dd opens with O_NOFOLLOW (and
+# O_NONBLOCK: a FIFO cannot hang it), so a symlink swapped in after the test is refused at
+# open time too; an image without that dd (busybox) gets the test just before `cat`.
+READ = r"""f=$1
+no() { echo "ddpdeploy-refused: $1" >&2; exit 3; }
+[ -L "$f" ] && no "a symlink, not a regular file"
+[ -e "$f" ] || no "vanished (no such file)"
+[ -f "$f" ] || no "not a regular file"
+if dd if=/dev/null of=/dev/null iflag=nofollow status=none 2>/dev/null; then
+  dd if="$f" iflag=nofollow,nonblock bs=1048576 status=none || no "not readable as a regular file"
+else
+  cat -- "$f" || no "not readable"
+fi"""
+_REFUSED = "ddpdeploy-refused: "
+_KINDS = {"f": FILE, "l": SYMLINK, "d": FOLDER, "o": SPECIAL}
 
 
 class _Chunks(io.RawIOBase):
-    """A file-like view of an iterator of byte chunks."""
+    """A file-like view of an iterator of byte chunks; the reader's refusal is Unreadable."""
 
     def __init__(self, chunks: Iterator[bytes]) -> None:
         self._chunks = chunks
@@ -37,15 +62,27 @@ class _Chunks(io.RawIOBase):
 
     def read(self, size: int | None = -1) -> bytes:
         if size is None or size < 0:  # all of it
-            out, self._pending = self._pending + b"".join(self._chunks), b""
+            out = self._pending
+            while (chunk := self._next()) is not None:
+                out += chunk
+            self._pending = b""
             return out
         while not self._pending:
-            chunk = next(self._chunks, None)
+            chunk = self._next()
             if chunk is None:
                 return b""
             self._pending = chunk
         out, self._pending = self._pending[:size], self._pending[size:]
         return out
+
+    def _next(self) -> bytes | None:
+        try:
+            return next(self._chunks, None)
+        except OperationError as exc:
+            text = str(exc)
+            if _REFUSED not in text:
+                raise
+            raise Unreadable(text.split(_REFUSED, 1)[1].splitlines()[0][:100]) from None
 
 
 class PodSource:
@@ -56,46 +93,24 @@ class PodSource:
         self.folder = folder
         self.where = f"pod {pod}:{folder}"
 
-    def names(self) -> list[str]:
-        out = b"".join(self._run(["ls", "-1", self.folder]))
-        return sorted(line for line in out.decode().splitlines() if line)
+    def entries(self) -> dict[str, str]:
+        out = b"".join(self._run(LIST, self.folder))
+        entries: dict[str, str] = {}
+        for record in out.split(b"\0"):
+            kind, _, name = record.decode(errors="surrogateescape").partition(" ")
+            if kind in _KINDS and plain_name(name):
+                entries[name] = _KINDS[kind]
+        return entries
 
     def open(self, name: str) -> contextlib.AbstractContextManager[BinaryIO]:
-        path = posixpath.join(self.folder, posixpath.basename(name))
-        return contextlib.closing(_Chunks(self._run(["cat", path])))  # type: ignore[arg-type]
+        if not plain_name(name):
+            raise Unreadable(f"{shown(name)} is not a plain file name")
+        path = posixpath.join(self.folder, name)
+        return contextlib.closing(_Chunks(self._run(READ, path)))  # type: ignore[arg-type]
 
-    def _run(self, argv: list[str]) -> Iterator[bytes]:
+    def _run(self, program: str, arg: str) -> Iterator[bytes]:
+        argv = ["sh", "-c", program, "sh", arg]
         return self.kube.exec_stream(self.pod, self.namespace, self.container, argv)
-
-
-def helper_pod(spec: JobSpec, image: str) -> Obj:
-    """A pod that mounts the job's claim read-only and idles until deleted."""
-    claim = checkpoint_claim_name(spec)
-    mount = spec.checkpoint.mount_path if spec.checkpoint else "/checkpoints"
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": f"{spec.name}-collect",
-            "namespace": spec.namespace,
-            "labels": {**labels(spec), "ddpdeploy.dev/role": "collect"},
-        },
-        "spec": {
-            "restartPolicy": "Never",
-            "activeDeadlineSeconds": 3600,  # a safety net should the delete never come
-            "containers": [
-                {
-                    "name": HELPER_CONTAINER,
-                    "image": image,
-                    "command": ["sleep", "3600"],
-                    "volumeMounts": [{"name": "ckpt", "mountPath": mount, "readOnly": True}],
-                }
-            ],
-            "volumes": [
-                {"name": "ckpt", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
-            ],
-        },
-    }
 
 
 def _running_pod(kube: Kube, spec: JobSpec) -> str | None:
@@ -107,8 +122,11 @@ def _running_pod(kube: Kube, spec: JobSpec) -> str | None:
 
 
 @contextlib.contextmanager
-def pod_source(kube: Kube, spec: JobSpec, timeout: float) -> Iterator[PodSource]:
-    """A source reading the job's checkpoint folder from a running or a helper pod."""
+def pod_source(
+    kube: Kube, spec: JobSpec, timeout: float, image: str | None = None
+) -> Iterator[PodSource]:
+    """A source reading the job's checkpoint folder from a running or a helper pod (run
+    with ``image``, default the job's own)."""
     if spec.checkpoint is None:
         raise OperationError(f"job {spec.name} has no checkpoint volume (checkpoint: in the spec)")
     folder = spec.checkpoint.mount_path
@@ -117,12 +135,17 @@ def pod_source(kube: Kube, spec: JobSpec, timeout: float) -> Iterator[PodSource]
         container = layout_of(spec.target).container  # the training container
         yield PodSource(kube, pod, spec.namespace, container, folder)
         return
-    body = helper_pod(spec, spec.image or "busybox")
+    if not (image or spec.image):
+        raise UserError(
+            f"--image: job {spec.name}'s saved spec names no image to read its volume with; "
+            "pass --image IMAGE (any image with sh, cat and sleep)"
+        )
+    body = collect_helper_pod(spec, image)
     name = body["metadata"]["name"]
     kube.create(body)
     try:
         _wait_running(kube, name, spec.namespace, timeout)
-        yield PodSource(kube, name, spec.namespace, HELPER_CONTAINER, folder)
+        yield PodSource(kube, name, spec.namespace, COLLECT_CONTAINER, folder)
     finally:
         kube.delete("v1", "Pod", name, spec.namespace)
 

@@ -1,10 +1,15 @@
 """A Docker named volume's folder, copied out through the engine (for `collect --from
 compose`): a container that mounts the volume read-only is created, never started, and
-removed afterwards; its archive API streams the folder as tar."""
+removed afterwards; its archive API streams the folder as tar.
+
+Only the regular files directly in the folder are written out (each to a new file, never
+through a link); symlinks, devices, FIFOs and subfolders are reported back, not extracted, so
+a hostile volume can neither crash the copy nor write outside ``dest``."""
 
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -37,8 +42,9 @@ def _image_for(client: Any, volume: str, image: str | None) -> str:
     )
 
 
-def copy_out(volume: str, folder: str, dest: Path, image: str | None = None) -> None:
-    """Copy ``folder`` (a path inside the volume) into the existing folder ``dest``."""
+def copy_out(volume: str, folder: str, dest: Path, image: str | None = None) -> dict[str, str]:
+    """Copy the regular files of ``folder`` (a path inside the volume) into the existing,
+    empty folder ``dest``; return the other entries directly in it: name -> kind."""
     import docker
 
     client = _client()
@@ -55,13 +61,45 @@ def copy_out(volume: str, folder: str, dest: Path, image: str | None = None) -> 
         stream, _ = container.get_archive(f"{MOUNT}/{folder.strip('/')}/.")
         reader = io.BufferedReader(_Chunks(stream), buffer_size=1 << 20)
         with tarfile.open(fileobj=reader, mode="r|") as tar:
-            tar.extractall(dest, filter="data")
+            return _extract_files(tar, dest)
     except docker.errors.NotFound:
         raise OperationError(f"volume {volume} has no folder {folder!r}") from None
     except docker.errors.DockerException as exc:
         raise OperationError(f"reading volume {volume}: {exc}") from None
+    except tarfile.TarError as exc:
+        raise OperationError(f"reading volume {volume}: a broken archive ({exc})") from None
     finally:
         container.remove(force=True)
+
+
+def _extract_files(tar: tarfile.TarFile, dest: Path) -> dict[str, str]:
+    others: dict[str, str] = {}
+    for member in tar:  # a stream: members in order, each read once
+        name = member.name.removeprefix("./")
+        if name in ("", ".") or "/" in name.rstrip("/"):
+            continue  # the folder itself, or inside a subfolder: not part of the checkpoint
+        name = name.rstrip("/")
+        if not member.isreg():
+            others[name] = (
+                "symlink"
+                if member.issym()
+                else "hard link"
+                if member.islnk()
+                else "folder"
+                if member.isdir()
+                else "special file"
+            )
+            continue
+        if name in (".", "..") or "\0" in name:
+            continue
+        src = tar.extractfile(member)
+        assert src is not None  # a regular member always has data
+        # O_EXCL|O_NOFOLLOW: a new file in our own fresh folder, never through a link.
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        with src, os.fdopen(os.open(dest / name, flags, 0o600), "wb") as out:
+            while chunk := src.read(1 << 20):
+                out.write(chunk)
+    return others
 
 
 class _Chunks(io.RawIOBase):

@@ -1,4 +1,4 @@
-"""`ddpdeploy collect NAME --to DIR`: copy the newest intact rank-0 checkpoint to local disk."""
+"""`ddpdeploy collect NAME --to DIR`: copy a run's newest intact checkpoint to local disk."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from typing import Annotated, Any
 import typer
 
 from ddpdeploy.errors import UserError
-from ddpdeploy.kubeopts import ContextOpt, KubeconfigOpt, NamespaceOpt
+from ddpdeploy.kubeopts import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt
 
 SOURCES = ("local", "compose", "cluster")
 
 
 def collect(
-    name: Annotated[str, typer.Argument(help="The job's name.", show_default=False)],
+    name: NameArg,
     to: Annotated[Path, typer.Option("--to", help="Folder to copy the checkpoint into.")],
     step: Annotated[
         int | None, typer.Option("--step", min=0, help="This step instead of the newest.")
@@ -24,17 +24,32 @@ def collect(
         str | None,
         typer.Option(
             "--from",
-            help="local (a `smoke --local` run in this folder), compose (a Docker volume: "
-            "--volume) or cluster; default: local when .ddpdeploy/checkpoints/NAME exists, "
-            "else cluster.",
+            help="local (a `smoke --local` run's .ddpdeploy/checkpoints/NAME), compose (a "
+            "Docker volume: --volume) or cluster; default: local when that folder exists.",
         ),
     ] = None,
+    files: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--file",
+            help="Collect only this plain file of the folder (repeatable); default: the "
+            "newest ddpdeploy checkpoint, else every regular file.",
+        ),
+    ] = None,
+    overwrite: Annotated[
+        bool,
+        typer.Option("--overwrite", help="Replace files in --to that differ (default: refuse)."),
+    ] = False,
     volume: Annotated[
         str | None, typer.Option("--volume", help="--from compose: the checkpoint volume.")
     ] = None,
     image: Annotated[
         str | None,
-        typer.Option("--image", help="--from compose: a local image to mount the volume with."),
+        typer.Option(
+            "--image",
+            help="--from compose: a local image to mount the volume with; --from cluster: "
+            "the helper pod's image (default: the job's own).",
+        ),
     ] = None,
     timeout: Annotated[
         float, typer.Option("--timeout", help="Seconds to wait for the helper pod to start.")
@@ -45,6 +60,10 @@ def collect(
 ) -> None:
     """Copy a job's newest intact checkpoint (sha256 checked) into a folder.
 
+    A folder without ddpdeploy checkpoints (any script's own files) is collected as plain
+    files, each checked complete, with a SHA256SUMS beside them. Nothing in --to is replaced
+    unless --overwrite.
+
     Example: ddpdeploy collect ddp-train --to ./ckpt
     """
     from rich.console import Console
@@ -52,51 +71,86 @@ def collect(
 
     from ddpdeploy import checkpoints
 
-    local = Path(".ddpdeploy", "checkpoints", name).resolve()
-    source = source or ("local" if local.is_dir() else "cluster")
+    local_rel = Path(".ddpdeploy", "checkpoints", name)
+    local = local_rel.resolve()
+    err = Console(stderr=True, highlight=False)
+    if source is None:
+        if not local.is_dir():
+            raise UserError(
+                f"--from: no local run's folder {local_rel} here; pass --from cluster for a "
+                "job on the cluster, or --from compose --volume VOLUME for a compose run"
+            )
+        source = "local"
+        err.print(
+            f"collect: reading the local run's folder {local_rel} (--from local)", markup=False
+        )
     if source not in SOURCES:
         raise UserError(f"--from: {source!r} is not a source; use local, compose or cluster")
+    checkpoints.Destination(to, overwrite).check()  # before anything is read or started
     with Progress(
         *Progress.get_default_columns(), DownloadColumn(), TransferSpeedColumn(),
-        console=Console(stderr=True), transient=True,
+        console=err, transient=True, disable=not err.is_terminal,  # no bar into a log
     ) as bar:  # fmt: skip
         task = bar.add_task("copying", total=None)
 
-        def copy(src: checkpoints.Source) -> int:
+        def copy(src: checkpoints.Source) -> checkpoints.Collected:
             return checkpoints.collect(
                 src,
                 to,
                 step,
-                warn=lambda text: bar.console.print(f"warning: {text}"),
+                # markup=False: names and reasons come from the folder, which may hold `[`.
+                warn=lambda text: bar.console.print(
+                    f"warning: {text}", markup=False, soft_wrap=True
+                ),
                 progress=lambda n: bar.advance(task, n),
+                files=files or (),
+                overwrite=overwrite,
             )
 
         if source == "local":
-            got = copy(checkpoints.LocalSource(local))
+            got = copy(checkpoints.LocalSource(local, str(local_rel)))
         elif source == "compose":
-            got = _from_compose(volume, image, to, copy)
+            got = _from_compose(volume, image, to, copy, bar.console.print)
         else:
-            got = _from_cluster(name, namespace, kubeconfig, context, timeout, copy)
-    typer.echo(f"collected the checkpoint at step {got} into {to}", err=True)
+            got = _from_cluster(name, namespace, kubeconfig, context, timeout, image, copy)
+    typer.echo(f"collected {got.describe()} into {to}", err=True)
 
 
 def _from_compose(
-    volume: str | None, image: str | None, to: Path, copy: Callable[[Any], int]
-) -> int:
-    """Stage the volume's files beside the target folder, then collect from there."""
+    volume: str | None,
+    image: str | None,
+    to: Path,
+    copy: Callable[[Any], Any],
+    say: Callable[..., None],
+) -> Any:
+    """Stage the volume's regular files beside the target folder, then collect from there."""
+    import os
     import tempfile
 
     from ddpdeploy.adapters.docker_volume import copy_out
-    from ddpdeploy.checkpoints import LocalSource
+    from ddpdeploy.checkpoints import Destination, LocalSource, shown
 
     if not volume:
         raise UserError("--volume: name the compose run's checkpoint volume (docker volume ls)")
-    to.resolve().parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".collect-", dir=to.resolve().parent) as staging:
-        copy_out(volume, ".", Path(staging), image)
-        src = LocalSource(Path(staging))
-        src.where = f"volume {volume}"
-        return copy(src)
+    # Staged beside --to (or where it would be created): the same file system, no folder
+    # made; inside --to only when its parent is not ours to write.
+    near = Destination(to, overwrite=False).existing()
+    if near == Path(os.path.abspath(to)) and os.access(near.parent, os.W_OK | os.X_OK):
+        near = near.parent
+    try:
+        staging = tempfile.TemporaryDirectory(prefix=".ddpdeploy-collect-", dir=near)
+    except OSError as exc:
+        raise UserError(f"--to: cannot stage files in {near}: {exc.strerror or exc}") from None
+    with staging as folder:
+        where = f"volume {volume}"
+        for entry, kind in sorted(copy_out(volume, ".", Path(folder), image).items()):
+            if kind != "folder":
+                say(
+                    f"warning: skipping {shown(entry)} in {where}: a {kind}, not a regular file",
+                    markup=False,
+                    soft_wrap=True,
+                )
+        return copy(LocalSource(Path(folder), where))
 
 
 def _from_cluster(
@@ -105,13 +159,14 @@ def _from_cluster(
     kubeconfig: str | None,
     context: str | None,
     timeout: float,
-    copy: Callable[[Any], int],
-) -> int:
+    image: str | None,
+    copy: Callable[[Any], Any],
+) -> Any:
     from ddpdeploy.clustercollect import pod_source
     from ddpdeploy.deploy import saved_spec_of
     from ddpdeploy.kubeopts import connect
 
     kube = connect(kubeconfig, context)
     spec = saved_spec_of(kube, name, namespace or kube.default_namespace)
-    with pod_source(kube, spec, timeout) as src:
+    with pod_source(kube, spec, timeout, image) as src:
         return copy(src)

@@ -11,13 +11,33 @@ import tarfile
 
 import pytest
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 
-def _checkpoint_tar() -> bytes:
-    """Steps 2 and 4 in the trainer's layout; step 4's payload fails its sha256."""
+def _link(tar: tarfile.TarFile, name: str, kind: bytes, target: str = "") -> None:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, target
+    tar.addfile(info)
+
+
+def _checkpoint_tar(hostile: bool = False) -> bytes:
+    """Steps 2 and 4 in the trainer's layout; step 4's payload fails its sha256. ``hostile``
+    adds what a volume may hold and collect must neither follow nor crash on: symlinks
+    (absolute, relative, one posing as step 6's payload), a FIFO, a hard link, a subfolder."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
+        if hostile:
+            _link(tar, "etc-passwd", tarfile.SYMTYPE, "/etc/passwd")
+            _link(tar, "latest", tarfile.SYMTYPE, "ckpt-step-000000002.pt")
+            _link(tar, "ckpt-step-000000006.pt", tarfile.SYMTYPE, "/etc/hostname")
+            meta6 = {"step": 6, "sha256": "0" * 64}
+            info = tarfile.TarInfo("ckpt-step-000000006.json")
+            info.size = len(json.dumps(meta6))
+            tar.addfile(info, io.BytesIO(json.dumps(meta6).encode()))
+            _link(tar, "pipe", tarfile.FIFOTYPE)
+            info = tarfile.TarInfo("sub/inner.pt")
+            info.size = 3
+            tar.addfile(info, io.BytesIO(b"abc"))
         for step in (2, 4):
             payload = os.urandom(300_000)
             meta = {"step": step, "sha256": hashlib.sha256(payload).hexdigest()}
@@ -31,18 +51,20 @@ def _checkpoint_tar() -> bytes:
                 info = tarfile.TarInfo(name)
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
+        if hostile:
+            _link(tar, "hard", tarfile.LNKTYPE, "ckpt-step-000000002.json")
     return buf.getvalue()
 
 
-@pytest.fixture
-def volume(engine, base_image):
+@pytest.fixture(params=[False, True], ids=["plain", "hostile"])
+def volume(engine, base_image, request):
     """A named volume holding checkpoints, and the stopped container that wrote them (as a
     finished compose run leaves them)."""
-    name = f"ddpdeploy-test-collect-{os.getpid()}"
+    name = f"ddpdeploy-test-collect-{os.getpid()}-{int(request.param)}"
     vol = engine.volumes.create(name)
     writer = engine.containers.create(base_image, command=["true"], volumes={name: {"bind": "/v"}})
     try:
-        assert writer.put_archive("/v", _checkpoint_tar())
+        assert writer.put_archive("/v", _checkpoint_tar(request.param))
         yield name
     finally:
         writer.remove(force=True)
@@ -57,7 +79,12 @@ def test_collect_from_a_compose_volume(cli, engine, volume, tmp_path):
     dest = tmp_path / "out"
     out = cli("collect", "job", "--from", "compose", "--volume", volume, "--to", str(dest))
     assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr
     assert "warning: checkpoint at step 4 in volume" in out.stderr
+    if volume.endswith("-1"):  # the hostile one: each odd entry said in one line, skipped
+        for entry in ("etc-passwd", "latest", "ckpt-step-000000006.pt", "pipe", "hard"):
+            assert f"warning: skipping {entry} in volume {volume}: a " in out.stderr
+        assert "checkpoint at step 6 in volume" in out.stderr
     assert "step 2" in out.stderr.strip().splitlines()[-1]
     meta = json.loads((dest / "ckpt-step-000000002.json").read_text())
     payload = (dest / meta["file"]).read_bytes()
@@ -69,3 +96,28 @@ def test_collect_from_a_compose_volume(cli, engine, volume, tmp_path):
     assert users() == before  # the reader container is removed
     missing = cli("collect", "job", "--from", "compose", "--volume", "no-such-vol", "--to", "x")
     assert missing.returncode == 2 and "no Docker volume named no-such-vol" in missing.stderr
+
+
+def test_collect_plain_files_from_a_volume(cli, engine, base_image, tmp_path):
+    """A script's own snapshot (no sidecars): copied as a plain file with SHA256SUMS."""
+    name = f"ddpdeploy-test-collect-plain-{os.getpid()}"
+    vol = engine.volumes.create(name)
+    writer = engine.containers.create(base_image, command=["true"], volumes={name: {"bind": "/v"}})
+    payload = os.urandom(200_000)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("snapshot.pt")
+        info.size = len(payload)
+        tar.addfile(info, io.BytesIO(payload))
+    try:
+        assert writer.put_archive("/v", buf.getvalue())
+        dest = tmp_path / "out"
+        out = cli("collect", "job", "--from", "compose", "--volume", name, "--to", str(dest))
+        assert out.returncode == 0, out.stderr
+        assert f"collected 1 plain file (with SHA256SUMS) from volume {name}" in out.stderr
+        assert (dest / "snapshot.pt").read_bytes() == payload
+        sums = (dest / "SHA256SUMS").read_text()
+        assert sums == f"{hashlib.sha256(payload).hexdigest()}  snapshot.pt\n"
+    finally:
+        writer.remove(force=True)
+        vol.remove(force=True)
