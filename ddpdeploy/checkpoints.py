@@ -10,19 +10,17 @@ names and open files; everything else is here.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
-import os
 import re
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
+from ddpdeploy.adapters import files
 from ddpdeploy.errors import OperationError, UserError
 
 _SIDECAR = re.compile(r"^ckpt-step-(\d+)\.json$")
-CHUNK = 1 << 20
+CHUNK = files.CHUNK
 
 
 class Source(Protocol):
@@ -46,7 +44,8 @@ class LocalSource:
         return sorted(p.name for p in self.folder.iterdir() if p.is_file())
 
     def open(self, name: str) -> contextlib.AbstractContextManager[BinaryIO]:
-        return open(self.folder / name, "rb")
+        # Never through a symlink: a link swapped in for a payload is refused, not copied.
+        return files.open_regular(self.folder / name, follow_symlinks=False)  # type: ignore[return-value]
 
 
 def steps_newest_first(names: list[str]) -> list[int]:
@@ -56,26 +55,31 @@ def steps_newest_first(names: list[str]) -> list[int]:
 
 
 def _copy_verified(
-    source: Source, name: str, sha256: str, dest: Path, progress: Callable[[int], None]
-) -> Path | None:
-    """Copy ``name`` into a temp file in ``dest``; its path if the sha256 matches, else None."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=dest)
-    digest = hashlib.sha256()
-    try:
-        with os.fdopen(fd, "wb") as out, source.open(name) as src:
-            while chunk := src.read(CHUNK):
-                digest.update(chunk)
-                out.write(chunk)
-                progress(len(chunk))
-            out.flush()
-            os.fsync(out.fileno())
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    if digest.hexdigest() != sha256:
-        os.unlink(tmp)
-        return None
-    return Path(tmp)
+    source: Source, step: int, sha256: str, dest: Path, progress: Callable[[int], None]
+) -> bool:
+    """Copy the payload at ``step`` into ``dest`` if its sha256 matches; False when not (or
+    when it cannot be read: vanished, a symlink, …). A write error in ``dest`` is raised."""
+    name = payload_name(step)
+    with files.Staged(dest / name, "--to") as out:
+        try:
+            with source.open(name) as src:
+
+                def sink(chunk: bytes) -> None:
+                    out.write(chunk)
+                    progress(len(chunk))
+
+                digest = files.sha256_stream(src, sink, CHUNK)
+        except OSError:
+            return False
+        if digest != sha256:
+            return False
+        out.commit()
+    return True
+
+
+def payload_name(step: int) -> str:
+    """Names come from the step, never from a file's contents (a sidecar's ``file``)."""
+    return f"ckpt-step-{step:09d}.pt"
 
 
 def _sidecar(source: Source, step: int) -> dict | None:
@@ -111,26 +115,17 @@ def collect(
         steps = [step]
     if not steps:
         raise OperationError(f"no checkpoint in {source.where}")
-    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise files.write_error(dest, exc, "--to") from None
     for candidate in steps:
         meta = _sidecar(source, candidate)
-        tmp = None
-        if meta is not None:
-            payload = os.path.basename(str(meta["file"]))
-            tmp = _copy_verified(source, payload, meta["sha256"], dest, progress)
-        if tmp is None:
+        if meta is None or not _copy_verified(source, candidate, meta["sha256"], dest, progress):
             warn(f"checkpoint at step {candidate} in {source.where} is incomplete or corrupt")
             continue
-        os.replace(tmp, dest / payload)
-        _write_atomic(dest / f"ckpt-step-{candidate:09d}.json", json.dumps(meta).encode())
+        meta["file"] = payload_name(candidate)
+        sidecar = json.dumps(meta).encode()
+        files.write_atomic(dest / f"ckpt-step-{candidate:09d}.json", sidecar, "--to")
         return candidate
     raise OperationError(f"no intact checkpoint in {source.where}")
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "wb") as out:
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)

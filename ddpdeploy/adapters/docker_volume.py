@@ -4,25 +4,15 @@ removed afterwards; its archive API streams the folder as tar."""
 
 from __future__ import annotations
 
-import io
 import tarfile
 from pathlib import Path
 from typing import Any
 
+from ddpdeploy.adapters.docker_engine import connect
+from ddpdeploy.adapters.files import chunk_reader
 from ddpdeploy.errors import OperationError, UserError
 
 MOUNT = "/ddpdeploy-volume"
-
-
-def _client() -> Any:
-    import docker
-
-    try:
-        client = docker.from_env()
-        client.ping()
-    except docker.errors.DockerException as exc:
-        raise OperationError(f"no Docker engine answers ({exc}); start it and try again") from None
-    return client
 
 
 def _image_for(client: Any, volume: str, image: str | None) -> str:
@@ -41,7 +31,7 @@ def copy_out(volume: str, folder: str, dest: Path, image: str | None = None) -> 
     """Copy ``folder`` (a path inside the volume) into the existing folder ``dest``."""
     import docker
 
-    client = _client()
+    client = connect()
     try:
         client.volumes.get(volume)
     except docker.errors.NotFound:
@@ -53,8 +43,7 @@ def copy_out(volume: str, folder: str, dest: Path, image: str | None = None) -> 
     )
     try:
         stream, _ = container.get_archive(f"{MOUNT}/{folder.strip('/')}/.")
-        reader = io.BufferedReader(_Chunks(stream), buffer_size=1 << 20)
-        with tarfile.open(fileobj=reader, mode="r|") as tar:
+        with tarfile.open(fileobj=chunk_reader(stream), mode="r|") as tar:
             tar.extractall(dest, filter="data")
     except docker.errors.NotFound:
         raise OperationError(f"volume {volume} has no folder {folder!r}") from None
@@ -62,25 +51,3 @@ def copy_out(volume: str, folder: str, dest: Path, image: str | None = None) -> 
         raise OperationError(f"reading volume {volume}: {exc}") from None
     finally:
         container.remove(force=True)
-
-
-class _Chunks(io.RawIOBase):
-    """The engine's chunk iterator as a raw stream (buffered for tarfile's small reads)."""
-
-    def __init__(self, chunks: Any) -> None:
-        self._chunks = iter(chunks)
-        self._chunk = memoryview(b"")
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self._chunk:
-            nxt = next(self._chunks, None)
-            if nxt is None:
-                return 0
-            self._chunk = memoryview(nxt)
-        n = min(len(buffer), len(self._chunk))
-        buffer[:n] = self._chunk[:n]
-        self._chunk = self._chunk[n:]
-        return n

@@ -144,7 +144,7 @@ def _endless_requirements(ws: Path) -> str:
 def _huge_requirements(ws: Path) -> str:
     with (ws / "requirements.txt").open("wb") as fh:
         fh.truncate(64 << 20)
-    return "requirements.txt is larger than 1 MB"
+    return "requirements.txt is larger than 1024 KiB"
 
 
 @pytest.mark.docker
