@@ -91,3 +91,55 @@ def test_pod_source_reads_through_exec_chunks(tmp_path):
     assert collect(source, tmp_path / "out", None, warnings.append) == 5
     assert warnings == []
     _check(tmp_path / "out", 5)
+
+
+def _checkpoint(folder, step, payload=None, **meta):
+    payload = payload if payload is not None else f"weights at {step}".encode() * 100
+    (folder / f"ckpt-step-{step:09d}.pt").write_bytes(payload)
+    sidecar = {"step": step, "sha256": hashlib.sha256(payload).hexdigest()}
+    sidecar["file"] = f"ckpt-step-{step:09d}.pt"
+    (folder / f"ckpt-step-{step:09d}.json").write_text(json.dumps({**sidecar, **meta}))
+    return payload
+
+
+def test_local_source_trusts_no_file_it_reads(tmp_path):
+    """The payload's name comes from the step (not the sidecar's `file`), a payload swapped
+    for a symlink is refused, a missing one falls back to the one before."""
+    from ddpdeploy.checkpoints import LocalSource, collect
+
+    src = tmp_path / "src"
+    src.mkdir()
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"not yours")
+    _checkpoint(src, 2)
+    _checkpoint(src, 4, file="../../../.bashrc")  # a hostile `file`: ignored
+    _checkpoint(src, 6)
+    (src / "ckpt-step-000000006.pt").unlink()  # vanished since the sidecar was written
+    _checkpoint(src, 8, payload=b"not yours")
+    (src / "ckpt-step-000000008.pt").unlink()
+    (src / "ckpt-step-000000008.pt").symlink_to(secret)  # sha256 matches the link's target
+    warnings: list[str] = []
+    dest = tmp_path / "to"
+    assert collect(LocalSource(src), dest, None, warnings.append) == 4
+    assert [w.split(" in ")[0] for w in warnings] == [
+        "checkpoint at step 8",
+        "checkpoint at step 6",
+    ]
+    _check(dest, 4)
+    assert json.loads((dest / "ckpt-step-000000004.json").read_text())["file"] == (
+        "ckpt-step-000000004.pt"
+    )
+    assert not (tmp_path / ".bashrc").exists()
+
+
+def test_a_destination_that_is_a_file_is_one_line(tmp_path):
+    src = tmp_path / "run" / ".ddpdeploy" / "checkpoints" / "c"
+    src.mkdir(parents=True)
+    _checkpoint(src, 2)
+    (tmp_path / "taken").write_text("x")
+    res = run_cli("collect", "c", "--to", str(tmp_path / "taken"), cwd=tmp_path / "run")
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    # lstrip: the progress bar, stopped on the way out, leaves an empty line (commands/collect)
+    line = res.stderr.lstrip("\n")
+    assert line.startswith(f"error: --to: cannot write {tmp_path / 'taken'}: File exists")
+    assert line.count("\n") == 1

@@ -14,9 +14,12 @@ from pathlib import Path
 
 import pytest
 from cli_runner import run_cli
+from mounts import mount_tmpfs, tmpfs_mountpoint
 
 from ddpdeploy.adapters import files
 from ddpdeploy.errors import OperationError, UserError
+
+mountpoint = tmpfs_mountpoint  # the fixture, under the name the tests ask for
 
 COMPOSE = ["compose", "--image", "t:1", "--nodes", "2"]
 
@@ -105,27 +108,8 @@ def test_a_missing_folder_is_bad_input(tmp_path: Path) -> None:
     assert info.value.exit_code == 2 and str(info.value).startswith("--out: ")
 
 
-def _mount_tmpfs(path: Path, options: str) -> None:
-    res = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({res.stderr.strip()}); needs root")
-
-
-@pytest.fixture
-def mountpoint(tmp_path: Path):
-    path = tmp_path / "mnt"
-    path.mkdir()
-    yield path
-    subprocess.run(["umount", str(path)], capture_output=True, check=False)
-
-
 def test_a_full_disk_keeps_the_old_file_and_leaves_no_temp(mountpoint: Path) -> None:
-    _mount_tmpfs(mountpoint, "size=64k")
+    mount_tmpfs(mountpoint, "size=64k")
     target = mountpoint / "c.yaml"
     target.write_text("old\n")
     fd = os.open(mountpoint / "filler", os.O_WRONLY | os.O_CREAT)
@@ -145,7 +129,7 @@ def test_a_full_disk_keeps_the_old_file_and_leaves_no_temp(mountpoint: Path) -> 
 
 
 def test_a_read_only_folder_is_one_line_exit_1(mountpoint: Path) -> None:
-    _mount_tmpfs(mountpoint, "ro")
+    mount_tmpfs(mountpoint, "ro")
     target = mountpoint / "c.yaml"
     one_line_error(run_cli(*COMPOSE, "--out", str(target)), 1, "Read-only file system")
 

@@ -11,10 +11,13 @@ from pathlib import Path
 
 import pytest
 from cli_runner import run_cli
+from mounts import mount_tmpfs, tmpfs_mountpoint
 
 from ddpdeploy.adapters.out_dir import write_folder
 from ddpdeploy.errors import UserError
 from ddpdeploy.render.output import RECORD, parse_record, plan_folder, sha256
+
+mountpoint = tmpfs_mountpoint  # the fixture, under the name the tests ask for
 
 RENDER = ["render", "--image", "t:1", "--name", "j"]
 JOB = "pytorchjob-j.yaml"
@@ -156,32 +159,13 @@ def test_unwritable_out_dir_is_one_line(target, code, text):
     one_line_error(run_cli(*RENDER, "--out-dir", target), code, text)
 
 
-def _mount_tmpfs(path: Path, options: str) -> None:
-    res = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({res.stderr.strip()}); needs root")
-
-
-@pytest.fixture
-def mountpoint(tmp_path: Path):
-    path = tmp_path / "mnt"
-    path.mkdir()
-    yield path
-    subprocess.run(["umount", str(path)], capture_output=True, check=False)
-
-
 def test_read_only_mount_is_one_line_exit_1(mountpoint):
-    _mount_tmpfs(mountpoint, "ro")
+    mount_tmpfs(mountpoint, "ro")
     one_line_error(render(mountpoint / "deploy"), 1, "Read-only file system")
 
 
 def test_full_disk_writes_nothing(mountpoint):
-    _mount_tmpfs(mountpoint, "size=4k")  # one page: the job file alone does not fit twice
+    mount_tmpfs(mountpoint, "size=4k")  # one page: the job file alone does not fit twice
     (mountpoint / "deploy").mkdir()
     (mountpoint / "deploy" / "README.md").write_text("x")
     res = render(mountpoint / "deploy", "--", *["--long-argument-" + "x" * 64] * 64)

@@ -29,7 +29,14 @@ from ddpdeploy.errors import OperationError, UserError
 CHUNK = 1 << 20
 TEMP_SUFFIX = ".ddpdeploy-tmp"
 # Errors the user fixes by naming another path (exit 2); the rest are the system's (exit 1).
-_USER_ERRNOS = {errno.EISDIR, errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG, errno.ELOOP}
+_USER_ERRNOS = {
+    errno.EISDIR,
+    errno.ENOENT,
+    errno.ENOTDIR,
+    errno.EEXIST,
+    errno.ENAMETOOLONG,
+    errno.ELOOP,
+}
 _KINDS = {
     stat.S_IFLNK: "a symlink",
     stat.S_IFDIR: "a folder",
