@@ -21,6 +21,7 @@ from ddpdeploy.errors import OperationError, UserError
 
 _SIDECAR = re.compile(r"^ckpt-step-(\d+)\.json$")
 CHUNK = files.CHUNK
+_SIDECAR_LIMIT = 1 << 16  # a sidecar is a dozen fields
 
 
 class Source(Protocol):
@@ -85,8 +86,11 @@ def payload_name(step: int) -> str:
 def _sidecar(source: Source, step: int) -> dict | None:
     try:
         with source.open(f"ckpt-step-{step:09d}.json") as fh:
-            meta = json.loads(fh.read())
-    except (OSError, ValueError):
+            text = files.read_at_most(fh, _SIDECAR_LIMIT)
+        if len(text) > _SIDECAR_LIMIT:
+            return None
+        meta = json.loads(text)
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested 50,000 deep
         return None
     ok = isinstance(meta, dict) and isinstance(meta.get("sha256"), str) and meta.get("file")
     return meta if ok else None

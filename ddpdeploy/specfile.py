@@ -18,6 +18,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from ddpdeploy.adapters.files import read_regular
 from ddpdeploy.errors import UserError
 
 MAX_BYTES = 1024 * 1024  # a job spec is a few hundred bytes; anything near this is a mistake
@@ -108,8 +109,6 @@ for _tag in ("bool", "int", "float", "timestamp"):
 
 def read_text(path: Path, label: str) -> str:
     """The file's text, refusing anything but a regular UTF-8 file of at most MAX_BYTES."""
-    from ddpdeploy.adapters.files import read_regular
-
     data = read_regular(path, label, MAX_BYTES)
     try:
         return data.decode("utf-8")

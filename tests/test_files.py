@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from cli_runner import run_cli
-from mounts import mount_tmpfs, tmpfs_mountpoint
+from fs_helpers import mount_tmpfs, tmpfs_mountpoint, without_dac_override
 
 from ddpdeploy.adapters import files
 from ddpdeploy.errors import OperationError, UserError
@@ -132,6 +132,18 @@ def test_a_read_only_folder_is_one_line_exit_1(mountpoint: Path) -> None:
     mount_tmpfs(mountpoint, "ro")
     target = mountpoint / "c.yaml"
     one_line_error(run_cli(*COMPOSE, "--out", str(target)), 1, "Read-only file system")
+
+
+def test_no_permission_is_one_line_exit_1(tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    res = subprocess.run(
+        [*without_dac_override(), sys.executable, "-m", "ddpdeploy", *COMPOSE, "--out",
+         str(locked / "c.yaml")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    one_line_error(res, 1, f"--out: cannot write {locked}/c.yaml: Permission denied")
+    assert list(locked.iterdir()) == []
 
 
 def test_an_interrupt_between_write_and_rename_keeps_the_old_file(
@@ -263,3 +275,10 @@ def test_a_dead_socket_gives_the_same_line_everywhere(tmp_path: Path, monkeypatc
         docker_volume.copy_out("v", ".", tmp_path)
     assert str(direct.value) == str(volume.value)
     assert str(direct.value).startswith(f"cannot reach the Docker engine at {dead} (")
+
+
+def test_read_at_most_sees_past_the_limit_through_short_reads() -> None:
+    data = os.urandom(100)
+    assert files.read_at_most(files.chunk_reader(iter([data[:7], data[7:]]), 1), 1000) == data
+    raw = files._Chunks(data[i : i + 3] for i in range(0, 100, 3))  # 3 bytes a read
+    assert files.read_at_most(raw, 10) == data[:11]

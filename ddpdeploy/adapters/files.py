@@ -240,6 +240,17 @@ def open_regular(path: Path | str, label: str = "", follow_symlinks: bool = True
         raise
 
 
+def read_at_most(source: IO[bytes], limit: int) -> bytes:
+    """Up to ``limit + 1`` bytes of ``source`` (so the caller sees it is too long), however
+    short each read is (a raw stream, a pipe)."""
+    parts: list[bytes] = []
+    got = 0
+    while got <= limit and (block := source.read(limit + 1 - got)):
+        parts.append(block)
+        got += len(block)
+    return b"".join(parts)
+
+
 def read_regular(
     path: Path | str,
     label: str = "",
@@ -253,7 +264,7 @@ def read_regular(
     end = f"; {hint}" if hint else ""
     try:
         with open_regular(path, label, follow_symlinks) as fh:
-            data = fh.read(limit + 1)
+            data = read_at_most(fh, limit)
     except FileNotFoundError:
         raise
     except NotRegularFile as exc:

@@ -61,7 +61,7 @@ def _ensure_folder(folder: Path, shown: str) -> bool:
 def _read_record(folder: Path, shown: str) -> dict[str, set[str]]:
     try:
         with files.open_regular(folder / RECORD, follow_symlinks=False) as fh:
-            text = fh.read(_RECORD_LIMIT + 1)
+            text = files.read_at_most(fh, _RECORD_LIMIT)
     except FileNotFoundError:
         return {}
     except files.NotRegularFile:
