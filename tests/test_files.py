@@ -277,3 +277,15 @@ def test_read_at_most_sees_past_the_limit_through_short_reads() -> None:
     assert files.read_at_most(files.chunk_reader(iter([data[:7], data[7:]]), 1), 1000) == data
     raw = files._Chunks(data[i : i + 3] for i in range(0, 100, 3))  # 3 bytes a read
     assert files.read_at_most(raw, 10) == data[:11]
+
+
+def test_a_malformed_docker_host_is_bad_input_for_every_caller(monkeypatch) -> None:
+    from ddpdeploy.adapters import docker_engine
+    from ddpdeploy.adapters.compose import engine
+
+    monkeypatch.setenv("DOCKER_HOST", "tcp://host:port")
+    for connect in (docker_engine.connect, engine):
+        with pytest.raises(UserError) as info:
+            connect()
+        assert info.value.exit_code == 2
+        assert str(info.value).startswith("DOCKER_HOST='tcp://host:port' is not an engine address")
