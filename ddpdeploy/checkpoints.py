@@ -10,6 +10,7 @@ names and open files; everything else is here.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import re
 from collections.abc import Callable
@@ -74,8 +75,38 @@ def _copy_verified(
             return False
         if digest != sha256:
             return False
-        out.commit()
+        _land(out, lambda: files.sha256_file(out.path, follow_symlinks=False) != sha256)
     return True
+
+
+def _land(out: files.Staged, differs: Callable[[], bool]) -> None:
+    """Commit ``out`` without replacing anything in ``--to``: the same file already there
+    is fine, any other is refused by name."""
+    try:
+        out.commit(replace=False)
+    except FileExistsError:
+        try:
+            other = differs()
+        except OSError:  # a symlink, a folder, unreadable: not our checkpoint
+            other = True
+        if other:
+            raise _taken(out.path) from None
+
+
+def _taken(path: Path) -> UserError:
+    return UserError(
+        f"--to: {path} already exists and is not this checkpoint; collect into an empty "
+        "folder, or move it away"
+    )
+
+
+def _differs(path: Path, data: bytes) -> bool:
+    try:
+        return files.read_regular(path, limit=len(data), follow_symlinks=False) != data
+    except FileNotFoundError:
+        return False
+    except UserError:  # not a regular file, or larger than ours
+        return True
 
 
 def payload_name(step: int) -> str:
@@ -105,9 +136,10 @@ def collect(
 ) -> int:
     """Copy the newest complete checkpoint (or ``step``) into ``dest``; return its step.
 
-    A checkpoint whose sidecar is unreadable or whose payload fails its sha256 is skipped
-    with a warning (or refused, when ``step`` names it). Payload first, then the sidecar,
-    each by rename: ``dest`` never holds half a checkpoint.
+    A checkpoint whose sidecar is unreadable or whose payload fails its sha256 (or cannot
+    be read) is skipped with a warning (or refused, when ``step`` names it). Payload first,
+    then the sidecar, each landed whole: ``dest`` never holds half a checkpoint, and
+    nothing already in ``dest`` is replaced (the same checkpoint again is fine).
     """
     steps = steps_newest_first(source.names())
     if step is not None:
@@ -125,11 +157,17 @@ def collect(
         raise files.write_error(dest, exc, "--to") from None
     for candidate in steps:
         meta = _sidecar(source, candidate)
+        if meta is not None:
+            meta["file"] = payload_name(candidate)
+            sidecar = json.dumps(meta).encode()
+            sidecar_path = dest / f"ckpt-step-{candidate:09d}.json"
+            if _differs(sidecar_path, sidecar):  # refused before a byte is copied
+                raise _taken(sidecar_path)
         if meta is None or not _copy_verified(source, candidate, meta["sha256"], dest, progress):
             warn(f"checkpoint at step {candidate} in {source.where} is incomplete or corrupt")
             continue
-        meta["file"] = payload_name(candidate)
-        sidecar = json.dumps(meta).encode()
-        files.write_atomic(dest / f"ckpt-step-{candidate:09d}.json", sidecar, "--to")
+        with files.Staged(sidecar_path, "--to") as out:
+            out.write(sidecar)
+            _land(out, functools.partial(_differs, sidecar_path, sidecar))
         return candidate
     raise OperationError(f"no intact checkpoint in {source.where}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 
 import pytest
 from cli_runner import run_cli
@@ -143,3 +144,33 @@ def test_a_destination_that_is_a_file_is_one_line(tmp_path):
     line = res.stderr.lstrip("\n")
     assert line.startswith(f"error: --to: cannot write {tmp_path / 'taken'}: File exists")
     assert line.count("\n") == 1
+
+
+@pytest.mark.parametrize("taken", ["ckpt-step-000000002.pt", "ckpt-step-000000002.json"])
+def test_nothing_in_to_is_replaced(tmp_path, taken):
+    from ddpdeploy.checkpoints import LocalSource, collect
+    from ddpdeploy.errors import UserError
+
+    src = tmp_path / "src"
+    src.mkdir()
+    _checkpoint(src, 2)
+    dest = tmp_path / "to"
+    assert collect(LocalSource(src), dest, None, print) == 2
+    assert collect(LocalSource(src), dest, None, print) == 2  # the same again: fine
+    _check(dest, 2)
+    (dest / taken).write_bytes(b"the user's own file")
+    with pytest.raises(UserError, match=f"--to: {dest / taken} already exists and is not"):
+        collect(LocalSource(src), dest, None, print)
+    assert (dest / taken).read_bytes() == b"the user's own file"
+    assert not [p for p in dest.iterdir() if p.name.startswith(".")]  # no temp left
+
+
+def test_no_replace_commit_never_replaces(tmp_path):
+    from ddpdeploy.adapters.files import Staged
+
+    (tmp_path / "a").write_bytes(b"old")
+    with Staged(tmp_path / "a") as out:
+        out.write(b"new")
+        with pytest.raises(FileExistsError):
+            out.commit(replace=False)
+    assert (tmp_path / "a").read_bytes() == b"old" and os.listdir(tmp_path) == ["a"]

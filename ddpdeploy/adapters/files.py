@@ -146,20 +146,28 @@ class Staged:
         os.close(self._fd)
         self._fd = None
 
-    def commit(self) -> None:
+    def commit(self, replace: bool = True) -> None:
         """`sync`, rename over the target (only if still a regular file or absent), fsync
-        the folder."""
+        the folder. ``replace=False``: only where nothing is at the target yet (a hard link,
+        which never replaces); FileExistsError, unconverted, when something is."""
         if self.committed or self.discarded:
             raise ValueError("commit after commit or discard")
         self.sync()
         try:
-            _refuse_unless_regular(
-                self.path, self.label, self.replace_link
-            )  # something may be there by now
-            os.replace(self.temp, self.path)
+            if replace:
+                # Something else may have been put there since the temp file was made.
+                _refuse_unless_regular(self.path, self.label, self.replace_link)
+                os.replace(self.temp, self.path)
+            else:
+                os.link(self.temp, self.path, follow_symlinks=False)
+                self.committed = True
+                with contextlib.suppress(OSError):
+                    os.unlink(self.temp)  # the file lives on under its name
             self.committed = True
             fsync_folder(self.path.parent)
         except OSError as exc:
+            if isinstance(exc, FileExistsError) and not replace:
+                raise  # the caller decides what a file already there means
             raise write_error(self.path, exc, self.label) from None
 
     def discard(self) -> None:
