@@ -27,8 +27,6 @@ import errno
 import hashlib
 import os
 import re
-import stat
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +34,7 @@ from typing import BinaryIO, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ddpdeploy.adapters import files
 from ddpdeploy.errors import OperationError, UserError
 
 CHUNK = 1 << 20
@@ -116,17 +115,17 @@ class LocalSource:
     def open(self, name: str) -> contextlib.AbstractContextManager[BinaryIO]:
         if not plain_name(name):
             raise Unreadable(f"{shown(name)} is not a plain file name")
-        # O_NOFOLLOW: a symlink swapped in after the listing fails here (ELOOP); O_NONBLOCK:
-        # a FIFO does not hang the open. The fstat then rules out anything but a regular file.
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+        # Through the one safe reader, never following a link: a symlink swapped in after
+        # the listing is refused at the open, a FIFO does not hang it.
         try:
-            fd = os.open(self.folder / name, flags)
+            return files.open_regular(self.folder / name, follow_symlinks=False)  # type: ignore[return-value]
+        except files.NotRegularFile:
+            link = os.path.islink(self.folder / name)
+            raise Unreadable(
+                _open_reason(OSError(errno.ELOOP, "")) if link else "not a regular file"
+            ) from None
         except OSError as exc:
             raise Unreadable(_open_reason(exc)) from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise Unreadable("not a regular file")
-        return os.fdopen(fd, "rb")
 
 
 def _open_reason(exc: OSError) -> str:
@@ -477,14 +476,10 @@ class Destination:
 
 
 def _file_sha256(path: Path) -> str | None:
-    digest = hashlib.sha256()
     try:
-        with open(path, "rb") as fh:  # Python 3.10: no hashlib.file_digest
-            while chunk := fh.read(CHUNK):
-                digest.update(chunk)
+        return files.sha256_file(path, follow_symlinks=False)
     except OSError:
         return None
-    return digest.hexdigest()
 
 
 def _first_error(exc: ValidationError) -> str:
@@ -498,49 +493,21 @@ def _first_error(exc: ValidationError) -> str:
 def _write_atomic(
     path: Path, fill: bytes | Callable[[BinaryIO], None], *, overwrite: bool = False
 ) -> bool:
-    """Write ``path`` whole or not at all: temp file in the same folder, fsync, then a
-    create-only link (or a rename with ``overwrite``), fsync the folder; the temp file is
-    removed on any failure. False when an identical file was already there (kept).
-
-    To be replaced by the project's one atomic writer (ddpdeploy/adapters/files.py)."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            if isinstance(fill, bytes):
-                out.write(fill)
-            else:
-                fill(out)
-            out.flush()
-            os.fsync(out.fileno())
-        created = _publish(Path(tmp), path, overwrite)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-    dir_fd = os.open(path.parent, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    return created
-
-
-def _publish(tmp: Path, path: Path, overwrite: bool) -> bool:
-    if overwrite:
-        os.replace(tmp, path)
-        return True
-    try:
-        os.link(tmp, path)  # fails if anything appeared there meanwhile: never replaces
-        return True
-    except OSError as exc:
-        if exc.errno in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP) and not os.path.lexists(
-            path
-        ):  # a file system without hard links: a rename, after the check above
-            os.rename(tmp, path)
-            return True
-        if exc.errno != errno.EEXIST:
-            raise
-        if path.is_file() and not path.is_symlink() and _file_sha256(path) == _file_sha256(tmp):
-            return False
-        raise UserError(
-            f"--to: {path} already exists and differs; pass --overwrite to replace it"
-        ) from None
+    """Write ``path`` whole or not at all through the project's one atomic writer; without
+    ``overwrite`` a create-only commit (a hard link, which never replaces). False when an
+    identical file was already there (kept)."""
+    with files.Staged(path, "--to") as out:
+        if isinstance(fill, bytes):
+            out.write(fill)
+        else:
+            fill(out)  # type: ignore[arg-type]  # Staged.write is all a fill calls
+        try:
+            out.commit(replace=overwrite)
+        except FileExistsError:
+            out.sync()
+            if _file_sha256(path) == files.sha256_file(out.temp) and not path.is_symlink():
+                return False
+            raise UserError(
+                f"--to: {path} already exists and differs; pass --overwrite to replace it"
+            ) from None
+    return True

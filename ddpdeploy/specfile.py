@@ -9,9 +9,7 @@ it is a count (spelled in plain decimal, else refused), the value elsewhere.
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 import types
 import typing
 from dataclasses import dataclass
@@ -20,6 +18,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from ddpdeploy.adapters.files import read_regular
 from ddpdeploy.errors import UserError
 
 MAX_BYTES = 1024 * 1024  # a job spec is a few hundred bytes; anything near this is a mistake
@@ -110,24 +109,7 @@ for _tag in ("bool", "int", "float", "timestamp"):
 
 def read_text(path: Path, label: str) -> str:
     """The file's text, refusing anything but a regular UTF-8 file of at most MAX_BYTES."""
-    try:
-        # O_NONBLOCK: opening a FIFO must not wait for a writer; fstat below refuses it.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except FileNotFoundError:
-        if os.path.islink(path):
-            raise UserError(f"{label}: {path} is a symlink to a missing file") from None
-        raise
-    except OSError as exc:
-        raise UserError(f"{label}: cannot read {path}: {exc.strerror}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UserError(f"{label}: {path} is not a regular file")
-        with os.fdopen(os.dup(fd), "rb") as handle:
-            data = handle.read(MAX_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(data) > MAX_BYTES:
-        raise UserError(f"{label}: {path} is larger than {MAX_BYTES // 1024} KiB")
+    data = read_regular(path, label, MAX_BYTES)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

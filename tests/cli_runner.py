@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -23,3 +24,20 @@ def run_cli(
         text=True,
         timeout=timeout,
     )
+
+
+def run_cli_into(
+    stdout_path: str, *args: str, cwd: Path | None = None, prefix: Sequence[str] = ()
+) -> subprocess.CompletedProcess[str]:
+    """`python -m ddpdeploy ARGS` with stdout opened on ``stdout_path`` (e.g. /dev/full),
+    stderr captured; ``prefix`` runs it under another command (e.g. setpriv)."""
+    with open(stdout_path, "w") as out:
+        return subprocess.run(
+            [*prefix, sys.executable, "-m", "ddpdeploy", *args],
+            cwd=cwd,
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            check=False,
+        )

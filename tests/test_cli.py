@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_runner import run_cli
+from cli_runner import run_cli, run_cli_into
 
 ARGS = ["render", "--image", "ghcr.io/t/train:v1", "--nodes", "2", "--gpus", "8"]
 
@@ -37,18 +37,7 @@ def test_training_args_after_double_dash_may_look_like_anything():
 
 
 def test_stdout_write_error_is_one_line_exit_1(tmp_path):
-    import subprocess
-    import sys
-
-    with open("/dev/full", "w") as full:
-        res = subprocess.run(
-            [sys.executable, "-m", "ddpdeploy", *ARGS],
-            stdout=full,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=tmp_path,
-            timeout=60,
-        )
+    res = run_cli_into("/dev/full", *ARGS, cwd=tmp_path)
     assert res.returncode == 1
     assert res.stderr == "error: cannot write to standard output: No space left on device\n"
 

@@ -259,4 +259,4 @@ def test_no_engine_is_one_line_pointing_to_local(tmp_path, monkeypatch):
         engine()
     message = str(info.value)
     assert "\n" not in message and info.value.exit_code == 1
-    assert message.startswith("no Docker engine answers") and "smoke --local" in message
+    assert message.startswith("cannot reach the Docker engine") and "smoke --local" in message

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+from ddpdeploy.adapters import files
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.image_layout import CONTEXT_WORKSPACE
 from ddpdeploy.render.image import (
@@ -43,15 +44,9 @@ def _read_small(path: Path) -> bytes:
     """A small regular file's bytes (following a symlink), or a one-line refusal: a FIFO
     would block and /dev/zero would never end."""
     try:
-        info = path.stat()
-        if not stat.S_ISREG(info.st_mode):
-            raise UserError(f"{path} is not a regular file; make it one or remove it")
-        if info.st_size > SMALL_FILE_MAX:
-            limit = SMALL_FILE_MAX >> 20
-            raise UserError(f"{path} is larger than {limit} MB; is it the right file?")
-        return path.read_bytes()
-    except OSError as exc:
-        raise UserError(f"cannot read {path} ({exc.strerror or exc}); {_FIX}") from None
+        return files.read_regular(path, limit=SMALL_FILE_MAX, hint=_FIX)
+    except FileNotFoundError as exc:
+        raise UserError(f"cannot read {path} ({exc.strerror}); {_FIX}") from None
 
 
 def ignore_patterns(workspace: Path) -> list[str]:
@@ -133,11 +128,11 @@ def dockerfile(docker_dir: Path) -> str:
     """The Dockerfile ddpdeploy ships (docker/ of the source tree or the installed package)."""
     path = docker_dir / "Dockerfile"
     try:
-        return path.read_text(encoding="utf-8")
-    except OSError as exc:
+        return files.read_regular(path, limit=SMALL_FILE_MAX).decode("utf-8")
+    except (OSError, UserError, UnicodeDecodeError) as exc:
+        why = getattr(exc, "strerror", None) or exc
         raise UserError(
-            f"the Dockerfile ddpdeploy ships is missing at {path} ({exc.strerror or exc}); "
-            "reinstall ddpdeploy"
+            f"the Dockerfile ddpdeploy ships is missing at {path} ({why}); reinstall ddpdeploy"
         ) from None
 
 
@@ -172,12 +167,14 @@ class _HashingWriter:
 
 def _add_file(tar: tarfile.TarFile, info: tarfile.TarInfo, source: Path) -> None:
     try:
-        # O_NONBLOCK: a file swapped for a FIFO since the scan must not hang the build.
-        fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # A file swapped for a FIFO, a device or a link since the scan is refused, not read.
+        fh = files.open_regular(source, follow_symlinks=False)
+    except files.NotRegularFile as exc:
+        raise UserError(f"{exc}; {_FIX}") from None
     except OSError as exc:
         raise UserError(f"cannot read {source} ({exc.strerror or exc}); {_FIX}") from None
-    with os.fdopen(fd, "rb") as fh:
-        info.size = os.fstat(fd).st_size
+    with fh:
+        info.size = os.fstat(fh.fileno()).st_size
         try:
             tar.addfile(info, fh)  # copied in chunks: never whole in memory
         except OSError as exc:

@@ -33,10 +33,7 @@ from ddpdeploy.smoke_runner import Line, SmokeTarget
 
 PROJECT_LABEL = "com.docker.compose.project"
 SERVICE_LABEL = "com.docker.compose.service"
-NO_ENGINE = (
-    "no Docker engine answers ({why}); start one, or run the job without Docker: "
-    "ddpdeploy smoke --local"
-)
+NO_ENGINE_HINT = "; or run the job without Docker: ddpdeploy smoke --local"
 
 # Run inside a node with python3 (every training image has it; pkill may be missing):
 # SIGKILL the torchrun worker with LOCAL_RANK=argv[1] ("" = the highest); say which.
@@ -86,14 +83,9 @@ def compose_cli() -> list[str]:
 
 def engine() -> Any:
     """A Docker SDK client to a live engine, or one line saying there is none."""
-    import docker
+    from ddpdeploy.adapters.docker_engine import connect
 
-    try:
-        client = docker.from_env()
-        client.ping()
-    except docker.errors.DockerException as exc:
-        raise OperationError(NO_ENGINE.format(why=str(exc).splitlines()[0][:200])) from None
-    return client
+    return connect(NO_ENGINE_HINT)
 
 
 @dataclass

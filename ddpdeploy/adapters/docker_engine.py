@@ -17,6 +17,7 @@ from ddpdeploy.adapters.docker_streams import BuildProgress, PushProgress
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.image_layout import DOCKERFILE
 
+CONNECT_TIMEOUT = 15.0  # seconds for the first answer; a live engine answers in milliseconds
 _START = (
     "start it (e.g. `sudo systemctl start docker`, or `dockerd &`) or point DOCKER_HOST at "
     "a running one"
@@ -39,24 +40,31 @@ def _check_host(host: str) -> None:
         ) from None
 
 
-def connect() -> Any:
-    """A client for the engine DOCKER_HOST (or the default socket) names, checked with a ping."""
+def connect(hint: str = "") -> Any:
+    """The one client to the engine DOCKER_HOST (or the default socket) names, checked with
+    a ping that gives up after CONNECT_TIMEOUT seconds (an address that accepts and never
+    answers does not hang us). Every failure is the same one line, ending in ``hint``."""
     # One plain import: ruff would file `docker.*` as first-party (this repo has docker/).
     import docker
     import requests
+    from docker.constants import DEFAULT_TIMEOUT_SECONDS
 
     host = os.environ.get("DOCKER_HOST")
     if host:
         _check_host(host)
     where = host or "unix:///var/run/docker.sock"
     try:
-        client = docker.from_env()
+        client = docker.from_env(timeout=CONNECT_TIMEOUT)  # asks the engine's API version
         client.ping()
     except (docker.errors.DockerException, requests.RequestException, ValueError) as exc:
-        reason = " ".join(str(exc).split())
+        reason = " ".join(str(exc).split())[:300]
+        fix = _START
+        if "Permission denied" in reason:
+            fix = f"give your user access to its socket (e.g. the docker group), or {_START}"
         raise OperationError(
-            f"cannot reach the Docker engine at {where} ({reason}); {_START}"
+            f"cannot reach the Docker engine at {where} ({reason}); {fix}{hint}"
         ) from None
+    client.api.timeout = DEFAULT_TIMEOUT_SECONDS  # what later calls (streams, pushes) allow
     return client
 
 

@@ -8,26 +8,16 @@ a hostile volume can neither crash the copy nor write outside ``dest``."""
 
 from __future__ import annotations
 
-import io
 import os
 import tarfile
 from pathlib import Path
 from typing import Any
 
+from ddpdeploy.adapters.docker_engine import connect
+from ddpdeploy.adapters.files import chunk_reader
 from ddpdeploy.errors import OperationError, UserError
 
 MOUNT = "/ddpdeploy-volume"
-
-
-def _client() -> Any:
-    import docker
-
-    try:
-        client = docker.from_env()
-        client.ping()
-    except docker.errors.DockerException as exc:
-        raise OperationError(f"no Docker engine answers ({exc}); start it and try again") from None
-    return client
 
 
 def _image_for(client: Any, volume: str, image: str | None) -> str:
@@ -47,7 +37,7 @@ def copy_out(volume: str, folder: str, dest: Path, image: str | None = None) -> 
     empty folder ``dest``; return the other entries directly in it: name -> kind."""
     import docker
 
-    client = _client()
+    client = connect()
     try:
         client.volumes.get(volume)
     except docker.errors.NotFound:
@@ -59,8 +49,7 @@ def copy_out(volume: str, folder: str, dest: Path, image: str | None = None) -> 
     )
     try:
         stream, _ = container.get_archive(f"{MOUNT}/{folder.strip('/')}/.")
-        reader = io.BufferedReader(_Chunks(stream), buffer_size=1 << 20)
-        with tarfile.open(fileobj=reader, mode="r|") as tar:
+        with tarfile.open(fileobj=chunk_reader(stream), mode="r|") as tar:
             return _extract_files(tar, dest)
     except docker.errors.NotFound:
         raise OperationError(f"volume {volume} has no folder {folder!r}") from None
@@ -100,25 +89,3 @@ def _extract_files(tar: tarfile.TarFile, dest: Path) -> dict[str, str]:
             while chunk := src.read(1 << 20):
                 out.write(chunk)
     return others
-
-
-class _Chunks(io.RawIOBase):
-    """The engine's chunk iterator as a raw stream (buffered for tarfile's small reads)."""
-
-    def __init__(self, chunks: Any) -> None:
-        self._chunks = iter(chunks)
-        self._chunk = memoryview(b"")
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self._chunk:
-            nxt = next(self._chunks, None)
-            if nxt is None:
-                return 0
-            self._chunk = memoryview(nxt)
-        n = min(len(buffer), len(self._chunk))
-        buffer[:n] = self._chunk[:n]
-        self._chunk = self._chunk[n:]
-        return n

@@ -16,13 +16,9 @@ folder's state and carries the plan out:
 from __future__ import annotations
 
 import contextlib
-import errno
-import hashlib
-import os
-import secrets
-import stat
 from pathlib import Path
 
+from ddpdeploy.adapters import files
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.render.output import NOT_A_FILE, RECORD, FolderPlan, parse_record, plan_folder
 
@@ -64,11 +60,11 @@ def _ensure_folder(folder: Path, shown: str) -> bool:
 
 def _read_record(folder: Path, shown: str) -> dict[str, set[str]]:
     try:
-        with _open_file(folder / RECORD) as fh:
-            text = fh.read(_RECORD_LIMIT + 1)
+        with files.open_regular(folder / RECORD, follow_symlinks=False) as fh:
+            text = files.read_at_most(fh, _RECORD_LIMIT)
     except FileNotFoundError:
         return {}
-    except _NotAFile:
+    except files.NotRegularFile:
         raise UserError(
             f"--out-dir: {shown}/{RECORD} is not a regular file; ddpdeploy keeps the list of "
             "files it wrote there: move it away, then render again"
@@ -90,89 +86,38 @@ def _disk_hashes(folder: Path, names: list[str]) -> dict[str, str]:
     hashes: dict[str, str] = {}
     for name in dict.fromkeys(names):
         try:
-            with _open_file(folder / name) as fh:
-                digest = hashlib.sha256()
-                while chunk := fh.read(1 << 16):
-                    digest.update(chunk)
-                hashes[name] = digest.hexdigest()
+            hashes[name] = files.sha256_file(folder / name, follow_symlinks=False)
         except FileNotFoundError:
             continue
-        except _NotAFile:
+        except files.NotRegularFile:
             hashes[name] = NOT_A_FILE
         except OSError as exc:
             raise _system(str(folder / name), exc) from None
     return hashes
 
 
-class _NotAFile(OSError):
-    pass
-
-
-def _open_file(path: Path):  # type: ignore[no-untyped-def]
-    """Open a regular file for reading, never through a symlink or into a FIFO or device."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENXIO):
-            raise _NotAFile(str(path)) from None
-        raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise _NotAFile(str(path))
-    return os.fdopen(fd, "rb")
-
-
 def _apply(folder: Path, plan: FolderPlan) -> None:
-    temps: list[Path] = []
-    try:
+    with contextlib.ExitStack() as stack:  # leaving it removes what a failure left staged
+        staged = []
         for name, data in [
             *((n, t.encode()) for n, t in plan.write.items()),
             (RECORD, plan.interim.encode()),
             (RECORD, plan.final.encode()),
         ]:
-            temps.append(_stage(folder, name, data))
-        *files, interim, final = temps
-        os.replace(interim, folder / RECORD)
-        for name, tmp in zip(plan.write, files, strict=False):
-            os.replace(tmp, folder / name)
-        for name in plan.remove:
-            (folder / name).unlink(missing_ok=True)
-        os.replace(final, folder / RECORD)
-        _fsync_dir(folder)
-    except OSError as exc:
-        raise _system(str(folder), exc) from None
-    finally:
-        for tmp in temps:  # only those a failure left behind still exist
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-
-
-def _stage(folder: Path, name: str, data: bytes) -> Path:
-    """``data`` in a fsync-ed temp file beside ``name``, with the mode ``name`` has now (a
-    new file gets the umask's, as any editor would give it)."""
-    tmp = folder / f".{name}.{secrets.token_hex(4)}.ddpdeploy-tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            os.fchmod(fd, stat.S_IMODE(os.stat(folder / name, follow_symlinks=False).st_mode))
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # e.g. the disk filled up half-way through
-        raise
-    finally:
-        os.close(fd)
-    return tmp
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+            out = stack.enter_context(files.Staged(folder / name, "--out-dir"))
+            out.write(data)
+            out.sync()  # all on disk before the first rename: a full disk changes nothing
+            staged.append(out)
+        *written, interim, final = staged
+        interim.commit()
+        for out in written:
+            out.commit()
+        try:
+            for name in plan.remove:
+                (folder / name).unlink(missing_ok=True)
+        except OSError as exc:
+            raise _system(str(folder), exc) from None
+        final.commit()
 
 
 def _system(shown: str, exc: OSError) -> OperationError:

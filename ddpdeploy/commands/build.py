@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from ddpdeploy.adapters.stdout import write_stdout
 from ddpdeploy.options import spec_command
 from ddpdeploy.spec import JobSpec
 
@@ -64,4 +65,4 @@ def build(
         network=network,
         no_cache=no_cache,
     )
-    typer.echo(reference)
+    write_stdout(reference + "\n")

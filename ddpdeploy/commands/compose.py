@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from ddpdeploy.errors import UserError
+from ddpdeploy.adapters.files import write_atomic
+from ddpdeploy.adapters.stdout import write_stdout
 from ddpdeploy.options import spec_command
 from ddpdeploy.render.compose import render_compose
 from ddpdeploy.render.output import to_yaml
@@ -38,14 +38,7 @@ def compose(
     """
     text = to_yaml(render_compose(spec, cpu))
     if out is None:
-        typer.echo(text, nl=False)
+        write_stdout(text)
         return
-    # Beside the target, then renamed over it: a failed write leaves no half a file.
-    tmp = out.with_name(f".{out.name}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, out)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise UserError(f"--out: cannot write {out}: {exc}") from None
+    write_atomic(out, text.encode("utf-8"), "--out")
     typer.echo(f"wrote {out}", err=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import stat
 from pathlib import Path
 from typing import Annotated
@@ -129,28 +128,8 @@ def _check_target(path: Path, force: bool) -> None:
 
 
 def _write(path: Path, text: str) -> None:
-    """Replace ``path`` whole (temp file + rename): never a half-written file."""
-    import tempfile  # only init writes files this way; keeps other commands' start-up lean
+    """Replace ``path`` whole: never a half-written file. --force may replace a symlink (the
+    link itself, never the file it points to)."""
+    from ddpdeploy.adapters.files import write_atomic
 
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent or ".", prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as exc:
-        raise UserError(f"cannot write {path}: {exc.strerror}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(tmp, _mode_for(path))
-        os.replace(tmp, path)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise UserError(f"cannot write {path}: {exc.strerror}") from None
-
-
-def _mode_for(path: Path) -> int:
-    # mkstemp makes 0600; keep an existing file's mode, else what open() would give.
-    try:
-        return stat.S_IMODE(os.stat(path).st_mode)
-    except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
+    write_atomic(path, text.encode("utf-8"), replace_link=True)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 
-import typer
-
+from ddpdeploy.adapters.stdout import write_stdout
 from ddpdeploy.spec import json_schema
 
 
@@ -14,4 +13,4 @@ def schema() -> None:
 
     Example: ddpdeploy schema > .ddpdeploy.schema.json   (what `ddpdeploy init` writes)
     """
-    typer.echo(json.dumps(json_schema(), indent=2))
+    write_stdout(json.dumps(json_schema(), indent=2) + "\n")

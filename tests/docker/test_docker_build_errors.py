@@ -8,7 +8,6 @@ No test here builds an image: each stops before the engine's first step or at it
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fs_helpers import without_dac_override
 
 ABSENT_BASE = "ddpdeploy-test/absent-base:nope"  # fails at FROM: nothing is built
 REPO = f"ddpdeploy-test/build-errors-{os.getpid()}"
@@ -43,20 +43,9 @@ def final_error(result: Any, code: int) -> str:
 
 
 def unprivileged(unreadable: Path) -> list[str]:
-    """A command prefix under which a mode-000 file really is unreadable. Tests run as root,
-    which reads anything: drop the two capabilities that let it (root keeps its uid, so
-    the engine's socket stays reachable). Skips where that cannot be arranged, checked on
-    ``unreadable``, a mode-000 file."""
-    if os.geteuid() != 0:
-        return []
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        pytest.skip("running as root without setpriv: cannot make a file unreadable")
-    prefix = [setpriv, "--bounding-set=-dac_override,-dac_read_search"]
-    probe = subprocess.run([*prefix, "cat", str(unreadable)], capture_output=True)
-    if probe.returncode == 0:
-        pytest.skip("setpriv could not drop CAP_DAC_OVERRIDE here")
-    return prefix
+    """A command prefix under which the mode-000 file ``unreadable`` really is unreadable
+    (tests run as root); skips where that cannot be arranged."""
+    return without_dac_override(unreadable)
 
 
 def run_as(prefix: list[str], *args: str, env: dict[str, str] | None = None) -> Any:
@@ -144,7 +133,7 @@ def _endless_requirements(ws: Path) -> str:
 def _huge_requirements(ws: Path) -> str:
     with (ws / "requirements.txt").open("wb") as fh:
         fh.truncate(64 << 20)
-    return "requirements.txt is larger than 1 MB"
+    return "requirements.txt is larger than 1024 KiB"
 
 
 @pytest.mark.docker

@@ -107,5 +107,5 @@ def test_no_engine_is_one_line_pointing_to_local(cli: Callable[..., Any], tmp_pa
     res = cli("smoke", "--docker", "--image", "t:1", env={"DOCKER_HOST": dead}, cwd=tmp_path)
     assert res.returncode == 1
     lines = res.stderr.strip().splitlines()
-    assert lines[-1].startswith("error: no Docker engine answers") and "--local" in lines[-1]
+    assert lines[-1].startswith("error: cannot reach the Docker engine") and "--local" in lines[-1]
     assert [ln for ln in lines if ln.startswith("error")] == [lines[-1]]
