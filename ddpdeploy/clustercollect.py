@@ -10,12 +10,12 @@ regular file, and checksums are checked by ddpdeploy.checkpoints like for any ot
 from __future__ import annotations
 
 import contextlib
-import io
 import posixpath
 import time
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
+from ddpdeploy.adapters import files
 from ddpdeploy.adapters.kube import Kube
 from ddpdeploy.checkpoints import FILE, FOLDER, SPECIAL, SYMLINK, Unreadable, plain_name, shown
 from ddpdeploy.errors import OperationError, UserError
@@ -50,39 +50,15 @@ _REFUSED = "ddpdeploy-refused: "
 _KINDS = {"f": FILE, "l": SYMLINK, "d": FOLDER, "o": SPECIAL}
 
 
-class _Chunks(io.RawIOBase):
-    """A file-like view of an iterator of byte chunks; the reader's refusal is Unreadable."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks = chunks
-        self._pending = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, size: int | None = -1) -> bytes:
-        if size is None or size < 0:  # all of it
-            out = self._pending
-            while (chunk := self._next()) is not None:
-                out += chunk
-            self._pending = b""
-            return out
-        while not self._pending:
-            chunk = self._next()
-            if chunk is None:
-                return b""
-            self._pending = chunk
-        out, self._pending = self._pending[:size], self._pending[size:]
-        return out
-
-    def _next(self) -> bytes | None:
-        try:
-            return next(self._chunks, None)
-        except OperationError as exc:
-            text = str(exc)
-            if _REFUSED not in text:
-                raise
-            raise Unreadable(text.split(_REFUSED, 1)[1].splitlines()[0][:100]) from None
+def _refusals_as_unreadable(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """The pod's chunks, with the reader's refusal (a non-regular file) as Unreadable."""
+    try:
+        yield from chunks
+    except OperationError as exc:
+        text = str(exc)
+        if _REFUSED not in text:
+            raise
+        raise Unreadable(text.split(_REFUSED, 1)[1].splitlines()[0][:100]) from None
 
 
 class PodSource:
@@ -106,7 +82,7 @@ class PodSource:
         if not plain_name(name):
             raise Unreadable(f"{shown(name)} is not a plain file name")
         path = posixpath.join(self.folder, name)
-        return contextlib.closing(_Chunks(self._run(READ, path)))  # type: ignore[arg-type]
+        return files.chunk_reader(_refusals_as_unreadable(self._run(READ, path)))  # type: ignore[return-value]
 
     def _run(self, program: str, arg: str) -> Iterator[bytes]:
         argv = ["sh", "-c", program, "sh", arg]
