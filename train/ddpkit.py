@@ -37,12 +37,13 @@ restart; see train/README.md for which restart paths need it.
 Protocol lines: ``log(event, **fields)`` prints one JSON object on stdout from global
 rank 0 only. ddpdeploy reads the events ``start``, ``step`` (``step``, ``loss``,
 ``samples_per_s``), ``checkpoint`` (``step``, ``path``, ``host``, ``rank``; ``save`` prints
-it) and ``done`` (``step``, optionally ``weights_sha256``); all are optional.
+it) and ``done`` (``step``, ``weights_sha256``: see ``weights_sha256()``); all are optional.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import io
 import json
@@ -95,6 +96,19 @@ def emit(line: dict[str, Any]) -> None:
     """Print ``line`` as one JSON line, whole even when threads print at once."""
     with _print_lock:
         print(json.dumps(line), flush=True)
+
+
+def weights_sha256(module: torch.nn.Module) -> str:
+    """The ``done`` line's ``weights_sha256``: sha256 over, for each state_dict entry in key
+    order, the key (UTF-8) then the tensor's raw bytes (CPU, contiguous). Pass the bare
+    model (``ddp.module``), so the keys carry no ``module.`` prefix."""
+    h = hashlib.sha256()
+    for k, v in module.state_dict().items():
+        h.update(k.encode())
+        t = v.detach().cpu().contiguous().clone()  # clone: storage is exactly the tensor
+        if t.nbytes:  # ctypes reads the raw bytes at C speed without needing numpy
+            h.update(ctypes.string_at(t.data_ptr(), t.nbytes))
+    return h.hexdigest()
 
 
 def warn(message: str) -> None:
