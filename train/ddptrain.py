@@ -14,7 +14,9 @@ MASTER_ADDR, MASTER_PORT, TORCHELASTIC_*). Global rank 0 prints JSON lines on st
 train/README.md for the schema and the exit codes. Its parts, one module each:
 ddptrain_args (flags), ddptrain_dist (process group), ddptrain_data (sharded batches),
 ddptrain_state (what a checkpoint holds), ddptrain_ckpt (checkpoints), ddptrain_stop
-(SIGTERM), ddptrain_debug (test hooks), ddptrain_model (built-in model and data).
+(SIGTERM), ddptrain_debug (test hooks), ddptrain_model (built-in model and data); and
+ddpkit, the helpers a user's own script imports, whose checkpoint store, restart-safe
+process group and JSON lines the trainer uses too.
 """
 
 from __future__ import annotations
