@@ -15,6 +15,8 @@ DOCKERFILE = f"{CONTEXT_BUILD}/Dockerfile"
 # In the image.
 TRAINER_DIR_IN_IMAGE = "/opt/ddpdeploy/train"
 TRAINER_IN_IMAGE = f"{TRAINER_DIR_IN_IMAGE}/ddptrain.py"
+# ddpkit.py (the helpers a user's script imports) sits beside the trainer: the Dockerfile
+# puts the trainer's folder on the image's PYTHONPATH so `import ddpkit` works there.
 WORKSPACE_IN_IMAGE = "/workspace"  # the user's code, and the working directory
 
 

@@ -35,6 +35,12 @@ def trainer_script() -> Path:
     return trainer_dir() / "ddptrain.py"
 
 
+def helpers_dir() -> Path:
+    """The folder to put on a script's PYTHONPATH so that it can ``import ddpkit`` (the
+    helpers ship beside the trainer, in the image as in the wheel)."""
+    return _shipped("train", "ddpkit.py")
+
+
 def docker_dir() -> Path:
     """The folder holding the image's Dockerfile."""
     return _shipped("docker", "Dockerfile")

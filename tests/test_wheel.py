@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = {
     "ddpdeploy/_data/train/ddptrain.py",
     "ddpdeploy/_data/train/ddptrain_ckpt.py",
+    "ddpdeploy/_data/train/ddpkit.py",
     "ddpdeploy/_data/train/ddptrain_model.py",
     "ddpdeploy/_data/docker/Dockerfile",
 }

@@ -14,16 +14,16 @@ MASTER_ADDR, MASTER_PORT, TORCHELASTIC_*). Global rank 0 prints JSON lines on st
 train/README.md for the schema and the exit codes. Its parts, one module each:
 ddptrain_args (flags), ddptrain_dist (process group), ddptrain_data (sharded batches),
 ddptrain_state (what a checkpoint holds), ddptrain_ckpt (checkpoints), ddptrain_stop
-(SIGTERM), ddptrain_debug (test hooks), ddptrain_model (built-in model and data).
+(SIGTERM), ddptrain_debug (test hooks), ddptrain_model (built-in model and data); and
+ddpkit, the helpers a user's own script imports, whose checkpoint store, restart-safe
+process group and JSON lines the trainer uses too.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
-import threading
 import time
 import warnings
 from typing import Any, NoReturn
@@ -35,6 +35,7 @@ if os.getcwd() not in sys.path:
 # warning would break the one-line stderr contract of bad arguments.
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
 
+import ddpkit  # noqa: E402
 import ddptrain_ckpt  # noqa: E402
 import ddptrain_dist  # noqa: E402
 import ddptrain_model  # noqa: E402
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     state = TrainState(ddp.module, optimizer, scheduler, layout, data.steps_per_epoch)
 
     # ---- resume from the newest checkpoint every rank can verify
-    ckpt = ddptrain_ckpt.make_checkpointer(args, env, log, debug.slow_save)
+    ckpt = ddptrain_ckpt.make_checkpointer(args, env, debug.slow_save)
     resumed_from = ckpt.resume(state, args.seed)
     total_steps = plan_total_steps(args.steps, args.epochs, state)
     log_start(log, env, total_steps, resumed_from, state.step)
@@ -251,7 +252,6 @@ def warm_up_buckets(ddp: DDP, batch: Batch, loss_fn: Any, amp: Any) -> None:
 
 
 # ---- output ------------------------------------------------------------------------------
-_print_lock = threading.Lock()
 
 
 class Logger:
@@ -262,8 +262,7 @@ class Logger:
 
     def __call__(self, event: dict[str, Any]) -> None:
         if self.enabled:
-            with _print_lock:  # the checkpoint writer thread logs too
-                print(json.dumps(event), flush=True)
+            ddpkit.emit(event)  # whole lines: the checkpoint writer thread logs too
 
 
 class StepMeter:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -82,7 +83,13 @@ def _distributed_flags(a: Callable[..., Any]) -> None:
 
 
 def _checkpoint_flags(a: Callable[..., Any]) -> None:
-    a("--checkpoint-dir", help="directory shared by all nodes; resume from it on start")
+    a(
+        "--checkpoint-dir",
+        # ddpdeploy sets the variable in every process of a job with a checkpoint volume.
+        default=os.environ.get("DDPDEPLOY_CHECKPOINT_DIR") or None,
+        help="directory shared by all nodes; resume from it on start "
+        "(default: $DDPDEPLOY_CHECKPOINT_DIR)",
+    )
     a("--checkpoint-every", type=_non_negative, default=0, help="steps between checkpoints")
     a("--keep", type=_positive, default=3, help="checkpoints to keep")
     a("--save-final", help="rank 0 writes ddp.module.state_dict() here at the end")

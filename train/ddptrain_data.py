@@ -27,7 +27,7 @@ class ShardedData:
         num_workers: int,
         device: torch.device,
     ) -> None:
-        self.dataset, self.device = dataset, device
+        self.dataset, self.device, self.rank, self.seed = dataset, device, rank, seed
         self.batch_size, self.grad_accum, self.num_workers = batch_size, grad_accum, num_workers
         self.sampler = DistributedSampler(
             dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=seed,
@@ -51,13 +51,25 @@ class ShardedData:
             order = list(iter(self.sampler))[pos * per_step : self.steps_per_epoch * per_step]
             loader = DataLoader(
                 self.dataset, batch_size=self.batch_size, sampler=order, drop_last=True,
-                num_workers=self.num_workers,
+                num_workers=self.num_workers, generator=self.loader_generator(epoch),
             )  # fmt: skip
             it = iter(loader)
             for _ in range(min(steps, self.steps_per_epoch - pos)):
                 yield [self._to_device(next(it)) for _ in range(self.grad_accum)]
                 steps -= 1
             epoch, pos = epoch + 1, 0
+
+    def loader_generator(self, epoch: int) -> torch.Generator:
+        """The DataLoader's own generator, seeded from (seed, rank, epoch).
+
+        Starting an iterator draws the workers' base seed from the loader's generator, by
+        default torch's global one: a run resumed mid-epoch starts one more iterator than
+        an uninterrupted run, which would shift every later draw (dropout masks). Seeded
+        per epoch, the draw is the same wherever in the epoch a run (re)starts, so the
+        generator's state is fully given by the checkpointed epoch and needs no saving.
+        """
+        mixed = ((self.seed * 1_000_003 + self.rank) * 1_000_003 + epoch) % 2**63
+        return torch.Generator().manual_seed(mixed)
 
     def _to_device(self, batch: Batch) -> Batch:
         x, y = batch

@@ -1,4 +1,5 @@
-"""Distributed setup for ddptrain.py: torchrun's env, the process group, the device, exit."""
+"""Distributed setup for ddptrain.py: torchrun's env, the process group (ddpkit's), the
+device, exit."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import NoReturn
 
+import ddpkit
 import torch
 import torch.distributed as dist
-from ddptrain_args import warn
 
 
 @dataclass(frozen=True)
@@ -56,45 +57,10 @@ def setup(backend: str, timeout_s: int) -> DistEnv:
         backend=backend,
         device=device,
     )
-    _init_process_group(env, timedelta(seconds=timeout_s))
-    _warn_if_restarts_cannot_work(env)
+    # ddpkit's restart-safe group (the store namespaced per torchrun restart): the same
+    # call a user's script makes, see ddpkit.init_process_group and train/README.md.
+    ddpkit.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     return env
-
-
-def _init_process_group(env: DistEnv, timeout: timedelta) -> None:
-    """Create the default process group so that torchrun worker restarts work.
-
-    torchrun's agent shares one TCPStore with its workers (TORCHELASTIC_USE_AGENT_STORE=True)
-    and that store outlives a restart: keys of the previous round (peers' gloo/nccl
-    addresses) are still there, and restarted workers connect to dead peers ("Connection
-    refused"). With a single agent (or static rendezvous, where every agent restarts only
-    after its own workers failed) the restart count is the same on every worker of a round,
-    so it namespaces the keys. With c10d and several agents the counts differ between nodes;
-    there the launcher must set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, which makes the agents
-    publish a fresh MASTER_PORT each round and rank 0's worker host a fresh store (env://).
-    """
-    e = os.environ
-    kw = {"rank": env.rank, "world_size": env.world_size, "timeout": timeout}
-    if "MASTER_ADDR" not in e:
-        dist.init_process_group(env.backend, store=dist.HashStore(), **kw)
-    elif e.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        addr, port = e["MASTER_ADDR"], int(e["MASTER_PORT"])
-        base = dist.TCPStore(addr, port, env.world_size, is_master=False, timeout=timeout)
-        store = dist.PrefixStore(f"ddptrain/restart-{env.restart_count}/", base)
-        dist.init_process_group(env.backend, store=store, **kw)
-    else:
-        dist.init_process_group(env.backend, init_method="env://", **kw)
-
-
-def _warn_if_restarts_cannot_work(env: DistEnv) -> None:
-    e = os.environ
-    shared_store = e.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    restarts = int(e.get("TORCHELASTIC_MAX_RESTARTS", 0)) > 0
-    if env.is_main and int(e.get("GROUP_WORLD_SIZE", 1)) > 1 and shared_store and restarts:
-        warn(
-            "several nodes share the agent store: worker restarts under c10d rendezvous "
-            "need TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in every torchrun agent's env"
-        )
 
 
 def exit_now(code: int) -> NoReturn:

@@ -46,6 +46,16 @@ def build_mlp(batch_norm: bool = False, hidden: int = 64) -> nn.Module:
     return nn.Sequential(*layers)
 
 
+def build_dropout_mlp(p: float = 0.2, hidden: int = 64) -> nn.Module:
+    """The MLP with dropout (``--model ddptrain_model:build_dropout_mlp``): training draws
+    from torch's global RNG every step, which the resume tests need to be bit-exact too."""
+    return nn.Sequential(
+        nn.Linear(IN_FEATURES, hidden), nn.ReLU(), nn.Dropout(p),
+        nn.Linear(hidden, hidden), nn.ReLU(), nn.Dropout(p),
+        nn.Linear(hidden, NUM_CLASSES),
+    )  # fmt: skip
+
+
 class CpuSyncBatchNorm(_BatchNorm):
     """BatchNorm whose training-mode batch statistics are all-reduced across ranks.
 

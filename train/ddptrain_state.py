@@ -13,12 +13,11 @@ A checkpoint payload (torch.save, loaded with weights_only=True) is a dict:
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
 import random
 from dataclasses import dataclass
 from typing import Any
 
+import ddpkit
 import torch
 from ddptrain_args import bad_args
 from torch import nn
@@ -144,12 +143,6 @@ def set_rng_state(st: dict[str, Any]) -> None:
 
 
 def state_sha256(module: nn.Module) -> str:
-    """sha256 over key names and raw bytes of every state_dict tensor, in key order."""
-    h = hashlib.sha256()
-    for k, v in module.state_dict().items():
-        h.update(k.encode())
-        t = v.detach().cpu().contiguous().clone()  # clone: storage is exactly the tensor
-        # ctypes reads the raw bytes at C speed without needing numpy.
-        if t.nbytes:
-            h.update(ctypes.string_at(t.data_ptr(), t.nbytes))
-    return h.hexdigest()
+    """sha256 over key names and raw bytes of every state_dict tensor, in key order
+    (ddpkit's, so a script using ddpkit reports the same hash for the same weights)."""
+    return ddpkit.weights_sha256(module)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddpdeploy.errors import OperationError
+from ddpdeploy.paths import helpers_dir
 from ddpdeploy.render.local import LocalNode
 from ddpdeploy.smoke_runner import RANK_OUTPUT_ENV, Line, Node, SmokeTarget
 
@@ -56,10 +57,15 @@ class LocalRun(SmokeTarget):
             RUN_MARKER: self.marker,
             NODE_MARKER: node.hostname,
         }
+        env = {**os.environ, **node.env, **ours}
+        # `import ddpkit` works in a script as in the image (trainer's folder first on the path).
+        env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(helpers_dir()), env.get("PYTHONPATH")])
+        )
         proc = subprocess.Popen(
             node.argv,
             cwd=cwd,
-            env={**os.environ, **node.env, **ours},
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -28,6 +28,25 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
         return done_hash(L.run_ok(ARGS + ["--log-every", "8"]))
 
 
+# Dropout draws from torch's global RNG every step: a resume is bit-exact only if nothing
+# else (such as starting a DataLoader iterator) draws from it differently after a restart.
+DROPOUT = [
+    "--steps",
+    str(STEPS),
+    "--batch-size",
+    "16",
+    "--model",
+    "ddptrain_model:build_dropout_mlp",
+]
+
+
+@pytest.fixture(scope="module")
+def dropout_reference(tmp_path_factory: pytest.TempPathFactory) -> str:
+    tmp = tmp_path_factory.mktemp("dropout_reference")
+    with Launcher(tmp) as L:
+        return done_hash(L.run_ok(DROPOUT + ["--log-every", "8"]))
+
+
 def ckpt_args(d: Path, *extra: str) -> list[str]:
     return ARGS + ["--checkpoint-dir", str(d), "--checkpoint-every", str(CKPT_EVERY), *extra]
 
@@ -69,6 +88,33 @@ def test_static_rendezvous_restart_without_contract_env(tmp_path: Path, referenc
         assert p.wait(180) == 0, p.tail()
     assert start_event(p)["resume_step"] in (5, 10)
     assert done_hash(p) == reference
+
+
+def test_dropout_model_resumes_bit_exact_mid_epoch(tmp_path: Path, dropout_reference: str) -> None:
+    """Stopped after 10 of 24 steps (mid-epoch), resumed: the same weights as one run."""
+    ck = tmp_path / "ck"
+    first = [*DROPOUT, "--checkpoint-dir", str(ck)]
+    first[first.index("--steps") + 1] = "10"
+    with Launcher(tmp_path) as L:
+        L.run_ok(first, name="first")
+        q = L.run_ok([*DROPOUT, "--checkpoint-dir", str(ck)], name="second")
+    assert start_event(q)["resume_step"] == 10
+    assert done_hash(q) == dropout_reference
+
+
+def test_dropout_model_worker_sigkill_restart(tmp_path: Path, dropout_reference: str) -> None:
+    ck = tmp_path / "ck"
+    args = [*DROPOUT, "--checkpoint-dir", str(ck), "--checkpoint-every", str(CKPT_EVERY)]
+    with Launcher(tmp_path) as L:
+        p = L.torchrun(
+            [*args, "--debug-step-delay", "0.15"],
+            torchrun_args=["--standalone", "--max-restarts", "2"],
+        )
+        wait_step(p, 12)
+        os.kill(p.workers()[-1], signal.SIGKILL)
+        assert p.wait(180) == 0, p.tail()
+    assert start_event(p)["resume_step"] in (10, 15)
+    assert done_hash(p) == dropout_reference
 
 
 def test_agent_sigkill_then_fresh_launch(tmp_path: Path, reference: str) -> None:

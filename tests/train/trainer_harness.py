@@ -41,6 +41,7 @@ def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
         "MASTER_ADDR",
         "MASTER_PORT",
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
+        "DDPDEPLOY_CHECKPOINT_DIR",
     ):
         env.pop(k, None)
     env.update(extra or {})
@@ -169,7 +170,9 @@ class Launcher:
         torchrun_args: list[str] | None = None,
         name: str = "run",
         env: dict[str, str] | None = None,
+        script: Path = TRAINER,
     ) -> Proc:
+        """torchrun (this interpreter's) of ``script``, the trainer by default."""
         if torchrun_args is None:
             torchrun_args = ["--standalone"]
         argv = [
@@ -178,7 +181,7 @@ class Launcher:
             "torch.distributed.run",
             f"--nproc-per-node={nproc}",
             *torchrun_args,
-            str(TRAINER),
+            str(script),
             *trainer_args,
         ]
         p = Proc(argv, self.cwd, name, base_env({**CONTRACT_ENV, **(env or {})}))

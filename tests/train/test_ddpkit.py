@@ -1,0 +1,184 @@
+"""ddpkit, the module a user's script imports: save, load_latest, log, checkpoint_dir and the
+restart-safe init_process_group, under real torchrun (gloo, CPU); and how a plain
+`init_process_group` script restarts with the env the launch contract sets."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+from trainer_harness import ROOT, Launcher, Proc, base_env, done_hash, free_port  # noqa: E402
+
+TRAIN_DIR = ROOT / "train"
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+HELPER = SCRIPTS / "helper_train.py"
+PLAIN = SCRIPTS / "plain_train.py"
+STEPS = 12  # helper_train.py checkpoints every 3 steps, keeps 2
+
+
+def script_env(ckpt: Path | None, **extra: str) -> dict[str, str]:
+    """What ddpdeploy gives a script: ddpkit's folder on PYTHONPATH, the checkpoint dir."""
+    path = os.pathsep.join(p for p in (str(TRAIN_DIR), os.environ.get("PYTHONPATH")) if p)
+    env = {"PYTHONPATH": path, **extra}
+    if ckpt is not None:
+        env["DDPDEPLOY_CHECKPOINT_DIR"] = str(ckpt)
+    return env
+
+
+def static_args() -> list[str]:  # torchrun's default rendezvous
+    return ["--nnodes", "1", "--master-port", str(free_port()), "--max-restarts", "3"]
+
+
+def c10d_args() -> list[str]:
+    endpoint = f"127.0.0.1:{free_port()}"
+    return ["--nnodes", "1:1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+            "--max-restarts", "3"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Proc:
+    """helper_train.py run through without interruption."""
+    tmp = tmp_path_factory.mktemp("ddpkit_reference")
+    with Launcher(tmp) as L:
+        return L.run_ok([str(STEPS)], script=HELPER, env=script_env(tmp / "ck"))
+
+
+pytestmark = pytest.mark.slow
+
+
+def test_log_prints_only_from_rank_0(reference: Proc) -> None:
+    lines = reference.stdout.splitlines()
+    events = [json.loads(line)["event"] for line in lines]  # every stdout line is JSON
+    assert events.count("start") == 1 and events.count("done") == 1
+    assert events.count("step") == STEPS
+    assert events.count("checkpoint") == STEPS // 3
+    ckpt = [e for e in reference.events() if e["event"] == "checkpoint"]
+    assert {e["rank"] for e in ckpt} == {0} and all(e["path"].endswith(".pt") for e in ckpt)
+    # Both ranks ran: each said so on stderr, which is not the protocol.
+    assert "rank 0 starting" in reference.stderr and "rank 1 starting" in reference.stderr
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["c10d-shared-store", "static"],
+)
+def test_killed_worker_resumes_to_uninterrupted_weights(
+    tmp_path: Path, reference: Proc, path: str
+) -> None:
+    """SIGKILL of a worker mid-run, torchrun restarts the group, the script resumes from its
+    newest checkpoint. No TORCH_DISABLE_SHARE_RDZV_TCP_STORE: the agent's store is shared
+    and outlives the restart, which ddpkit.init_process_group must handle itself."""
+    ck = tmp_path / "ck"
+    args = ["--standalone", "--max-restarts", "2"] if path.startswith("c10d") else static_args()
+    with Launcher(tmp_path) as L:
+        p = L.torchrun(
+            [str(STEPS), "0.3"],
+            torchrun_args=args,
+            script=HELPER,
+            env=script_env(ck, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="0"),
+        )
+        p.wait_for(lambda: p.last_step() >= 7)  # checkpoint 6 is durable (save is a barrier)
+        os.kill(p.workers()[-1 if path.startswith("c10d") else 0], signal.SIGKILL)
+        assert p.wait(180) == 0, p.tail()
+    starts = [e for e in p.events() if e["event"] == "start"]
+    assert len(starts) == 2 and starts[1]["resumed"], p.tail()
+    assert starts[1]["resume_step"] in (6, 9)
+    assert done_hash(p) == done_hash(reference)
+    assert sorted(f.name for f in ck.iterdir()) == [
+        "ckpt-step-000000009.json", "ckpt-step-000000009.pt",
+        "ckpt-step-000000012.json", "ckpt-step-000000012.pt",
+    ]  # fmt: skip
+
+
+def test_corrupt_newest_checkpoint_falls_back_in_one_line(tmp_path: Path, reference: Proc) -> None:
+    ck = tmp_path / "ck"
+    with Launcher(tmp_path) as L:
+        L.run_ok([str(STEPS)], script=HELPER, env=script_env(ck), name="first")
+        newest = ck / "ckpt-step-000000012.pt"
+        data = bytearray(newest.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        newest.write_bytes(bytes(data))
+        q = L.run_ok([str(STEPS)], script=HELPER, env=script_env(ck), name="second")
+    start = next(e for e in q.events() if e["event"] == "start")
+    assert start["resume_step"] == 9
+    said = [line for line in q.stderr.splitlines() if line.startswith("ddpkit:")]
+    assert len(said) == 1, q.stderr
+    assert str(newest) in said[0] and "fails its sha256 check" in said[0]
+    assert done_hash(q) == done_hash(reference)
+
+
+def test_checkpoint_dir_unset_is_one_line_exit_2(tmp_path: Path) -> None:
+    env = base_env(script_env(None))
+    p = subprocess.run(
+        [sys.executable, str(HELPER), "3"], cwd=tmp_path, env=env, capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 2, p.stderr
+    said = [line for line in p.stderr.splitlines() if line.startswith("ddpkit:")]
+    assert said == [
+        "ddpkit: error: DDPDEPLOY_CHECKPOINT_DIR is not set; give the job a checkpoint volume "
+        "(checkpoint: in ddpdeploy.yaml) or pass directory= to ddpkit"
+    ]
+    assert "Traceback" not in p.stderr and p.stdout == ""
+
+
+def test_plain_init_process_group_script_restarts_under_c10d_with_contract_env(
+    tmp_path: Path,
+) -> None:
+    """A tutorial script (no ddpkit) killed after its third epoch resumes from its own
+    snapshot and ends with the weights of an uninterrupted run, under c10d with the env the
+    launch contract sets there (the harness's default: TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1).
+
+    Static rendezvous ignores that variable (its agent store is always shared), so there a
+    plain script's restart can hang; ddpkit.init_process_group is the fix (tested above)."""
+    epochs = "8"
+    with Launcher(tmp_path) as L:
+        ref = L.run_ok([str(tmp_path / "ref.pt"), epochs], script=PLAIN, name="ref")
+        snap = tmp_path / "snapshot.pt"
+        p = L.torchrun([str(snap), epochs, "0.5"], torchrun_args=c10d_args(), script=PLAIN)
+        p.wait_for(lambda: "epoch 2 saved" in p.stdout)
+        os.kill(p.workers()[-1], signal.SIGKILL)
+        assert p.wait(120) == 0, p.tail()
+    assert "resumed at epoch" in p.stderr, p.tail()
+    assert weights(p) == weights(ref)
+
+
+def weights(p: Proc) -> str:
+    found = [line.split()[1] for line in p.stdout.splitlines() if line.startswith("weights ")]
+    assert len(found) == 1, p.tail()
+    return found[0]
+
+
+def test_save_and_load_latest_without_a_process_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A single process (no torchrun, no init_process_group): rank 0 of a world of one."""
+    import torch
+
+    monkeypatch.syspath_prepend(str(TRAIN_DIR))
+    monkeypatch.setenv("DDPDEPLOY_CHECKPOINT_DIR", str(tmp_path / "ck"))
+    for k in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(k, raising=False)
+    import ddpkit
+
+    assert not torch.distributed.is_initialized()
+    assert ddpkit.load_latest() is None  # fresh start: no folder yet
+    for step in (1, 2, 3):
+        path = ddpkit.save({"w": torch.full((3,), float(step)), "step": step}, step, keep=2)
+        assert path == str(tmp_path / "ck" / f"ckpt-step-{step:09d}.pt")
+    names = sorted(p.name for p in (tmp_path / "ck").iterdir())
+    assert names == [f"ckpt-step-{s:09d}.{ext}" for s in (2, 3) for ext in ("json", "pt")]
+    sidecar: dict[str, Any] = json.loads((tmp_path / "ck" / "ckpt-step-000000003.json").read_text())
+    assert {"sha256", "step", "host", "rank", "world_size", "file"} <= sidecar.keys()
+    assert (sidecar["step"], sidecar["rank"], sidecar["world_size"]) == (3, 0, 1)
+    latest = ddpkit.load_latest(map_location="cpu")
+    assert latest["step"] == 3 and torch.equal(latest["w"], torch.full((3,), 3.0))
