@@ -30,6 +30,6 @@ def resume(
         objects = with_saved_spec(render_objects(spec), spec)
         plan = deploy.preflight(kube, spec, objects, create_namespace=False)
     except KeyboardInterrupt as exc:
-        raise interrupted(exc, "before anything was changed; nothing was") from None
+        raise interrupted(exc, "stopped before any change; nothing was changed") from None
     deploy.apply(kube, plan, replace=True, say=lambda text: typer.echo(text, err=True))
     typer.echo(f"resubmitted; `ddpdeploy status {name} -n {ns}` shows progress", err=True)

@@ -50,7 +50,7 @@ def scale(
         for obj in objects:  # all dry-run first, then the PVC (its saved spec), then the job
             kube.apply(obj, dry_run=True)
     except KeyboardInterrupt as exc:
-        raise interrupted(exc, "before anything was changed; nothing was") from None
+        raise interrupted(exc, "stopped before any change; nothing was changed") from None
     done = f"scaled PyTorchJob {ns}/{name} to {nodes} nodes"
     try:
         with held_signals():  # a few quick applies: all of them, or an error

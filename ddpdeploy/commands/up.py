@@ -105,7 +105,7 @@ def up(
             deploy.dry_run(kube, plan, replace, _say)
             return
     except KeyboardInterrupt as exc:
-        raise interrupted(exc, "before anything was changed; nothing was") from None
+        raise interrupted(exc, "stopped before any change; nothing was changed") from None
     deploy.apply(kube, plan, replace, _say)  # says itself what an interrupt left
     if wait is None:
         wait = sys.stdout.isatty()

@@ -213,9 +213,11 @@ def test_an_apiserver_that_never_answers_is_given_up_on(tmp_path: Path):
             assert seconds < 120
 
 
-def test_up_with_stderr_full_leaves_nothing(admin, namespace, control_plane, ckpt_spec):
+def test_up_with_stderr_full_leaves_nothing(admin, namespace, control_plane, tmp_path):
+    plain = tmp_path / "plain.yaml"  # no PVC: no storage warning before the first change
+    plain.write_text("nodes: 2\n")
     with open("/dev/full", "w") as full:
-        proc = start(control_plane.kubeconfig, *up_args(namespace, "j", ckpt_spec), stderr=full)
+        proc = start(control_plane.kubeconfig, *up_args(namespace, "j", plain), stderr=full)
         code = proc.wait(timeout=120)
     assert code != 0
     assert state(admin, namespace) == {"pvc": [], "policy": [], "job": []}

@@ -255,3 +255,12 @@ def test_a_terminating_pvc_is_refused(kube_cli, admin, namespace, ckpt_spec):
     assert out.returncode == 1
     assert "checkpoint.claimName" in one_error_line(out) and "being deleted" in out.stderr
     assert get_job(admin, namespace, "k") is None
+
+
+def test_a_terminating_namespace_is_refused(kube_cli, admin, namespace):
+    # No namespace controller here: a deleted namespace stays Terminating.
+    res(admin, "v1", "Namespace").delete(name=namespace)
+    out = up(kube_cli, namespace, "j", "--create-namespace")
+    assert out.returncode == 1
+    assert f"namespace {namespace} is being deleted (Terminating)" in one_error_line(out)
+    assert get_job(admin, namespace, "j") is None
