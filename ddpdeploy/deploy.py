@@ -319,6 +319,7 @@ class _Run:
         self.created: list[Obj] = []  # by this run (a create that succeeded), in order
         self.created_ns = False
         self.job_created = False
+        self.kept: list[Obj] = []  # created meanwhile by a concurrent `up` of this job
 
     def take_back(self) -> str:
         """Delete what this run created, newest first; a summary of what went and what
@@ -375,6 +376,9 @@ def apply(kube: Kube, plan: Plan, replace: bool, say: Say) -> None:
                 ) from None
             run.job_created = True
             say(f"created {ref}")
+            for obj in run.kept:  # we won: what the other `up` made beside it is ours to set
+                kube.apply(obj)
+                say(f"applied {_ref(obj)}")
         _check_still_there(kube, plan)
     except _ReplaceLost:
         raise
@@ -409,7 +413,11 @@ def _put(kube: Kube, plan: Plan, run: _Run, obj: Obj, say: Say) -> None:
             got = kube.get(obj["apiVersion"], obj["kind"], meta["name"], meta["namespace"])
             if got is None:
                 raise
-            require_ours(got, plan.spec.name, "changed")  # made since preflight: ours?
+            # Made since preflight, by another `up` of this job right now: left as it made
+            # it; whichever of us creates the job applies it afterwards (its saved spec).
+            require_ours(got, plan.spec.name, "changed")
+            run.kept.append(obj)
+            return
     kube.apply(obj)
     say(f"applied {_ref(obj)}")
 
@@ -435,6 +443,10 @@ def _replace(kube: Kube, plan: Plan, run: _Run, job: Obj, layout: Layout, say: S
         try:
             kube.create_as_applier(job)
         except OperationError as exc:
+            if _exists(kube, job):  # created; only recording it as applied failed
+                run.created.append(job)
+                run.job_created = True
+                raise OperationError(f"replaced {ref}, but then: {exc}") from None
             raise _ReplaceLost(
                 f"deleted the old {ref}, then creating the new one failed ({exc}); no job "
                 f"{spec.name} exists now (its PVC and companions are kept); run `ddpdeploy "
@@ -443,6 +455,14 @@ def _replace(kube: Kube, plan: Plan, run: _Run, job: Obj, layout: Layout, say: S
         run.created.append(job)
         run.job_created = True
     say(f"replaced {ref} (deleted the old one, created the new one)")
+
+
+def _exists(kube: Kube, obj: Obj) -> bool:
+    meta = obj["metadata"]
+    try:
+        return kube.get(obj["apiVersion"], obj["kind"], meta["name"], meta["namespace"]) is not None
+    except OperationError:
+        return False
 
 
 def _check_still_there(kube: Kube, plan: Plan) -> None:

@@ -142,3 +142,32 @@ def test_an_interrupt_before_the_job_takes_back_what_was_created(kube, signals):
     assert str(err.value).startswith("interrupted (SIGTERM): PyTorchJob ns/j was not created; ")
     assert "deleted NetworkPolicy ns/j, PersistentVolumeClaim ns/j-checkpoints" in str(err.value)
     assert ours(kube) == []
+
+
+def test_a_pvc_deleted_while_up_runs_takes_the_job_back(kube):
+    # `down --purge` at the same moment: the claim goes Terminating after our create.
+    def purge() -> None:
+        pvc = kube.objects[("PersistentVolumeClaim", "ns", "j-checkpoints")]
+        pvc["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+
+    kube.hooks[("create", "PyTorchJob")] = purge
+    with pytest.raises(OperationError) as err:
+        up(kube)
+    text = str(err.value)
+    assert text.startswith("PersistentVolumeClaim ns/j-checkpoints was deleted while `up` ran")
+    assert "deleted PyTorchJob ns/j" in text
+    assert ("PyTorchJob", "j") not in ours(kube)
+
+
+def test_the_winner_of_a_race_sets_what_the_loser_created_beside_the_job(kube):
+    spec, objs = objects(image="r.invalid/winner:1")
+    plan = deploy.preflight(kube, spec, objs, create_namespace=False)
+    _, loser_objs = objects(image="r.invalid/loser:1")
+    # The loser creates the PVC and NetworkPolicy first, then loses the job to us.
+    for obj in loser_objs[:-1]:
+        kube.add(obj)
+    said: list[str] = []
+    deploy.apply(kube, plan, False, said.append)
+    assert said[0] == "created PyTorchJob ns/j"
+    pvc = kube.get("v1", "PersistentVolumeClaim", "j-checkpoints", "ns")
+    assert "winner" in pvc["metadata"]["annotations"]["ddpdeploy.dev/spec"]

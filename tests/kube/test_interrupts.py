@@ -175,6 +175,9 @@ def test_two_ups_of_one_name_at_once_one_wins(admin, namespace, slow_kubeconfig,
     template = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
     assert template["containers"][0]["image"] == images[won]
     assert images[won] in job["metadata"]["annotations"]["ddpdeploy.dev/spec"]
+    # The saved spec `resume` reads after `down` is the winner's too.
+    pvc = res(admin, "v1", "PersistentVolumeClaim").get(name="j-checkpoints", namespace=namespace)
+    assert images[won] in pvc.to_dict()["metadata"]["annotations"]["ddpdeploy.dev/spec"]
     assert state(admin, namespace) == {"pvc": ["j-checkpoints"], "policy": ["j"], "job": ["j"]}
 
 
