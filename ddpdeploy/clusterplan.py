@@ -11,6 +11,7 @@ import copy
 import json
 from typing import Any
 
+import yaml
 from pydantic import ValidationError
 
 from ddpdeploy.errors import UserError
@@ -44,14 +45,58 @@ def with_saved_spec(objects: list[Obj], spec: JobSpec) -> list[Obj]:
 
 
 def saved_spec(obj: Obj) -> JobSpec | None:
-    text = ((obj.get("metadata") or {}).get("annotations") or {}).get(SPEC_ANNOTATION)
+    """The spec saved on ``obj`` (None when it has none), read like a spec file: bounded,
+    strict and validated; and it must be the spec of this very object: same job (its
+    instance label), same namespace, and the object's own name (the job, or its PVC).
+    Anything else is refused in one line: an edited annotation must not choose what runs."""
+    meta = obj.get("metadata") or {}
+    text = (meta.get("annotations") or {}).get(SPEC_ANNOTATION)
     if not text:
         return None
+    where = f"{obj.get('kind')} {meta.get('namespace')}/{meta.get('name')}"
+    spec = _read_saved(text, where)
+    instance = (meta.get("labels") or {}).get("app.kubernetes.io/instance")
+    from ddpdeploy.render.pod import checkpoint_claim_name
+
+    names = {spec.name, checkpoint_claim_name(spec)}
+    if (
+        spec.namespace != meta.get("namespace")
+        or meta.get("name") not in names
+        or (instance is not None and instance != spec.name)
+    ):
+        raise UserError(
+            f"{where}: the saved spec ({SPEC_ANNOTATION}) names job {spec.namespace}/"
+            f"{spec.name}, not this object's; refusing it (it was edited; `ddpdeploy up` "
+            "again with the spec you mean)",
+            exit_code=1,
+        )
+    return spec
+
+
+def _read_saved(text: Any, where: str) -> JobSpec:
+    from ddpdeploy import specfile
+
+    def refuse(why: str) -> UserError:
+        return UserError(
+            f"{where}: the saved spec ({SPEC_ANNOTATION}) is unreadable: {why}", exit_code=1
+        )
+
+    if not isinstance(text, str) or len(text.encode()) > specfile.MAX_BYTES:
+        raise refuse(f"larger than {specfile.MAX_BYTES // 1024} KiB")
     try:
-        return JobSpec.model_validate(json.loads(text))
-    except (ValueError, ValidationError) as exc:
-        name = obj["metadata"].get("name")
-        raise UserError(f"{obj['kind']} {name}: the saved spec is unreadable ({exc})") from None
+        doc = specfile.resolve(specfile.parse(text), JobSpec)
+    except specfile.SpecSyntaxError as exc:
+        raise refuse(str(exc)) from None
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise refuse(" ".join(str(getattr(exc, "problem", None) or exc).split())[:200]) from None
+    if not isinstance(doc, dict):
+        raise refuse("not a mapping of fields")
+    try:
+        return JobSpec.model_validate(doc)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise refuse(f"{loc}: {first['msg']}" if loc else first["msg"]) from None
 
 
 def _quantity_int(value: Any) -> int:

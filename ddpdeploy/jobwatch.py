@@ -35,12 +35,12 @@ CONTAINER = "pytorch"  # PyTorchJob's and the Indexed Job's training container
 
 def find_job(kube: Kube, name: str, namespace: str) -> tuple[Layout, Obj | None]:
     """The job ``name`` of whichever target made it (the target's layout, and the object or
-    None), among the job kinds the cluster serves; a batch/v1 Job counts only when ours."""
+    None), among the job kinds the cluster serves; only ours count (our managed-by label)."""
     for layout in TARGETS.values():
         if not kube.has_kind(layout.api_version, layout.kind):
             continue
         job = kube.get(layout.api_version, layout.kind, name, namespace)
-        if job is not None and (layout.name == "pytorchjob" or _ours(job)):
+        if job is not None and _ours(job):
             return layout, job
     return TARGETS[DEFAULT_TARGET], None
 
