@@ -26,6 +26,16 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from ddpdeploy.errors import UserError
+from ddpdeploy.rules import (
+    DEFAULT_PORT,
+    DEFAULT_RUNTIME,
+    DEFAULT_TARGET,
+    MAX_DNS_LABEL,
+    RESERVED_ENV,
+    RESERVED_ENV_PREFIXES,
+    TARGET_NAMES,
+    TARGET_RULES,
+)
 
 # Model classes build their validators at definition; pydantic then scans every installed
 # distribution's entry points for plugins, a large share of `ddpdeploy render`'s start-up.
@@ -35,11 +45,6 @@ _USER_PLUGINS = os.environ.get("PYDANTIC_DISABLE_PLUGINS")
 os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
 
 DEFAULT_FILE = "ddpdeploy.yaml"
-DEFAULT_PORT = 23456  # the operator's default for the port named pytorchjob-port
-DEFAULT_RUNTIME = "torch-distributed"  # Trainer v2's default ClusterTrainingRuntime
-# Pod hostnames and Service names are DNS labels; each target (ddpdeploy.targets) derives its
-# own from the job name and checks their length.
-MAX_DNS_LABEL = 63
 MAX_DNS_SUBDOMAIN = 253
 INT32_MAX = 2**31 - 1  # replicas, counts and most seconds fields are int32 in the API
 INT64_MAX = 2**63 - 1  # activeDeadlineSeconds, terminationGracePeriodSeconds, tolerationSeconds
@@ -51,28 +56,6 @@ SHM_PATH = "/dev/shm"
 TMP_DIR = "/tmp"
 HOME_DIR = "/home/ddp"  # the image user's home in docker/Dockerfile
 WRITABLE_DIRS = (TMP_DIR, HOME_DIR)
-
-# Env the launch contract sets on every node (torchrun's, the operator's and ddpdeploy's own);
-# a user value would silently change the topology or break the launch. One list, here, so
-# contract.py (which imports this module) can use it too.
-RESERVED_ENV = frozenset(
-    {
-        "WORLD_SIZE",
-        "RANK",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "GROUP_RANK",
-        "GROUP_WORLD_SIZE",
-        "ROLE_RANK",
-        "ROLE_WORLD_SIZE",
-        "ROLE_NAME",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "PYTHONUNBUFFERED",
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
-    }
-)
-RESERVED_ENV_PREFIXES = ("PET_", "TORCHELASTIC_", "DDPDEPLOY_")
 
 
 def is_reserved_env(name: str) -> bool:
@@ -341,6 +324,10 @@ LabelMap = Annotated[dict[str, Str], AfterValidator(_labels)]
 AnnotationMap = Annotated[dict[str, Str], AfterValidator(_annotations)]
 Int32 = _int(0, INT32_MAX)
 Count = _int(1, INT32_MAX)
+
+
+def _elastic_target() -> str:
+    return next(t.name for t in TARGET_RULES.values() if t.no_elastic is None)
 
 
 class Model(BaseModel):
@@ -658,8 +645,8 @@ class JobSpec(Model):
         "<name>-master-0, <name>-worker-<i>; trainjob: <name>-node-0-<i>; indexed-job: "
         "<name>-<i>).",
     )
-    target: Literal["pytorchjob", "trainjob", "indexed-job"] = Field(
-        default="pytorchjob",
+    target: Literal[TARGET_NAMES] = Field(  # type: ignore[valid-type]
+        default=DEFAULT_TARGET,
         description="What runs the job on Kubernetes: pytorchjob (Kubeflow training operator "
         "v1), trainjob (Kubeflow Trainer v2), indexed-job (a plain Indexed Job and a headless "
         "Service; no operator).",
@@ -785,14 +772,48 @@ class JobSpec(Model):
                     f"checkpoint.mountPath {taken[0]} is where the read-only root's writable "
                     "emptyDir mounts; use another path"
                 )
-        from ddpdeploy.targets import layout_of  # it imports this module's names lazily too
-
-        # By value, not by "was it set": a dumped spec (e.g. one saved on the cluster) holds
-        # every field and must validate again.
-        if self.runtime != DEFAULT_RUNTIME and self.target != "trainjob":
-            raise ValueError("runtime applies only to target trainjob (--target trainjob)")
-        layout_of(self.target).check(self)  # the target's name rules and what it refuses
+        self._check_target()
         return self
+
+    def _check_target(self) -> None:
+        """Refuse what the target cannot run (rules.TARGET_RULES), the name rule first.
+
+        By value, not by "was it set": a dumped spec (e.g. one saved on the cluster) holds
+        every field and must validate again."""
+        rules = TARGET_RULES[self.target]
+        if self.runtime != DEFAULT_RUNTIME and not rules.takes_runtime:
+            takers = " or ".join(t.name for t in TARGET_RULES.values() if t.takes_runtime)
+            raise ValueError(f"runtime applies only to target {takers} (--target {takers})")
+        last = (self.max_nodes if rules.index_of == "max_nodes" else self.nodes) - 1
+        longest = self.name + rules.label_suffix.format(index=last)
+        if len(longest) > MAX_DNS_LABEL:
+            budget = MAX_DNS_LABEL - (len(longest) - len(self.name))
+            raise ValueError(
+                f"name is too long: pod and Service names like {longest[:60]!r} must stay "
+                f"within {MAX_DNS_LABEL} characters; shorten name to at most {budget} "
+                "characters"
+            )
+        if self.elastic and rules.no_elastic:
+            raise ValueError(
+                f"target {rules.name}: {rules.no_elastic}; drop --elastic (rendezvous.mode: "
+                f"elastic) or use --target {_elastic_target()}"
+            )
+        fixed = rules.fixed_port
+        if fixed is not None and self.rendezvous.port not in (DEFAULT_PORT, fixed):
+            raise ValueError(
+                f"target {rules.name}: rendezvous.port is fixed at {fixed} by "
+                f"{rules.platform}; remove rendezvous.port"
+            )
+        policy = self.run_policy.model_dump(by_alias=True, exclude_none=True)
+        for key in policy:
+            refused = key in rules.run_policy_refused or (
+                "*" in rules.run_policy_refused and key not in rules.run_policy_kept
+            )
+            if refused:
+                raise ValueError(
+                    f"target {rules.name}: runPolicy.{key} has no {rules.kind} field "
+                    f"({rules.run_policy_why}); {rules.run_policy_fix}"
+                )
 
     def _check_env_sources(self) -> None:
         _env(dict.fromkeys(self.secret_env, ""))

@@ -7,10 +7,9 @@ from typing import Any
 
 import pytest
 
-from ddpdeploy.contract import launch_contract
-from ddpdeploy.render.k8s import render_objects
 from ddpdeploy.render.pod import pod_only_env
 from ddpdeploy.spec import JobSpec
+from ddpdeploy.targets import launch_contract, render_objects
 
 
 def operator_env(job: dict[str, Any], rtype: str, index: int) -> dict[str, str]:

@@ -7,8 +7,8 @@ import pytest
 from ddpdeploy.clusterplan import gpu_nodes, gpu_nodes_free, scaled_spec, with_saved_spec
 from ddpdeploy.errors import UserError
 from ddpdeploy.jobstate import job_size, job_state, logs_show_rank0, pod_view
-from ddpdeploy.render.k8s import render_objects
 from ddpdeploy.spec import load_spec
+from ddpdeploy.targets import render_objects
 
 
 def job(*conds: tuple[str, str]) -> dict:

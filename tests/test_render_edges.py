@@ -25,8 +25,8 @@ from k8s_schema import (
 )
 
 from ddpdeploy.errors import UserError
-from ddpdeploy.render.k8s import render_objects
 from ddpdeploy.spec import load_spec
+from ddpdeploy.targets import render_objects
 
 I32, I64 = 2**31, 2**63
 BIG = [2**31 - 1, 2**31, 2**63, 2**70, 10**23]

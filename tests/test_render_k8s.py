@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from k8s_schema import builtin_errors, pytorchjob_errors
 
-from ddpdeploy.render.k8s import render_objects
 from ddpdeploy.spec import JobSpec
+from ddpdeploy.targets import render_objects
 
 FULL = {
     "name": "llm",

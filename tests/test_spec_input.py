@@ -196,8 +196,8 @@ def test_launch_contract_env_cannot_be_overridden(tmp_path, name):
     ],
 )
 def test_every_variable_the_contract_sets_is_reserved(doc):
-    from ddpdeploy.contract import launch_contract
     from ddpdeploy.spec import JobSpec
+    from ddpdeploy.targets import launch_contract
 
     contract = launch_contract(JobSpec.model_validate(doc))
     names = {name for node in contract.nodes for name in contract.node_env(node)}

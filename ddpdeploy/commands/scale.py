@@ -22,7 +22,7 @@ def scale(
     Example: ddpdeploy scale my-job --nodes 4
     """
     from ddpdeploy.clusterplan import JOB_API, JOB_KIND, scaled_spec, with_saved_spec
-    from ddpdeploy.render.k8s import render_objects
+    from ddpdeploy.targets import render_objects
 
     kube = connect(kubeconfig, context)
     ns = namespace or kube.default_namespace

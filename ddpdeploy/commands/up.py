@@ -66,7 +66,7 @@ def up(
     """
     from ddpdeploy import deploy, jobwatch
     from ddpdeploy.clusterplan import with_saved_spec
-    from ddpdeploy.render.k8s import render_objects
+    from ddpdeploy.targets import render_objects
 
     seconds = jobwatch.parse_duration(timeout) if timeout else None
     if base_image is not None and not build:

@@ -31,8 +31,8 @@ def create_for_old_apiserver(admin, ns: str, flags: list[str]) -> None:
 
 
 def kube_render(flags: list[str]) -> list[dict]:
-    from ddpdeploy.render.k8s import render_objects
     from ddpdeploy.spec import load_spec
+    from ddpdeploy.targets import render_objects
 
     values = dict(zip(flags[::2], flags[1::2], strict=True))
     spec = load_spec(
