@@ -14,18 +14,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from ddpdeploy.errors import UserError
-from ddpdeploy.spec import JobSpec
+from ddpdeploy.spec import JobSpec, spec_with
+from ddpdeploy.targets import layout_for_kind
 
 Obj = dict[str, Any]
 
-JOB_API = "kubeflow.org/v1"
-JOB_KIND = "PyTorchJob"
 SPEC_ANNOTATION = "ddpdeploy.dev/spec"
 GPU = "nvidia.com/gpu"
-INSTALL_OPERATOR = (
-    "install the Kubeflow training operator (v1.9): kubectl apply --server-side -k "
-    '"github.com/kubeflow/trainer.git/manifests/overlays/standalone?ref=v1.9.4"'
-)
 
 
 def spec_json(spec: JobSpec) -> str:
@@ -99,24 +94,18 @@ def gpu_nodes_free(nodes: list[Obj], pods: list[Obj], gpus: int) -> int:
     return free
 
 
-def elastic_range(job: Obj) -> tuple[int, int] | None:
-    policy = (job.get("spec") or {}).get("elasticPolicy")
-    if not policy:
-        return None
-    return int(policy.get("minReplicas") or 1), int(policy.get("maxReplicas") or 1)
-
-
 def scaled_spec(job: Obj, nodes: int) -> JobSpec:
     """The job's saved spec at ``nodes`` nodes, within its elastic MIN:MAX.
 
     Re-rendering it and applying as the same field manager changes exactly the Worker
     count and the saved spec, and keeps later applies by `up` and `resume` free of
     conflicts with another manager."""
-    name = job["metadata"]["name"]
-    bounds = elastic_range(job)
+    name, kind = job["metadata"]["name"], job.get("kind", "job")
+    layout = layout_for_kind(job.get("apiVersion", ""), kind)
+    bounds = layout.elastic_range(job) if layout and layout.can_scale else None
     if bounds is None:
         raise UserError(
-            f"--nodes: PyTorchJob {name} is not elastic; only jobs started with "
+            f"--nodes: {kind} {name} is not elastic; only jobs started with "
             "--elastic MIN:MAX can be scaled (down and up again to change a static job)"
         )
     low, high = bounds
@@ -124,5 +113,5 @@ def scaled_spec(job: Obj, nodes: int) -> JobSpec:
         raise UserError(f"--nodes: {nodes} is outside the job's elastic range {low}:{high}")
     spec = saved_spec(job)
     if spec is None:
-        raise UserError(f"PyTorchJob {name} has no saved spec: only jobs `ddpdeploy up` made scale")
-    return spec.model_copy(update={"nodes": nodes})
+        raise UserError(f"{kind} {name} has no saved spec: only jobs `ddpdeploy up` made scale")
+    return spec_with(spec, nodes=nodes)

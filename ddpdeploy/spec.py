@@ -1035,6 +1035,18 @@ def load_spec(
         raise UserError(_one_line(exc, source, given)) from None
 
 
+def spec_with(spec: JobSpec, **changes: Any) -> JobSpec:
+    """``spec`` with ``changes`` (snake_case fields), validated again as a whole like a spec
+    from a file (``model_copy(update=...)`` would skip every check: name budgets, ranges).
+    An invalid result is one UserError line naming the field."""
+    doc = spec.model_dump(mode="json", by_alias=True)
+    doc.update({to_camel(k): v for k, v in changes.items()})
+    try:
+        return JobSpec.model_validate(doc)
+    except ValidationError as exc:
+        raise UserError(_one_line(exc, "defaults", {})) from None
+
+
 def _one_line(exc: ValidationError, source: str, flags: dict[str, Any]) -> str:
     """The first error as one line, naming the flag when a flag set that field."""
     errors = exc.errors(include_url=False)

@@ -134,3 +134,19 @@ def test_pydantic_plugin_setting_is_left_as_the_user_had_it(user_value):
     code = "import os, ddpdeploy.spec; print(os.environ.get('PYDANTIC_DISABLE_PLUGINS'))"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == str(user_value)
+
+
+def test_spec_with_validates_the_changed_spec_as_a_whole():
+    from ddpdeploy.spec import spec_with
+
+    spec = load_spec(None, {"--image": "t:1", "--nodes": 2})
+    assert spec_with(spec, image="t:2", nodes=3) == load_spec(
+        None, {"--image": "t:2", "--nodes": 3}
+    )
+    with pytest.raises(UserError, match=r"^image: 'Bad Image' is not an image reference"):
+        spec_with(spec, image="Bad Image")
+    with pytest.raises(UserError, match="^nodes: must be greater than or equal to 1"):
+        spec_with(spec, nodes=0)
+    elastic = load_spec(None, {"--nodes": 2, "--elastic": "1:3"})
+    with pytest.raises(UserError, match="must lie within the elastic range 1:3"):
+        spec_with(elastic, nodes=4)

@@ -270,6 +270,7 @@ def test_a_dumped_spec_validates_again(doc):
 def test_cluster_commands_find_a_targets_pods_by_hostname():
     from ddpdeploy.jobstate import pod_view
     from ddpdeploy.jobwatch import node_pod, rank0_pod
+    from ddpdeploy.targets import layout_for_kind
 
     spec = JobSpec.model_validate({"image": "t:1", "nodes": 2, "target": "indexed-job"})
     job = render_objects(spec)[-1]
@@ -289,7 +290,7 @@ def test_cluster_commands_find_a_targets_pods_by_hostname():
     assert node_pod(job, pods, None, 1) == "ddp-train-1-x7k21"
     assert node_pod(job, pods, None, None) is None
     assert node_pod(job, pods[1:], None, 1) is None  # not there (yet): no made-up name
-    view = pod_view(pods[0])
+    view = pod_view(pods[0], layout_for_kind(job["apiVersion"], job["kind"]))
     assert (view.replica, view.index) == ("node", 1)
 
 

@@ -34,9 +34,10 @@ def logs(
     Example: ddpdeploy logs my-job --replica worker --index 1 --tail 50 --follow
     """
     from ddpdeploy import jobwatch
+    from ddpdeploy.targets import REPLICA_NAMES
 
-    if replica is not None and replica.lower() not in ("master", "worker"):
-        raise typer.BadParameter("use master or worker", param_hint="--replica")
+    if replica is not None and replica.lower() not in REPLICA_NAMES:
+        raise typer.BadParameter(f"use {' or '.join(REPLICA_NAMES)}", param_hint="--replica")
     kube = connect(kubeconfig, context)
     ns = namespace or kube.default_namespace
     job, pods, _ = jobwatch.snapshot(kube, name, ns)

@@ -21,18 +21,20 @@ def scale(
 
     Example: ddpdeploy scale my-job --nodes 4
     """
-    from ddpdeploy.clusterplan import JOB_API, JOB_KIND, scaled_spec, with_saved_spec
-    from ddpdeploy.targets import render_objects
+    from ddpdeploy.clusterplan import scaled_spec, with_saved_spec
+    from ddpdeploy.targets import SCALABLE, render_objects
 
     kube = connect(kubeconfig, context)
     ns = namespace or kube.default_namespace
-    job = kube.get(JOB_API, JOB_KIND, name, ns)
+    found = (kube.get(t.api_version, t.kind, name, ns) for t in SCALABLE)
+    job = next(filter(None, found), None)
     if job is None:
-        raise OperationError(f"no PyTorchJob {name} in namespace {ns}")
+        kinds = " or ".join(t.kind for t in SCALABLE)
+        raise OperationError(f"no {kinds} {name} in namespace {ns}")
     spec = scaled_spec(job, nodes)
     objects = with_saved_spec(render_objects(spec), spec)
     for obj in objects:  # all dry-run first, then the PVC (its saved spec), then the job
         kube.apply(obj, dry_run=True)
     for obj in objects:
         kube.apply(obj)
-    typer.echo(f"scaled PyTorchJob {ns}/{name} to {nodes} nodes", err=True)
+    typer.echo(f"scaled {job['kind']} {ns}/{name} to {nodes} nodes", err=True)

@@ -10,7 +10,7 @@ import typer
 from ddpdeploy.errors import UserError
 from ddpdeploy.kubeopts import CLUSTER_PANEL, ContextOpt, KubeconfigOpt, connect
 from ddpdeploy.options import spec_command
-from ddpdeploy.spec import JobSpec
+from ddpdeploy.spec import JobSpec, spec_with
 
 
 def _say(text: str) -> None:
@@ -79,7 +79,7 @@ def up(
         ref = build_image(
             spec, workspace=Path.cwd(), base_image=base_image, push=True, push_flag="--build"
         )
-        spec = spec.model_copy(update={"image": ref})
+        spec = spec_with(spec, image=ref)
     objects = with_saved_spec(render_objects(spec), spec)
     kube = connect(kubeconfig, context)
     plan = deploy.preflight(kube, spec, objects, create_namespace)
