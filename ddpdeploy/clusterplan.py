@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ddpdeploy.errors import UserError
-from ddpdeploy.spec import JobSpec, spec_with
+from ddpdeploy.spec import JobSpec, quantity, spec_with
 from ddpdeploy.targets import layout_for_kind
 
 Obj = dict[str, Any]
@@ -50,9 +50,10 @@ def saved_spec(obj: Obj) -> JobSpec | None:
 
 
 def _quantity_int(value: Any) -> int:
+    """A count the API reports as a quantity ("8"), whole; 0 when it is none."""
     try:
-        return int(str(value))
-    except ValueError:
+        return int(quantity(value)[1])
+    except (ValueError, OverflowError):  # OverflowError: an infinite amount
         return 0
 
 

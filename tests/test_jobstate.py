@@ -7,7 +7,7 @@ import pytest
 from ddpdeploy.clusterplan import gpu_nodes, gpu_nodes_free, scaled_spec, with_saved_spec
 from ddpdeploy.errors import UserError
 from ddpdeploy.jobstate import job_size, job_state, logs_show_rank0, pod_view
-from ddpdeploy.spec import load_spec
+from ddpdeploy.options import spec_from_flags
 from ddpdeploy.targets import layout_of, render_objects
 
 
@@ -137,7 +137,7 @@ def test_pod_view():
 
 
 def spec(*flags: str, **values):
-    return load_spec(None, {f"--{k}": v for k, v in values.items()}, list(flags) or None)
+    return spec_from_flags(None, {f"--{k}": v for k, v in values.items()}, list(flags) or None)
 
 
 def test_job_size_and_saved_spec_round_trip():
@@ -172,7 +172,7 @@ def test_gpu_capacity():
 def test_scaled_spec_respects_the_elastic_range():
     s = spec(image="t:1", nodes=2, elastic="1:3")
     job_obj = with_saved_spec(render_objects(s), s)[-1]
-    assert scaled_spec(job_obj, 3) == load_spec(
+    assert scaled_spec(job_obj, 3) == spec_from_flags(
         None, {"--image": "t:1", "--nodes": 3, "--elastic": "1:3"}
     )
     with pytest.raises(UserError, match="outside the job's elastic range 1:3"):
@@ -207,3 +207,8 @@ def test_job_state_reads_each_targets_own_success_condition(target, condition, s
 def test_job_state_of_a_kind_no_target_reads():
     got = job_state({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "j"}}, [])
     assert (got.state, got.done) == ("Unknown", True)
+
+
+def test_gpu_counts_read_as_quantities():
+    nodes = [node("a", "8"), node("b", "1k"), node("c", "bad"), node("d", 0)]
+    assert gpu_nodes(nodes, 8) == (2, 2)  # a and b (1000 devices); c and d hold none

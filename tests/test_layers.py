@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "ddpdeploy"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # No project imports but one another: plain facts every room may read.
     ("ground", ("ddpdeploy", "errors", "image_layout", "rules", "paths")),
-    ("spec", ("spec", "spec.*", "specfile")),
+    ("spec", ("spec.*",)),
     ("contract", ("contract",)),
     # Pure renderers below the targets: the one pod, the policy, output, the Dockerfile.
     ("render", ("render", "render.pod", "render.policy", "render.output", "render.image")),

@@ -10,7 +10,8 @@ import pytest
 from cli_runner import run_cli
 
 from ddpdeploy.errors import UserError
-from ddpdeploy.spec import RESERVED_ENV, is_reserved_env, load_spec
+from ddpdeploy.options import spec_from_flags
+from ddpdeploy.spec import RESERVED_ENV, is_reserved_env
 
 # Plain scalars that YAML 1.1 (PyYAML) reads as something other than the text typed.
 TRICKY = ["1.10", "012", "0x1F", "0o17", "1:30", "1_000", "on", "yes", "off", "true", "0777"]
@@ -25,7 +26,7 @@ def write(tmp_path: Path, text: str, name: str = "ddpdeploy.yaml") -> Path:
 
 def refused(path: Path | None, flags: dict | None = None, args: list[str] | None = None) -> str:
     with pytest.raises(UserError) as info:
-        load_spec(path, flags, args)
+        spec_from_flags(path, flags, args)
     message = str(info.value)
     assert "\n" not in message
     assert info.value.exit_code == 2
@@ -38,7 +39,7 @@ def test_string_fields_keep_the_text_as_typed(tmp_path, text):
         f"command: {{args: [--tag, {text}]}}\nenv: {{SEED: {text}}}\n"
         f"annotations: {{example.com/v: {text}}}\n"
     )
-    spec = load_spec(write(tmp_path, doc))
+    spec = spec_from_flags(write(tmp_path, doc))
     assert spec.command.args == ["--tag", text]
     assert spec.env == {"SEED": text}
     assert spec.annotations == {"example.com/v": text}
@@ -46,13 +47,13 @@ def test_string_fields_keep_the_text_as_typed(tmp_path, text):
 
 @pytest.mark.parametrize("text", ["1.10", "012", "0x1F", "true", "0777"])
 def test_labels_and_node_selector_keep_text(tmp_path, text):
-    spec = load_spec(write(tmp_path, f"labels: {{v: {text}}}\nnodeSelector: {{v: {text}}}\n"))
+    spec = spec_from_flags(write(tmp_path, f"labels: {{v: {text}}}\nnodeSelector: {{v: {text}}}\n"))
     assert spec.labels == {"v": text} and spec.node_selector == {"v": text}
 
 
 @pytest.mark.parametrize("text", ["4", "0.5", "012", "1.50"])
 def test_quantities_keep_the_text_as_typed(tmp_path, text):
-    assert load_spec(write(tmp_path, f"cpu: {text}\n")).cpu == text
+    assert spec_from_flags(write(tmp_path, f"cpu: {text}\n")).cpu == text
 
 
 @pytest.mark.parametrize("text", ["0x10", "010", "1:30", "1_0", "+0x1"])

@@ -1,329 +1,50 @@
-"""JobSpec: the one validated description of a training job that every command speaks.
-
-Loaded from ``ddpdeploy.yaml`` (camelCase keys, like Kubernetes) and overridden by CLI flags.
-Validation errors become one line naming the field (or the flag) and what is allowed.
-"""
+"""The JobSpec model: its sub-models, their cross-field rules and the target rules it
+checks (rules.TARGET_RULES: the spec knows no target's code), and its JSON Schema."""
 
 from __future__ import annotations
 
-import os
 import posixpath
 import re
-from collections.abc import Callable
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    model_validator,
-)
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-from ddpdeploy.errors import UserError
 from ddpdeploy.rules import (
     DEFAULT_PORT,
     DEFAULT_RUNTIME,
     DEFAULT_TARGET,
     MAX_DNS_LABEL,
-    RESERVED_ENV,
-    RESERVED_ENV_PREFIXES,
     TARGET_NAMES,
     TARGET_RULES,
 )
-
-# Model classes build their validators at definition; pydantic then scans every installed
-# distribution's entry points for plugins, a large share of `ddpdeploy render`'s start-up.
-# ddpdeploy uses none, so the scan is skipped while the classes below are defined, and the
-# user's setting is restored afterwards (children such as torchrun inherit it unchanged).
-_USER_PLUGINS = os.environ.get("PYDANTIC_DISABLE_PLUGINS")
-os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
-
-DEFAULT_FILE = "ddpdeploy.yaml"
-MAX_DNS_SUBDOMAIN = 253
-INT32_MAX = 2**31 - 1  # replicas, counts and most seconds fields are int32 in the API
-INT64_MAX = 2**63 - 1  # activeDeadlineSeconds, terminationGracePeriodSeconds, tolerationSeconds
-# Kubernetes caps all annotations of an object at 256 KiB; ddpdeploy adds a few of its own.
-MAX_USER_ANNOTATIONS = 256 * 1024 - 1024
-MAX_IMAGE_NAME = 255  # the registry's limit on [domain/]path
-SHM_PATH = "/dev/shm"
-# Writable emptyDirs under a read-only root: temp files, and HOME for every cache below it.
-TMP_DIR = "/tmp"
-HOME_DIR = "/home/ddp"  # the image user's home in docker/Dockerfile
-WRITABLE_DIRS = (TMP_DIR, HOME_DIR)
-
-
-def is_reserved_env(name: str) -> bool:
-    """True for env names the launch contract owns (see RESERVED_ENV)."""
-    return name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES)
-
-
-# Patterns as strings, matched whole (re.fullmatch: `$` would let a trailing newline through);
-# `re` compiles (and caches) only those a run uses, at first use.
-_DNS1035 = r"[a-z]([-a-z0-9]*[a-z0-9])?"
-_DNS1123 = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_SUBDOMAIN = rf"{_DNS1123}(\.{_DNS1123})*"
-# Kubernetes resource.Quantity, as the apiserver's own pattern accepts it.
-_NUMBER = r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
-_QUANTITY = rf"[+]?(?P<number>{_NUMBER})(?P<suffix>([KMGTPE]i)|[numkMGTPE]|([eE][+-]?{_NUMBER}))?"
-# Image reference grammar of the distribution project: [domain[:port]/]path[:tag][@digest].
-_DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-_DOMAIN = rf"{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::[0-9]+)?"
-_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_IMAGE = (
-    rf"(?P<name>(?:{_DOMAIN}/)?{_PATH_PART}(?:/{_PATH_PART})*)"
-    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
-    r"(?:@(?P<algorithm>[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*):(?P<hex>[^:@/]+))?"
+from ddpdeploy.spec.fields import (
+    INT64_MAX,
+    MODULE,
+    SHM_PATH,
+    WRITABLE_DIRS,
+    AnnotationMap,
+    ArgStr,
+    ByteQuantity,
+    Count,
+    CpuQuantity,
+    DnsName,
+    EnvMap,
+    ImageRef,
+    Int32,
+    LabelMap,
+    Namespace,
+    Subdomain,
+    check_env,
+    extended_resource,
+    json_pattern,
+    label_value,
+    mount_path,
+    no_expansion,
+    qualified_name,
+    secret_key,
+    show,
 )
-_DIGEST_HEX = {"sha256": 64, "sha384": 96, "sha512": 128}
-_ENV_NAME = r"[-._a-zA-Z][-._a-zA-Z0-9]*"
-_LABEL_VALUE = r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?"
-_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
-_MODULE = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
-_QUANTITY_HINT = "use a number with an optional suffix, e.g. 500m, 4, 16Gi, 512Mi"
-
-
-def _show(value: Any) -> str:
-    """repr for one-line messages, cut short: a value can be a megabyte long."""
-    try:
-        text = repr(value)
-    except ValueError:  # an int with more digits than Python will print
-        return "a number too long to print"
-    return text if len(text) <= 80 else f"{text[:60]}…({len(text)} characters)"
-
-
-def _dns_name(pattern: str, limit: int, rule: str) -> Callable[[str], str]:
-    def check(value: str) -> str:
-        if len(value) > limit or not re.fullmatch(pattern, value):
-            raise ValueError(f"must be a {rule}, at most {limit} characters")
-        return value
-
-    return check
-
-
-_dns1035 = _dns_name(
-    _DNS1035,
-    MAX_DNS_LABEL,
-    "DNS-1035 label: lowercase letters, digits and '-', starting with a letter, ending with "
-    "a letter or digit",
-)
-_dns1123 = _dns_name(
-    _DNS1123,
-    MAX_DNS_LABEL,
-    "DNS-1123 label: lowercase letters, digits and '-', starting and ending with a letter or digit",
-)
-_subdomain = _dns_name(
-    _SUBDOMAIN,
-    MAX_DNS_SUBDOMAIN,
-    "DNS-1123 subdomain: lowercase letters, digits, '-' and '.', starting and ending with a "
-    "letter or digit",
-)
-
-_MULTIPLIERS = {
-    "": 1,
-    "n": 1e-9,
-    "u": 1e-6,
-    "m": 1e-3,
-    "k": 1e3,
-    "M": 1e6,
-    "G": 1e9,
-    "T": 1e12,
-    "P": 1e15,
-    "E": 1e18,
-    **{s + "i": 1024.0 ** (i + 1) for i, s in enumerate("KMGTPE")},
-}
-
-
-def _parse_quantity(value: Any) -> tuple[str, float, str]:
-    """``value`` -> (text, amount in base units, suffix); ValueError when not a quantity."""
-    text = str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
-    match = re.fullmatch(_QUANTITY, text) if isinstance(text, str) else None
-    if not match:
-        raise ValueError(f"{_show(value)} is not a Kubernetes quantity: {_QUANTITY_HINT}")
-    suffix = match["suffix"] or ""
-    number = float(match["number"])
-    if suffix[:1] in ("e", "E"):
-        amount = float(match["number"] + suffix)
-    else:
-        amount = number * _MULTIPLIERS[suffix]
-    if amount <= 0:
-        raise ValueError(f"{_show(text)} must be greater than zero")
-    return text, amount, suffix
-
-
-def _cpu(value: Any) -> str:
-    text, amount, _ = _parse_quantity(value)
-    if amount < 1e-3:
-        raise ValueError(f"{_show(text)} is below the smallest CPU unit, 1m")
-    return text
-
-
-def _bytes(value: Any) -> str:
-    text, amount, suffix = _parse_quantity(value)
-    if suffix in ("", "n", "u", "m"):
-        # `memory: 16` is 16 bytes and `16m` is 0.016 bytes: a unit was surely forgotten.
-        number = text.rstrip("num") if len(text) < 20 else "16"
-        raise ValueError(f"{_show(text)} is {amount:g} bytes; give a unit, e.g. {number}Gi")
-    return text
-
-
-def _image(value: str) -> str:
-    match = re.fullmatch(_IMAGE, value)
-    if not match:
-        raise ValueError(
-            f"{_show(value)} is not an image reference: use "
-            "[registry[:port]/]repo[:tag][@sha256:…] with a lowercase repository, "
-            "e.g. ghcr.io/team/train:v1"
-        )
-    if len(match["name"]) > MAX_IMAGE_NAME:
-        raise ValueError(
-            f"image name {match['name'][:40]!r}… is longer than {MAX_IMAGE_NAME} characters"
-        )
-    if match["algorithm"]:
-        size = _DIGEST_HEX.get(match["algorithm"])
-        if size is None or not re.fullmatch(rf"[a-f0-9]{{{size}}}", match["hex"]):
-            raise ValueError(
-                f"digest {match['algorithm']}:{match['hex'][:16]}… is invalid: use sha256 with "
-                "64 lowercase hex digits (or sha384: 96, sha512: 128)"
-            )
-    return value
-
-
-def _scalar_to_str(value: Any) -> Any:
-    # Files keep scalars as typed (specfile.py); this is for documents built in Python.
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return str(value)
-    return value
-
-
-def _no_expansion(value: str) -> str:
-    # The kubelet expands $(VAR) and turns $$ into $ in args and env; local runs do not.
-    if "$(" in value or "$$" in value:
-        raise ValueError(
-            f"{_show(value)} contains '$(' or '$$', which Kubernetes expands but local runs do "
-            "not; ddpdeploy passes text unchanged everywhere, so write it without them"
-        )
-    if "\0" in value:
-        raise ValueError(f"{_show(value)} contains a NUL character")
-    return value
-
-
-def _env(env: dict[str, str]) -> dict[str, str]:
-    for key in env:
-        if not re.fullmatch(_ENV_NAME, key):
-            raise ValueError(
-                f"env name {_show(key)} is invalid: use letters, digits, '_', '-', '.', "
-                "not starting with a digit"
-            )
-        if is_reserved_env(key):
-            raise ValueError(
-                f"{key} is set by ddpdeploy's launch contract (torchrun/operator topology); "
-                "use the matching field or flag (--nodes, --procs, --elastic, …) instead"
-            )
-    return env
-
-
-def _qualified_name(key: str, what: str, example: str) -> None:
-    prefix, _, name = key.rpartition("/")
-    valid = re.fullmatch(_LABEL_NAME, name) and len(name) <= MAX_DNS_LABEL
-    if "/" in key:
-        valid = valid and len(prefix) <= MAX_DNS_SUBDOMAIN and re.fullmatch(_SUBDOMAIN, prefix)
-    if not valid:
-        raise ValueError(
-            f"{what} {_show(key)} is not a qualified name: [DNS subdomain of at most "
-            f"{MAX_DNS_SUBDOMAIN} characters/]name of at most {MAX_DNS_LABEL} letters, digits, "
-            f"'-', '_', '.' (e.g. {example})"
-        )
-
-
-def _label_value(value: str, what: str) -> None:
-    if len(value) > MAX_DNS_LABEL or not re.fullmatch(_LABEL_VALUE, value):
-        raise ValueError(
-            f"{what} {_show(value)} is invalid: at most 63 letters, digits, '-', '_', '.', "
-            "starting and ending with a letter or digit"
-        )
-
-
-def _labels(labels: dict[str, str]) -> dict[str, str]:
-    for key, value in labels.items():
-        _qualified_name(key, "label key", "team or example.com/team")
-        _label_value(value, "label value")
-    return labels
-
-
-def _annotations(annotations: dict[str, str]) -> dict[str, str]:
-    for key in annotations:
-        _qualified_name(key, "annotation key", "example.com/note")
-    total = sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items())
-    if total > MAX_USER_ANNOTATIONS:
-        raise ValueError(
-            f"annotations total {total} bytes; Kubernetes allows 256 KiB per object and "
-            f"ddpdeploy adds its own: keep them within {MAX_USER_ANNOTATIONS} bytes"
-        )
-    return annotations
-
-
-def _mount_path(value: str) -> str:
-    parts = value.split("/")
-    if not value.startswith("/") or ".." in parts or any(ord(c) < 32 for c in value):
-        raise ValueError(f"mountPath must be an absolute path without '..' (got {_show(value)})")
-    if posixpath.normpath(value) == "/":
-        raise ValueError("mountPath '/' would hide the image's whole file system")
-    return value
-
-
-def _scalar_schema(schema: dict[str, Any]) -> None:
-    # In YAML, `OMP_NUM_THREADS: 4` is a number; ddpdeploy reads it as the text "4".
-    schema.pop("type", None)
-    schema["type"] = ["string", "number", "boolean"]
-
-
-def _quantity_schema(schema: dict[str, Any]) -> None:
-    schema.pop("type", None)
-    schema["anyOf"] = [{"type": "string", "pattern": _ecma(_QUANTITY)}, {"type": "number"}]
-
-
-def _ecma(pattern: str) -> str:
-    # JSON Schema regexes are ECMA-262: anchored by hand, and no named groups.
-    return "^(?:" + re.sub(r"\?P<\w+>", "", pattern) + ")$"
-
-
-def _json_pattern(pattern: str) -> Callable[[dict[str, Any]], None]:
-    def update(schema: dict[str, Any]) -> None:
-        schema["pattern"] = _ecma(pattern)
-
-    return update
-
-
-def _int(low: int, high: int) -> Any:
-    # strict: `nodes: true` or `nodes: 2.0` is refused instead of read as 1 or 2.
-    return Annotated[int, Field(strict=True, ge=low, le=high)]
-
-
-DnsName = Annotated[str, AfterValidator(_dns1035), Field(json_schema_extra=_json_pattern(_DNS1035))]
-Namespace = Annotated[
-    str, AfterValidator(_dns1123), Field(json_schema_extra=_json_pattern(_DNS1123))
-]
-Subdomain = Annotated[
-    str, AfterValidator(_subdomain), Field(json_schema_extra=_json_pattern(_SUBDOMAIN))
-]
-CpuQuantity = Annotated[str, BeforeValidator(_cpu), Field(json_schema_extra=_quantity_schema)]
-ByteQuantity = Annotated[str, BeforeValidator(_bytes), Field(json_schema_extra=_quantity_schema)]
-ImageRef = Annotated[str, AfterValidator(_image), Field(json_schema_extra=_json_pattern(_IMAGE))]
-Str = Annotated[str, BeforeValidator(_scalar_to_str), Field(json_schema_extra=_scalar_schema)]
-ArgStr = Annotated[Str, AfterValidator(_no_expansion)]
-EnvMap = Annotated[dict[str, ArgStr], AfterValidator(_env)]
-LabelMap = Annotated[dict[str, Str], AfterValidator(_labels)]
-AnnotationMap = Annotated[dict[str, Str], AfterValidator(_annotations)]
-Int32 = _int(0, INT32_MAX)
-Count = _int(1, INT32_MAX)
 
 
 def _elastic_target() -> str:
@@ -349,7 +70,7 @@ class Command(Model):
     module: str | None = Field(
         default=None,
         description="A Python module run by torchrun -m (e.g. mypkg.train).",
-        json_schema_extra=_json_pattern(_MODULE),
+        json_schema_extra=json_pattern(MODULE),
     )
     args: list[ArgStr] = Field(
         default_factory=list,
@@ -362,9 +83,9 @@ class Command(Model):
         if self.script is not None and self.module is not None:
             raise ValueError("set either script or module, not both")
         if self.script is not None:
-            _no_expansion(self.script)
-        if self.module is not None and not re.fullmatch(_MODULE, self.module):
-            raise ValueError(f"module {_show(self.module)} is not a dotted Python module name")
+            no_expansion(self.script)
+        if self.module is not None and not re.fullmatch(MODULE, self.module):
+            raise ValueError(f"module {show(self.module)} is not a dotted Python module name")
         return self
 
     @property
@@ -441,7 +162,7 @@ class Checkpoint(Model):
             )
         if self.storage_class and not self.size:
             raise ValueError("storageClass applies only to a new PVC (set size)")
-        _mount_path(self.mount_path)
+        mount_path(self.mount_path)
         return self
 
 
@@ -468,13 +189,13 @@ class Toleration(Model):
     def _kubernetes_rules(self) -> Toleration:
         # The apiserver's own toleration checks, so a render is never refused there.
         if self.key:
-            _qualified_name(self.key, "toleration key", "nvidia.com/gpu")
+            qualified_name(self.key, "toleration key", "nvidia.com/gpu")
         elif self.operator != "Exists":
             raise ValueError("a toleration without a key needs operator: Exists")
         if self.operator == "Exists" and self.value:
             raise ValueError("operator Exists takes no value; remove value or use Equal")
         if self.operator == "Equal":
-            _label_value(self.value or "", "toleration value")
+            label_value(self.value or "", "toleration value")
         if self.toleration_seconds is not None and self.effect != "NoExecute":
             raise ValueError("tolerationSeconds applies only to effect: NoExecute")
         return self
@@ -510,31 +231,11 @@ NCCL_FIELDS = {  # Network field -> the NCCL env var it sets
 }
 
 
-def _secret_key(value: str) -> str:
-    if len(value) > MAX_DNS_SUBDOMAIN or not re.fullmatch(r"[-._a-zA-Z0-9]+", value):
-        raise ValueError(
-            f"secret key {_show(value)} is invalid: letters, digits, '-', '_', '.', at most "
-            f"{MAX_DNS_SUBDOMAIN} characters"
-        )
-    return value
-
-
-def _extended_resource(value: str) -> str:
-    _qualified_name(value, "resource", "rdma/hca_shared_devices_a")
-    domain = value.partition("/")[0]
-    if "/" not in value or domain == "kubernetes.io" or domain.endswith(".kubernetes.io"):
-        raise ValueError(
-            f"resource {_show(value)} must be a device plugin's domain-qualified name, e.g. "
-            "rdma/hca_shared_devices_a or nvidia.com/hostdev"
-        )
-    return value
-
-
 class SecretRef(Model):
     """One key of a Kubernetes Secret, passed as an env var by reference (secretKeyRef)."""
 
     secret: Subdomain = Field(description="Name of the Secret in the job's namespace.")
-    key: Annotated[str, AfterValidator(_secret_key)] = Field(
+    key: Annotated[str, AfterValidator(secret_key)] = Field(
         description="Key inside the Secret whose value becomes the env var."
     )
 
@@ -590,7 +291,7 @@ class Scheduling(Model):
 class Rdma(Model):
     """An RDMA device plugin's resource, requested per node."""
 
-    resource: Annotated[str, AfterValidator(_extended_resource)] = Field(
+    resource: Annotated[str, AfterValidator(extended_resource)] = Field(
         description="The device plugin's resource name, e.g. rdma/hca_shared_devices_a."
     )
     count: Count = Field(default=1, description="Devices per node (requests = limits).")
@@ -816,7 +517,7 @@ class JobSpec(Model):
                 )
 
     def _check_env_sources(self) -> None:
-        _env(dict.fromkeys(self.secret_env, ""))
+        check_env(dict.fromkeys(self.secret_env, ""))
         both = sorted(set(self.env) & set(self.secret_env))
         if both:
             raise ValueError(f"{both[0]} is in both env and secretEnv; keep one")
@@ -865,11 +566,6 @@ class JobSpec(Model):
         return "nccl" if self.gpus else "gloo"
 
 
-if _USER_PLUGINS is None:
-    del os.environ["PYDANTIC_DISABLE_PLUGINS"]
-else:
-    os.environ["PYDANTIC_DISABLE_PLUGINS"] = _USER_PLUGINS
-
 SCHEMA_FILE = ".ddpdeploy.schema.json"  # written by `ddpdeploy init` beside the spec file
 
 
@@ -890,199 +586,3 @@ def _drop_field_titles(node: Any) -> None:
     elif isinstance(node, list):
         for value in node:
             _drop_field_titles(value)
-
-
-# Flags that override file fields: flag name -> path in the spec document.
-FLAG_FIELDS: dict[str, tuple[str, ...]] = {
-    "--name": ("name",),
-    "--target": ("target",),
-    "--runtime": ("runtime",),
-    "--namespace": ("namespace",),
-    "--image": ("image",),
-    "--nodes": ("nodes",),
-    "--gpus": ("gpus",),
-    "--procs": ("procs",),
-    "--max-restarts": ("rendezvous", "maxRestarts"),
-    "--elastic": ("rendezvous",),
-    "--scheduler": ("scheduling", "scheduler"),
-    "--queue": ("scheduling", "queue"),
-    "--rdma": ("network", "rdma"),
-    "--host-network": ("network", "hostNetwork"),
-    "--nccl-debug": ("network", "ncclDebug"),
-    "--network-policy": ("network", "policy"),
-    "--writable-rootfs": ("security", "readOnlyRootFilesystem"),
-}
-
-
-def parse_rdma(text: str) -> dict[str, Any]:
-    """``RESOURCE=N`` -> the network.rdma mapping."""
-    match = re.fullmatch(r"([^=\s]+)=([0-9]{1,100})", text)
-    if not match:
-        raise UserError(
-            f"--rdma: {_show(text)} is not RESOURCE=N; use the device plugin's resource and a "
-            "count, e.g. rdma/hca_shared_devices_a=1"
-        )
-    return {"resource": match[1], "count": int(match[2])}
-
-
-# Flags whose value is not the field's value as typed.
-_FLAG_VALUES: dict[str, Callable[[Any], Any]] = {
-    "--rdma": parse_rdma,
-    "--writable-rootfs": lambda writable: not writable,
-}
-
-
-def parse_elastic(text: str) -> dict[str, Any]:
-    """``MIN:MAX`` -> the rendezvous fields it sets."""
-    match = re.fullmatch(r"([0-9]{1,100}):([0-9]{1,100})", text)
-    if not match:
-        raise UserError(f"--elastic: {_show(text)} is not MIN:MAX; use two node counts, e.g. 1:4")
-    return {"mode": "elastic", "minNodes": int(match[1]), "maxNodes": int(match[2])}
-
-
-def read_spec_file(path: Path, label: str = "-f/--file") -> dict[str, Any]:
-    """The spec document in ``path``: strict YAML, string fields as typed, as a plain dict.
-
-    ``label`` names where the path came from in errors (the flag, or the default file)."""
-    from ddpdeploy import specfile  # imported on first use: render without a file skips it
-
-    try:
-        text = specfile.read_text(path, label)
-    except FileNotFoundError:
-        raise UserError(
-            f"{label}: {path} not found; create one with `ddpdeploy init` or pass -f PATH"
-        ) from None
-    try:
-        data = specfile.resolve(specfile.parse(text), JobSpec)
-    except specfile.SpecSyntaxError as exc:
-        where = f"{path}:{exc.line}" if exc.line else str(path)
-        raise UserError(f"{where}: {exc}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise UserError(f"{where}: YAML syntax error: {problem}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: the top level must be a mapping of fields (name: …, nodes: …)")
-    return data
-
-
-def _section(doc: dict[str, Any], key: str, source: str, hint: str) -> dict[str, Any]:
-    """A copy of the mapping at ``doc[key]`` that flags or args are merged into."""
-    value = doc.get(key)
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise UserError(f"{source}: {key} must be a mapping, e.g. {hint} (got {_show(value)})")
-    return dict(value)
-
-
-_HINTS = {
-    "rendezvous": "{mode: static}",
-    "command": "{script: train.py, args: [--lr, '0.1']}",
-    "scheduling": "{scheduler: volcano}",
-    "network": "{policy: true}",
-    "security": "{readOnlyRootFilesystem: true}",
-}
-
-
-def _default_document() -> tuple[dict[str, Any], str]:
-    # lexists: a directory, a dangling link or a loop named ddpdeploy.yaml is refused, not
-    # silently skipped.
-    if os.path.lexists(DEFAULT_FILE):
-        return read_spec_file(Path(DEFAULT_FILE), f"./{DEFAULT_FILE}"), DEFAULT_FILE
-    return {}, "defaults"
-
-
-def load_spec(
-    path: Path | None = None,
-    flags: dict[str, Any] | None = None,
-    extra_args: list[str] | None = None,
-) -> JobSpec:
-    """File (if any), then flags (flags win), then args after ``--``: one validated JobSpec.
-
-    ``flags`` maps flag names (keys of FLAG_FIELDS) to values; None means "not given".
-    With no path, ``./ddpdeploy.yaml`` is read when it exists, else the defaults apply.
-    """
-    if path is not None:
-        doc, source = read_spec_file(path), str(path)
-    else:
-        doc, source = _default_document()
-    given = {k: v for k, v in (flags or {}).items() if v is not None}
-    for flag, value in given.items():
-        field_path = FLAG_FIELDS[flag]
-        if len(field_path) == 1 and flag != "--elastic":
-            doc[field_path[0]] = value
-            continue
-        section = _section(doc, field_path[0], source, _HINTS[field_path[0]])
-        if flag == "--elastic":
-            section.update(parse_elastic(value))
-        else:
-            section[field_path[1]] = _FLAG_VALUES.get(flag, lambda v: v)(value)
-        doc[field_path[0]] = section
-    if extra_args:
-        command = _section(doc, "command", source, _HINTS["command"])
-        args = command.get("args") or []
-        if not isinstance(args, list):
-            raise UserError(f"{source}: command.args must be a list, e.g. [--lr, '0.1']")
-        command["args"] = [*args, *extra_args]
-        doc["command"] = command
-    try:
-        return JobSpec.model_validate(doc)
-    except ValidationError as exc:
-        raise UserError(_one_line(exc, source, given)) from None
-
-
-def spec_with(spec: JobSpec, **changes: Any) -> JobSpec:
-    """``spec`` with ``changes`` (snake_case fields), validated again as a whole like a spec
-    from a file (``model_copy(update=...)`` would skip every check: name budgets, ranges).
-    An invalid result is one UserError line naming the field."""
-    doc = spec.model_dump(mode="json", by_alias=True)
-    doc.update({to_camel(k): v for k, v in changes.items()})
-    try:
-        return JobSpec.model_validate(doc)
-    except ValidationError as exc:
-        raise UserError(_one_line(exc, "defaults", {})) from None
-
-
-def _one_line(exc: ValidationError, source: str, flags: dict[str, Any]) -> str:
-    """The first error as one line, naming the flag when a flag set that field."""
-    errors = exc.errors(include_url=False)
-    first = errors[0]
-    loc = [str(p) for p in first["loc"]]
-    prefix = "" if source == "defaults" else f"{source}: "
-    where = f"{prefix}{'.'.join(loc)}" if loc else source
-    for flag, field_path in FLAG_FIELDS.items():
-        # The error sits on the flag's field, inside it, or on the model holding it.
-        n = min(len(loc), len(field_path))
-        if flag in flags and loc and tuple(loc[:n]) == field_path[:n]:
-            where = flag
-            break
-    message = first["msg"]
-    if first["type"] == "extra_forbidden":
-        message = (
-            f"unknown field {_show(loc[-1])}; `ddpdeploy init` writes a file listing every field"
-        )
-        camel = to_camel(loc[-1])
-        if camel != loc[-1]:
-            message = (
-                f"unknown field {_show(loc[-1])}; keys are camelCase like Kubernetes': "
-                f"{_show(camel)}"
-            )
-        where = f"{prefix}{'.'.join(loc[:-1]) or '(top level)'}"
-    elif first["type"] in ("model_type", "model_attributes_type", "dict_type"):
-        message = f"must be a mapping of fields (got {_show(first['input'])})"
-    elif message.startswith("Value error, "):
-        message = message[len("Value error, ") :]
-    else:
-        message = message.replace("Input should be", "must be")
-        if "input" in first and not isinstance(first["input"], dict | list):
-            message += f" (got {_show(first['input'])})"
-    if first["type"] == "string_type":
-        message += "; quote it in YAML"
-    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-    if where == "defaults":
-        return f"{message}{more}"
-    return f"{where}: {message}{more}"
