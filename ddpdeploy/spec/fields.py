@@ -176,7 +176,7 @@ def _image(value: str) -> str:
 
 
 def _scalar_to_str(value: Any) -> Any:
-    # Files keep scalars as typed (specfile.py); this is for documents built in Python.
+    # Files keep scalars as typed (load.py); this is for documents built in Python.
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
