@@ -285,3 +285,9 @@ def test_cli_prints_one_line_and_writes_nothing(tmp_path, text, argv):
 def test_messages_stay_short_for_huge_values(tmp_path, text):
     args = ["x"] if text.startswith("command") else None
     assert len(refused(write(tmp_path, text), None, args)) < 400
+
+
+def test_a_key_with_a_newline_is_named_on_one_line(tmp_path):
+    # Found by tests/test_render_property.py: the key was printed raw, splitting the line.
+    message = refused(write(tmp_path, 'secretEnv: {"x\\n": {}}\n'))
+    assert message.startswith(f"{tmp_path / 'ddpdeploy.yaml'}: secretEnv.'x\\n'.secret: ")

@@ -348,7 +348,8 @@ def _one_line(exc: ValidationError, source: str, overrides: Sequence[Override]) 
     """The first error as one line, naming the override (flag) when one set that field."""
     errors = exc.errors(include_url=False)
     first = errors[0]
-    loc = [str(p) for p in first["loc"]]
+    # A key with a newline or other control character is shown quoted: one line stays one.
+    loc = [str(p) if str(p).isprintable() else show(str(p)) for p in first["loc"]]
     prefix = "" if source == "defaults" else f"{source}: "
     where = f"{prefix}{'.'.join(loc)}" if loc else source
     for override in overrides:
