@@ -26,6 +26,7 @@ def down(
     """
     from ddpdeploy.jobwatch import find_job
     from ddpdeploy.render.pod import MANAGED_BY
+    from ddpdeploy.targets import JOB_KINDS
 
     kube = connect(kubeconfig, context)
     ns = namespace or kube.default_namespace
@@ -39,9 +40,7 @@ def down(
     ours = f"app.kubernetes.io/instance={name},app.kubernetes.io/managed-by={MANAGED_BY}"
     claims = kube.list("v1", "PersistentVolumeClaim", ns, labels=ours)
     if not deleted and not (purge and claims):
-        raise OperationError(
-            f"no job {name} (PyTorchJob, TrainJob or Job) in namespace {ns}; nothing deleted"
-        )
+        raise OperationError(f"no job {name} ({JOB_KINDS}) in namespace {ns}; nothing deleted")
     for claim in claims:
         pvc = claim["metadata"]["name"]
         if purge:

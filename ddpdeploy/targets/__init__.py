@@ -20,6 +20,8 @@ from ddpdeploy.targets.trainjob import TrainJob
 TARGETS: dict[str, Layout] = {t.name: t for t in (PyTorchJob(), TrainJob(), IndexedJob())}
 assert tuple(TARGETS) == TARGET_NAMES, "rules.TARGET_RULES and TARGETS name the same targets"
 SCALABLE = tuple(t for t in TARGETS.values() if t.can_scale)
+_KINDS = [t.kind for t in TARGETS.values()]
+JOB_KINDS = f"{', '.join(_KINDS[:-1])} or {_KINDS[-1]}"  # "PyTorchJob, TrainJob or Job"
 # What `logs --replica` may name, over every target that has replicas.
 REPLICA_NAMES = tuple(dict.fromkeys(r for t in TARGETS.values() for r in t.replica_names))
 
@@ -54,6 +56,7 @@ def render_objects(spec: JobSpec) -> list[dict[str, Any]]:
 
 __all__ = [
     "DEFAULT_TARGET",
+    "JOB_KINDS",
     "REPLICA_NAMES",
     "SCALABLE",
     "TARGETS",
