@@ -291,3 +291,18 @@ def test_a_key_with_a_newline_is_named_on_one_line(tmp_path):
     # Found by tests/test_render_property.py: the key was printed raw, splitting the line.
     message = refused(write(tmp_path, 'secretEnv: {"x\\n": {}}\n'))
     assert message.startswith(f"{tmp_path / 'ddpdeploy.yaml'}: secretEnv.'x\\n'.secret: ")
+
+
+def test_the_one_quantity_parser_is_exact():
+    from decimal import Decimal
+
+    from ddpdeploy.spec import quantity
+
+    assert quantity("1Gi") == ("1Gi", Decimal(2**30), "Gi")
+    assert quantity("500m")[1] == Decimal("0.5")
+    assert quantity("1.5e3")[1] == 1500
+    assert quantity(8)[1] == 8  # as the API may report a count
+    assert quantity("0")[1] == 0  # zero is a quantity; the fields refuse it themselves
+    assert quantity("1e99999999999")[1].is_infinite()  # no overflow error
+    with pytest.raises(ValueError, match="is not a Kubernetes quantity"):
+        quantity("8 GPUs")

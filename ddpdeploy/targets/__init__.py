@@ -47,8 +47,8 @@ def launch_contract(
 def render_objects(spec: JobSpec) -> list[dict[str, Any]]:
     """Every object the job needs on its target, dependencies (the PVC, the policy, a
     Service) first. Pure: no network, no clock, no randomness; same spec, same objects."""
-    launch = launch_contract(spec)
     layout = layout_of(spec.target)
+    launch = contract.launch_contract(spec, layout)  # the objects run on this same layout
     pvc = checkpoint_pvc(spec)
     policies = beside_job(spec, selector_labels(spec))
     return [*([pvc] if pvc else []), *policies, *layout.objects(spec, launch)]
