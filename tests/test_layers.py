@@ -42,9 +42,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "jobstate",
             "jobwatch",
             "deploy",
+            "kubeopts",  # the kube connection (and its interrupt handling) cluster code shares
         ),
     ),
-    ("commands", ("commands.*", "options", "kubeopts")),
+    ("commands", ("commands.*", "options")),
     ("cli", ("cli", "__main__")),
 ]
 
