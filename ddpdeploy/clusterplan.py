@@ -15,18 +15,13 @@ import yaml
 from pydantic import ValidationError
 
 from ddpdeploy.errors import UserError
-from ddpdeploy.spec import JobSpec
+from ddpdeploy.spec import JobSpec, quantity, spec_with
+from ddpdeploy.targets import layout_for_kind
 
 Obj = dict[str, Any]
 
-JOB_API = "kubeflow.org/v1"
-JOB_KIND = "PyTorchJob"
 SPEC_ANNOTATION = "ddpdeploy.dev/spec"
 GPU = "nvidia.com/gpu"
-INSTALL_OPERATOR = (
-    "install the Kubeflow training operator (v1.9): kubectl apply --server-side -k "
-    '"github.com/kubeflow/trainer.git/manifests/overlays/standalone?ref=v1.9.4"'
-)
 
 
 def spec_json(spec: JobSpec) -> str:
@@ -74,7 +69,7 @@ def saved_spec(obj: Obj) -> JobSpec | None:
 
 
 def _read_saved(text: Any, where: str) -> JobSpec:
-    from ddpdeploy import specfile
+    from ddpdeploy.spec import load as specfile
 
     def refuse(why: str) -> UserError:
         return UserError(
@@ -100,9 +95,10 @@ def _read_saved(text: Any, where: str) -> JobSpec:
 
 
 def _quantity_int(value: Any) -> int:
+    """A count the API reports as a quantity ("8"), whole; 0 when it is none."""
     try:
-        return int(str(value))
-    except ValueError:
+        return int(quantity(value)[1])
+    except (ValueError, OverflowError):  # OverflowError: an infinite amount
         return 0
 
 
@@ -144,24 +140,18 @@ def gpu_nodes_free(nodes: list[Obj], pods: list[Obj], gpus: int) -> int:
     return free
 
 
-def elastic_range(job: Obj) -> tuple[int, int] | None:
-    policy = (job.get("spec") or {}).get("elasticPolicy")
-    if not policy:
-        return None
-    return int(policy.get("minReplicas") or 1), int(policy.get("maxReplicas") or 1)
-
-
 def scaled_spec(job: Obj, nodes: int) -> JobSpec:
     """The job's saved spec at ``nodes`` nodes, within its elastic MIN:MAX.
 
     Re-rendering it and applying as the same field manager changes exactly the Worker
     count and the saved spec, and keeps later applies by `up` and `resume` free of
     conflicts with another manager."""
-    name = job["metadata"]["name"]
-    bounds = elastic_range(job)
+    name, kind = job["metadata"]["name"], job.get("kind", "job")
+    layout = layout_for_kind(job.get("apiVersion", ""), kind)
+    bounds = layout.elastic_range(job) if layout and layout.can_scale else None
     if bounds is None:
         raise UserError(
-            f"--nodes: PyTorchJob {name} is not elastic; only jobs started with "
+            f"--nodes: {kind} {name} is not elastic; only jobs started with "
             "--elastic MIN:MAX can be scaled (down and up again to change a static job)"
         )
     low, high = bounds
@@ -169,5 +159,5 @@ def scaled_spec(job: Obj, nodes: int) -> JobSpec:
         raise UserError(f"--nodes: {nodes} is outside the job's elastic range {low}:{high}")
     spec = saved_spec(job)
     if spec is None:
-        raise UserError(f"PyTorchJob {name} has no saved spec: only jobs `ddpdeploy up` made scale")
-    return spec.model_copy(update={"nodes": nodes})
+        raise UserError(f"{kind} {name} has no saved spec: only jobs `ddpdeploy up` made scale")
+    return spec_with(spec, nodes=nodes)

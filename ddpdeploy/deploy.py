@@ -22,7 +22,7 @@ from ddpdeploy.clusterplan import gpu_nodes, gpu_nodes_free, saved_spec
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.jobstate import job_state
 from ddpdeploy.kubeopts import held_signals, interrupted
-from ddpdeploy.spec import JobSpec
+from ddpdeploy.spec import JobSpec, spec_with
 from ddpdeploy.targets import DEFAULT_TARGET, TARGETS, Layout, layout_of
 
 Obj = dict[str, Any]
@@ -220,8 +220,8 @@ def adopt_pvc(kube: Kube, spec: JobSpec, say: Say) -> JobSpec:
         f"using {_ref(got)} as is (--adopt-pvc; its owner: {owner_of(got)}); ddpdeploy never "
         "changes or deletes it"
     )
-    adopted = ckpt.model_copy(update={"claim_name": name, "size": None, "storage_class": None})
-    return spec.model_copy(update={"checkpoint": adopted})
+    adopted = ckpt.model_dump(mode="json", by_alias=True, exclude={"size", "storage_class"})
+    return spec_with(spec, checkpoint={**adopted, "claimName": name})
 
 
 def _check_gpus(kube: Kube, plan: Plan) -> None:

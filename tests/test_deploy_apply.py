@@ -14,8 +14,8 @@ from ddpdeploy import deploy
 from ddpdeploy.clusterplan import with_saved_spec
 from ddpdeploy.errors import OperationError
 from ddpdeploy.kubeopts import catch_signals
-from ddpdeploy.render.k8s import render_objects
 from ddpdeploy.spec import JobSpec
+from ddpdeploy.targets import render_objects
 
 
 def objects(name: str = "j", image: str = "r.invalid/t:1"):

@@ -7,7 +7,6 @@ import sys
 import pytest
 
 from ddpdeploy.adapters.local import LocalRun
-from ddpdeploy.contract import launch_contract
 from ddpdeploy.errors import UserError
 from ddpdeploy.render.local import plan
 from ddpdeploy.smoke_runner import (
@@ -20,6 +19,7 @@ from ddpdeploy.smoke_runner import (
     summary_failures,
 )
 from ddpdeploy.spec import JobSpec
+from ddpdeploy.targets import launch_contract
 
 
 def test_launcher_is_a_parameter_of_the_contract():

@@ -30,6 +30,7 @@ def down(
     from ddpdeploy import deploy
     from ddpdeploy.kubeopts import interrupted
     from ddpdeploy.render.pod import MANAGED_BY
+    from ddpdeploy.targets import JOB_KINDS
 
     kube = connect(kubeconfig, context)
     ns = namespace or kube.default_namespace
@@ -55,9 +56,7 @@ def down(
             for claim in claims:
                 deploy.require_ours(claim, name, "deleted")
         if job is None and not found and not (purge and claims):
-            raise OperationError(
-                f"no job {name} (PyTorchJob, TrainJob or Job) in namespace {ns}; nothing deleted"
-            )
+            raise OperationError(f"no job {name} ({JOB_KINDS}) in namespace {ns}; nothing deleted")
         if job is not None and kube.delete(layout.api_version, layout.kind, name, ns):
             done.append(f"deleted {layout.kind} {ns}/{name}")
             say(done[-1])

@@ -21,7 +21,7 @@ def resume(
     from ddpdeploy import deploy
     from ddpdeploy.clusterplan import with_saved_spec
     from ddpdeploy.kubeopts import interrupted
-    from ddpdeploy.render.k8s import render_objects
+    from ddpdeploy.targets import render_objects
 
     kube = connect(kubeconfig, context)
     ns = namespace or kube.default_namespace

@@ -29,16 +29,18 @@ def scale(
     Example: ddpdeploy scale my-job --nodes 4
     """
     from ddpdeploy import deploy
-    from ddpdeploy.clusterplan import JOB_API, JOB_KIND, scaled_spec, with_saved_spec
+    from ddpdeploy.clusterplan import scaled_spec, with_saved_spec
     from ddpdeploy.kubeopts import interrupted
-    from ddpdeploy.render.k8s import render_objects
+    from ddpdeploy.targets import SCALABLE, render_objects
 
     kube = connect(kubeconfig, context)
     ns = namespace or kube.default_namespace
     try:
-        job = kube.get(JOB_API, JOB_KIND, name, ns)
+        found = (kube.get(t.api_version, t.kind, name, ns) for t in SCALABLE)
+        job = next(filter(None, found), None)
         if job is None:
-            raise OperationError(f"no PyTorchJob {name} in namespace {ns}")
+            kinds = " or ".join(t.kind for t in SCALABLE)
+            raise OperationError(f"no {kinds} {name} in namespace {ns}")
         deploy.require_ours(job, name, "scaled")
         spec = scaled_spec(job, nodes)
         objects = with_saved_spec(render_objects(spec), spec)
@@ -51,7 +53,7 @@ def scale(
             kube.apply(obj, dry_run=True)
     except KeyboardInterrupt as exc:
         raise interrupted(exc, "stopped before any change; nothing was changed") from None
-    done = f"scaled PyTorchJob {ns}/{name} to {nodes} nodes"
+    done = f"scaled {job['kind']} {ns}/{name} to {nodes} nodes"
     try:
         with held_signals():  # a few quick applies: all of them, or an error
             for obj in objects:

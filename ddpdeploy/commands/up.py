@@ -10,7 +10,7 @@ import typer
 from ddpdeploy.errors import UserError
 from ddpdeploy.kubeopts import CLUSTER_PANEL, ContextOpt, KubeconfigOpt, connect
 from ddpdeploy.options import spec_command
-from ddpdeploy.spec import JobSpec
+from ddpdeploy.spec import JobSpec, spec_with
 
 
 def _say(text: str) -> None:
@@ -76,7 +76,7 @@ def up(
     """
     from ddpdeploy import deploy, jobwatch
     from ddpdeploy.clusterplan import with_saved_spec
-    from ddpdeploy.render.k8s import render_objects
+    from ddpdeploy.targets import render_objects
 
     seconds = jobwatch.parse_duration(timeout) if timeout else None
     if base_image is not None and not build:
@@ -89,7 +89,7 @@ def up(
         ref = build_image(
             spec, workspace=Path.cwd(), base_image=base_image, push=True, push_flag="--build"
         )
-        spec = spec.model_copy(update={"image": ref})
+        spec = spec_with(spec, image=ref)
     from ddpdeploy.kubeopts import interrupted
 
     objects = with_saved_spec(render_objects(spec), spec)  # render errors come first

@@ -17,10 +17,11 @@ from __future__ import annotations
 from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
-from ddpdeploy.contract import LaunchContract, launch_contract
+from ddpdeploy.contract import LaunchContract
 from ddpdeploy.errors import UserError
 from ddpdeploy.render.local import cpu_spec
 from ddpdeploy.spec import JobSpec
+from ddpdeploy.targets import launch_contract
 
 Obj = dict[str, Any]
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from ddpdeploy.contract import LaunchContract, launch_contract
+from ddpdeploy.contract import LaunchContract
 from ddpdeploy.spec import JobSpec
+from ddpdeploy.targets import launch_contract
 
 LOOPBACK = "127.0.0.1"
 

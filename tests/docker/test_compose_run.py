@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from ddpdeploy.adapters.compose import PROJECT_LABEL, ComposeRun, Line
-from ddpdeploy.contract import launch_contract
 from ddpdeploy.render.compose import compose_job, render_compose
 from ddpdeploy.spec import JobSpec
+from ddpdeploy.targets import launch_contract
 
 pytestmark = pytest.mark.docker
 

@@ -20,8 +20,8 @@ MANAGED = "app.kubernetes.io/managed-by"
 def rendered(ns: str, name: str, *flags: str) -> list[dict]:
     """What `up` would submit (our renderer, our saved spec), as dicts."""
     from ddpdeploy.clusterplan import with_saved_spec
-    from ddpdeploy.render.k8s import render_objects
-    from ddpdeploy.spec import load_spec
+    from ddpdeploy.options import spec_from_flags as load_spec
+    from ddpdeploy.targets import render_objects
 
     pairs = {k: int(v) if v.isdigit() else v for k, v in zip(flags[::2], flags[1::2], strict=True)}
     spec = load_spec(None, {"--image": IMAGE, "--name": name, "--namespace": ns, **pairs})
