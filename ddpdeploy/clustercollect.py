@@ -9,7 +9,6 @@ API; checksums are checked by ddpdeploy.checkpoints like for any other source.
 from __future__ import annotations
 
 import contextlib
-import io
 import posixpath
 import time
 from collections.abc import Iterator
@@ -19,33 +18,11 @@ from ddpdeploy.adapters.kube import Kube
 from ddpdeploy.errors import OperationError
 from ddpdeploy.render.pod import checkpoint_claim_name, labels
 from ddpdeploy.spec import JobSpec
+from ddpdeploy.streams import ChunkReader
 from ddpdeploy.targets import layout_of
 
 Obj = dict[str, Any]
 HELPER_CONTAINER = "reader"
-
-
-class _Chunks(io.RawIOBase):
-    """A file-like view of an iterator of byte chunks."""
-
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks = chunks
-        self._pending = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, size: int | None = -1) -> bytes:
-        if size is None or size < 0:  # all of it
-            out, self._pending = self._pending + b"".join(self._chunks), b""
-            return out
-        while not self._pending:
-            chunk = next(self._chunks, None)
-            if chunk is None:
-                return b""
-            self._pending = chunk
-        out, self._pending = self._pending[:size], self._pending[size:]
-        return out
 
 
 class PodSource:
@@ -62,7 +39,7 @@ class PodSource:
 
     def open(self, name: str) -> contextlib.AbstractContextManager[BinaryIO]:
         path = posixpath.join(self.folder, posixpath.basename(name))
-        return contextlib.closing(_Chunks(self._run(["cat", path])))  # type: ignore[arg-type]
+        return contextlib.closing(ChunkReader(self._run(["cat", path])))  # type: ignore[arg-type]
 
     def _run(self, argv: list[str]) -> Iterator[bytes]:
         return self.kube.exec_stream(self.pod, self.namespace, self.container, argv)

@@ -11,7 +11,7 @@ included, so targets with no operator reproduce it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ddpdeploy.image_layout import TRAINER_IN_IMAGE  # where `ddpdeploy build` puts it
@@ -137,9 +137,12 @@ def _field_value(path: str, node: Node, host_of: dict[str, str]) -> str:
     raise ValueError(f"no local value for the downward API field {path}")
 
 
-def launch_contract(spec: JobSpec, port: int | None = None) -> LaunchContract:
+def launch_contract(
+    spec: JobSpec, port: int | None = None, *, run_env: Mapping[str, str] | None = None
+) -> LaunchContract:
     """The single decision of how ``spec`` is launched on its target. ``port`` replaces the
-    target's rendezvous port (local runs take a free one)."""
+    target's rendezvous port (local runs take a free one); ``run_env`` is env for this run
+    only (a smoke run's torchrun output options), merged after the spec's env."""
     layout = layout_of(spec.target)
     base_env = {
         # Bounded wait for peers' DNS, in seconds (the rendezvous join timeout).
@@ -153,6 +156,7 @@ def launch_contract(spec: JobSpec, port: int | None = None) -> LaunchContract:
         # worker hosts a fresh store.
         base_env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     base_env.update(spec.env)
+    base_env.update(run_env or {})
     return LaunchContract(
         spec=spec,
         layout=layout,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdeploy.errors import OperationError, UserError
+from ddpdeploy.streams import ChunkReader
 
 MOUNT = "/ddpdeploy-volume"
 
@@ -53,7 +54,7 @@ def copy_out(volume: str, folder: str, dest: Path, image: str | None = None) -> 
     )
     try:
         stream, _ = container.get_archive(f"{MOUNT}/{folder.strip('/')}/.")
-        reader = io.BufferedReader(_Chunks(stream), buffer_size=1 << 20)
+        reader = io.BufferedReader(ChunkReader(stream), buffer_size=1 << 20)
         with tarfile.open(fileobj=reader, mode="r|") as tar:
             tar.extractall(dest, filter="data")
     except docker.errors.NotFound:
@@ -62,25 +63,3 @@ def copy_out(volume: str, folder: str, dest: Path, image: str | None = None) -> 
         raise OperationError(f"reading volume {volume}: {exc}") from None
     finally:
         container.remove(force=True)
-
-
-class _Chunks(io.RawIOBase):
-    """The engine's chunk iterator as a raw stream (buffered for tarfile's small reads)."""
-
-    def __init__(self, chunks: Any) -> None:
-        self._chunks = iter(chunks)
-        self._chunk = memoryview(b"")
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self._chunk:
-            nxt = next(self._chunks, None)
-            if nxt is None:
-                return 0
-            self._chunk = memoryview(nxt)
-        n = min(len(buffer), len(self._chunk))
-        buffer[:n] = self._chunk[:n]
-        self._chunk = self._chunk[n:]
-        return n
