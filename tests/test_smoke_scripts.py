@@ -167,3 +167,29 @@ def test_second_run_starts_from_an_empty_checkpoint_folder(tmp_path, marker):
     third = smoke(tmp_path, marker, "--resume", *args)
     assert third.returncode == 0, third.stderr
     assert '"resumed": true' in third.stderr, third.stderr
+
+
+@pytest.mark.slow
+def test_kill_at_checkpoint_for_a_script_without_events(tmp_path, marker):
+    # The kill follows the first new file in the run's checkpoint folder (the script's own
+    # snapshot, found through DDPDEPLOY_CHECKPOINT_DIR); the restarted workers resume from it.
+    # Elastic (c10d): the contract's env makes torchrun restarts of a plain
+    # init_process_group safe there; under static rendezvous torch 2.13's shared agent
+    # store can hand restarted workers stale peer addresses (train/README.md).
+    spec = (
+        "nodes: 2\ncheckpoint: {claimName: local}\ncommand: {script: snapshot.py}\n"
+        "rendezvous: {mode: elastic, minNodes: 2, maxNodes: 2, maxRestarts: 1}\n"
+    )
+    ws = workspace(tmp_path, spec)
+    res = smoke(ws, marker, "--kill-at", "checkpoint")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert re.search(
+        r"^killed +local rank 0 \(pid \d+\) of ddp-train-worker-\d at the first checkpoint$",
+        res.stdout,
+        re.M,
+    ), res.stdout
+    assert "clean run       not compared" in res.stdout
+    assert re.search(r"^resumed at iteration [1-9]\d*$", res.stderr, re.M), res.stderr[-3000:]
+    assert res.stderr.count("iteration 15\n") == 2  # the clean run and the killed one
+    assert (ws / ".ddpdeploy" / "checkpoints" / "ddp-train" / "snapshot.pt").is_file()
+    assert leftovers(marker) == []
