@@ -113,6 +113,14 @@ def smoke(
     restarts = None
     if chaos is not None:
         spec, restarts = plan.chaos_spec(spec, chaos)
+        if not spec.command.builtin and not spec.elastic:
+            # The launch contract makes restarts safe under c10d only (train/README.md).
+            typer.echo(
+                "smoke: note: under static rendezvous torch 2.13's restarted workers share "
+                "the agent's store, so a plain init_process_group may fail with 'Connection "
+                "refused'; --elastic N:N (c10d) restarts it safely",
+                err=True,
+            )
     world = spec.nodes * spec.procs_per_node
     where = "in docker-compose" if docker else "on 127.0.0.1"
     typer.echo(

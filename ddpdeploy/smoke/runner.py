@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from math import inf
 from pathlib import Path
 from typing import Protocol
 
@@ -171,6 +172,7 @@ class _Run:
     started: float = field(default_factory=time.monotonic)
     ticked: float = 0.0
     rank_tails: dict[int, deque[str]] = field(default_factory=dict)
+    rank_seen: dict[int, float] = field(default_factory=dict)  # wall clock of a rank's last line
     rank0_node: str | None = None
     known_files: frozenset[str] = frozenset()
 
@@ -231,6 +233,7 @@ class _Run:
         rank, text = split_rank(line.text)
         if rank is not None:
             self.rank_tails.setdefault(rank, deque(maxlen=100)).append(text)
+            self.rank_seen[rank] = time.time()
             if rank == 0:
                 self.rank0_node = line.node
         event = parse_event(text) if line.stream == "stdout" and rank in (0, None) else None
@@ -312,6 +315,9 @@ class _Run:
             times = {
                 (n, local): at for n in nodes for local, at in self.target.last_output_at(n).items()
             }
+            if any((f.node, f.local_rank) not in times for f in failures):
+                # The target cannot tell (compose): when each rank's last line reached us.
+                times = {(f.node, f.local_rank): self.rank_seen.get(f.rank, inf) for f in failures}
             cause = root_cause(failures, times)
             lines = list(self.rank_tails.get(cause.rank, ()))
             node, rank, code = nodes[cause.node], cause.rank, cause.code
