@@ -193,3 +193,18 @@ def test_kill_at_checkpoint_for_a_script_without_events(tmp_path, marker):
     assert res.stderr.count("iteration 15\n") == 2  # the clean run and the killed one
     assert (ws / ".ddpdeploy" / "checkpoints" / "ddp-train" / "snapshot.pt").is_file()
     assert leftovers(marker) == []
+
+
+@pytest.mark.slow
+def test_kill_at_a_time_for_a_script_without_events(tmp_path, marker):
+    spec = (
+        "nodes: 2\ncheckpoint: {claimName: local}\ncommand: {script: snapshot.py}\n"
+        "rendezvous: {mode: elastic, minNodes: 2, maxNodes: 2, maxRestarts: 1}\n"
+    )
+    ws = workspace(tmp_path, spec)
+    res = smoke(ws, marker, "--kill-at", "6s")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert re.search(r"^killed +local rank 0 \(pid \d+\) of \S+ at 6 s$", res.stdout, re.M)
+    assert re.search(r"^kill-at: SIGKILL .*, \d+ s$", res.stderr, re.M), res.stderr[-3000:]
+    assert res.stderr.count("iteration 15\n") == 2
+    assert leftovers(marker) == []

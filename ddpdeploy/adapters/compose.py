@@ -27,7 +27,7 @@ from typing import Any
 
 from ddpdeploy.errors import OperationError
 from ddpdeploy.render.output import to_yaml
-from ddpdeploy.smoke.target import Line, Node, SmokeTarget
+from ddpdeploy.smoke.target import Line, Node, NoWorker, SmokeTarget
 from ddpdeploy.streams import LineSplitter
 
 PROJECT_LABEL = "com.docker.compose.project"
@@ -252,6 +252,8 @@ class ComposeRun(SmokeTarget):
         code, out = container.exec_run(["python3", "-c", _KILL_WORKER, rank])
         text = out.decode(errors="replace").strip()
         if code != 0:
+            if "no worker with LOCAL_RANK" in text:
+                raise NoWorker(f"--kill-at: node {node} had no worker process to kill")
             raise OperationError(f"killing a worker in {node} failed: {text[-300:]}")
         return text.splitlines()[-1]
 

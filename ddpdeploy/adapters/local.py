@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ddpdeploy.errors import OperationError
 from ddpdeploy.smoke.plan import LocalNode
-from ddpdeploy.smoke.target import Line, Node, SmokeTarget
+from ddpdeploy.smoke.target import Line, Node, NoWorker, SmokeTarget
 
 RUN_MARKER = "DDPDEPLOY_SMOKE_RUN"  # this run's id, in the env of its agents and workers
 NODE_MARKER = "DDPDEPLOY_SMOKE_NODE"  # the node (hostname) an agent or worker belongs to
@@ -112,7 +112,7 @@ class LocalRun(SmokeTarget):
             if env.get(NODE_MARKER) == node and env.get("LOCAL_RANK", "").isdigit()
         ]
         if not workers:
-            raise OperationError(f"--kill-at: node {node} had no worker process to kill")
+            raise NoWorker(f"--kill-at: node {node} had no worker process to kill")
         local_rank, pid = max(workers)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)

@@ -15,7 +15,7 @@ import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass, field
 from math import inf
 from pathlib import Path
@@ -31,7 +31,7 @@ from ddpdeploy.smoke.events import (
     split_rank,
     summary_failures,
 )
-from ddpdeploy.smoke.target import Line, Node, SmokeTarget
+from ddpdeploy.smoke.target import Line, Node, NoWorker, SmokeTarget
 
 SETTLE_S = 5.0  # after the first failure, how long the other nodes get to report theirs
 TAIL_LINES = 12
@@ -217,7 +217,8 @@ class _Run:
         if kill is None or kill.at:
             return
         if kill.at_.seconds is not None and elapsed >= kill.at_.seconds:
-            self.strike(f"{elapsed:.0f} s")
+            with suppress(NoWorker):  # not started yet: the next tick tries again
+                self.strike(f"{elapsed:.0f} s")
         elif kill.at_.checkpoint and self._checkpoint_files() - self.known_files:
             self.strike("a new file in the checkpoint folder")
 

@@ -10,7 +10,7 @@ A target subclasses `SmokeTarget`:
 - `exit_codes()`: {node name: its agent's exit code, None while it runs}.
 - `tail(node)`: that node's last console lines (raw). `drain()`: lines left after exit.
 - `kill_worker(node)`: SIGKILL one worker process of that node (chaos); returns a short
-  description such as "local rank 1 (pid 4242)".
+  description such as "local rank 1 (pid 4242)"; raises `NoWorker` when it has none.
 - `last_output_at(node)`: optional, {local rank: wall-clock time of that worker's last
   output} for the node's latest attempt; orders failures finer than torchrun's 1 s stamps.
   Return {} when the target cannot tell.
@@ -30,6 +30,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+from ddpdeploy.errors import OperationError
+
+
+class NoWorker(OperationError):
+    """`kill_worker`: the node has no worker process (yet, or any more)."""
 
 
 @dataclass(frozen=True)
