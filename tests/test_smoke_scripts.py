@@ -208,3 +208,16 @@ def test_kill_at_a_time_for_a_script_without_events(tmp_path, marker):
     assert re.search(r"^kill-at: SIGKILL .*, \d+ s$", res.stderr, re.M), res.stderr[-3000:]
     assert res.stderr.count("iteration 15\n") == 2
     assert leftovers(marker) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--docker", "--resume"], "error: --resume: only with --local"),
+        (["--resume", "--kill-at", "3"], "error: --resume: not with --kill-at"),
+    ],
+)
+def test_resume_refusals_are_one_line(tmp_path, marker, args, message):
+    res = smoke(tmp_path, marker, *args)
+    assert res.returncode == 2 and res.stderr.startswith(message), res.stderr
+    assert res.stderr.count("\n") == 1
