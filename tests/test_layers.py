@@ -21,22 +21,26 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # No project imports but one another: plain facts every room may read.
     # adapters.files (the one atomic writer and safe reader) imports only errors, and the
     # spec reads its file through it: it sits here, though it lives with the adapters.
-    ("ground", ("ddpdeploy", "errors", "image_layout", "rules", "paths", "adapters.files")),
+    (
+        "ground",
+        ("ddpdeploy", "errors", "image_layout", "rules", "paths", "streams", "adapters.files"),
+    ),
     ("spec", ("spec.*",)),
     ("contract", ("contract",)),
     # Pure renderers below the targets: the one pod, the policy, output, the Dockerfile.
     ("render", ("render", "render.pod", "render.policy", "render.output", "render.image")),
     ("targets", ("targets.*",)),
     # Local runs need a target's layout (through the contract); adapters run them.
-    ("local runs", ("render.local", "render.compose", "smoke_runner")),
+    ("local runs", ("render.local", "render.compose")),
+    # The smoke room is pure (target interface, log parser, runner, plan); the local-process
+    # and compose adapters above it implement its target interface.
+    ("smoke", ("smoke.*",)),
     ("adapters", ("adapters.*",)),
     # Decisions and loops over the outside systems (cluster, smoke runs, image builds).
     (
         "operations",
         (
-            "smoke.*",
             "cluster.*",
-            "smoke_docker",
             "imagebuild",
             "checkpoints",
             "clusterplan",

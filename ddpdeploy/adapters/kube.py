@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdeploy.errors import OperationError
+from ddpdeploy.streams import LineSplitter
 
 Obj = dict[str, Any]
 
@@ -276,14 +277,12 @@ class Kube:
                 # A followed stream may stay quiet for long; connecting is still bounded.
                 _request_timeout=(CONNECT_TIMEOUT, None) if follow else DEFAULT_TIMEOUT,
             )
-            pending = b""
+            lines = LineSplitter(b"")
             for chunk in resp.stream(4096):
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
+                for line in lines.feed(chunk):
                     yield line.decode(errors="replace")
-            if pending:
-                yield pending.decode(errors="replace")
+            for line in lines.finish():
+                yield line.decode(errors="replace")
 
     def exec_stream(
         self, pod: str, namespace: str, container: str, argv: list[str]
