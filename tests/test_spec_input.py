@@ -138,6 +138,16 @@ API_LIMITS = [
     ("checkpoint: {claimName: c, mountPath: /dev//shm/}\n", {}, "/dev/shm is where shmSize"),
     ("checkpoint: {claimName: c, mountPath: /}\n", {}, "mountPath '/' would hide"),
     ("checkpoint: {claimName: c, mountPath: /a/../b}\n", {}, "without '..'"),
+    # normpath keeps a leading "//": each is refused, not mounted over / or a clash rule's path
+    ("checkpoint: {claimName: c, mountPath: '//'}\n", {}, "mountPath '/' would hide"),
+    ("checkpoint: {claimName: c, mountPath: '///'}\n", {}, "mountPath '/' would hide"),
+    (
+        "checkpoint: {claimName: c, mountPath: //dev/shm}\n",
+        {},
+        "starts with '//'; write '/dev/shm'",
+    ),
+    ("checkpoint: {claimName: c, mountPath: //tmp}\n", {}, "starts with '//'; write '/tmp'"),
+    ("checkpoint: {claimName: c, mountPath: //ckpt/}\n", {}, "starts with '//'; write '/ckpt'"),
     ("tolerations: [{key: a, operator: Exists, value: b}]\n", {}, "Exists takes no value"),
     ("tolerations: [{key: a, value: b, tolerationSeconds: 5}]\n", {}, "only to effect: NoEx"),
     ("tolerations: [{value: b}]\n", {}, "without a key needs operator: Exists"),

@@ -255,8 +255,13 @@ def mount_path(value: str) -> str:
     parts = value.split("/")
     if not value.startswith("/") or ".." in parts or any(ord(c) < 32 for c in value):
         raise ValueError(f"mountPath must be an absolute path without '..' (got {show(value)})")
-    if posixpath.normpath(value) == "/":
+    # normpath keeps a leading "//" (POSIX leaves its meaning open), so "//dev/shm" would
+    # slip past the clash rules that compare normalised paths: strip it here first.
+    normal = "/" + posixpath.normpath(value).lstrip("/")
+    if normal == "/":
         raise ValueError("mountPath '/' would hide the image's whole file system")
+    if value.startswith("//"):
+        raise ValueError(f"mountPath {show(value)} starts with '//'; write {show(normal)}")
     return value
 
 
