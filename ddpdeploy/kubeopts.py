@@ -30,7 +30,7 @@ NamespaceOpt = Annotated[
     typer.Option(
         "-n",
         "--namespace",
-        help="Namespace (default: the context's, else default).",
+        help="Namespace (default: the kubeconfig context's, else default).",
         rich_help_panel=CLUSTER_PANEL,
     ),
 ]

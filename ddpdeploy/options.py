@@ -89,7 +89,14 @@ SPEC_FLAGS: tuple[SpecFlag, ...] = (
         ("runtime",),
         metavar="NAME",
     ),
-    SpecFlag("namespace", ("-n", "--namespace"), str, "Kubernetes namespace.", ("namespace",)),
+    SpecFlag(
+        "namespace",
+        ("-n", "--namespace"),
+        str,
+        "Kubernetes namespace (over the spec's; `up` with neither takes the kubeconfig "
+        "context's, else default).",
+        ("namespace",),
+    ),
     SpecFlag("image", ("--image",), str, "Training image reference.", ("image",)),
     SpecFlag("nodes", ("--nodes",), int, "Number of nodes (pods).", ("nodes",)),
     SpecFlag("gpus", ("--gpus",), int, "GPUs per node; 0 runs on CPU with gloo.", ("gpus",)),

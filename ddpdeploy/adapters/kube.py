@@ -7,9 +7,13 @@ The `kubernetes` package is imported lazily, so `render` never loads it.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import hashlib
+import json
+import logging
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,17 +44,88 @@ class Conflict(OperationError):
     """409: the object exists already (a create) or changed under us."""
 
 
-def _api_message(exc: Any) -> str:
+def _status_message(body: Any) -> str | None:
+    """The ``message`` of a Kubernetes Status object in ``body`` (JSON text or bytes)."""
+    try:
+        status = json.loads(body)
+    except (TypeError, ValueError):
+        return None
+    message = status.get("message") if isinstance(status, dict) else None
+    return message if isinstance(message, str) and message else None
+
+
+def _one_line(text: Any, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else f"{text[:limit]}…"
+
+
+def _api_status(exc: Any) -> tuple[int | None, str]:
+    """(HTTP status, one-line message) of an ApiException: the Status object's message, not
+    the raw JSON or, for a websocket (exec) handshake, the response headers."""
+    status, body = getattr(exc, "status", None), getattr(exc, "body", None)
+    reason = str(getattr(exc, "reason", "") or "")
+    # kubernetes.stream raises status 0 with the websocket error as its reason:
+    # "Handshake status 403 Forbidden -+-+- {headers} -+-+- b'{...Status...}'".
+    handshake = re.match(r"Handshake status (\d{3}) ?([^-]*)", reason)
+    if not status and handshake:
+        status = int(handshake[1])
+        tail = reason.rsplit(" -+-+- ", 1)[-1] if " -+-+- " in reason else ""
+        with contextlib.suppress(ValueError, SyntaxError, MemoryError, RecursionError):
+            body = ast.literal_eval(tail) if tail.startswith(("b'", 'b"')) else tail
+        reason = handshake[2].strip() or reason
     summary = getattr(exc, "summary", None)
-    text = summary() if callable(summary) else str(getattr(exc, "body", "") or exc)
-    return " ".join(str(text).split())
+    message = _status_message(body)
+    if message is None and callable(summary):
+        message = summary()
+    if message is None:
+        message = body.decode(errors="replace") if isinstance(body, bytes) else body
+    return status, _one_line(message or reason or exc)
+
+
+def _api_message(exc: Any) -> str:
+    return _api_status(exc)[1]
+
+
+class _ClientLog(logging.Handler):
+    """The kubernetes client reports some failures only by ``logging.error`` on the root
+    logger (a failing exec credential plugin, a corrupt discovery cache), which also puts a
+    stderr handler there on first use: printed raw, as `ERROR:root:…`. Held here instead,
+    for the one line of ours that says what happened."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(Exception):  # a record that cannot format is dropped
+            self.messages = [*self.messages[-19:], _one_line(record.getMessage())]
+
+    def exec_failure(self) -> str | None:
+        return next((m for m in reversed(self.messages) if m.startswith("exec:")), None)
+
+
+_CLIENT_LOG = _ClientLog()
+
+
+def _hold_client_log() -> _ClientLog:
+    root = logging.getLogger()
+    if not root.handlers:  # an application that set up logging itself keeps its own
+        root.addHandler(_CLIENT_LOG)
+    return _CLIENT_LOG
 
 
 def _discovery_cache(host: str) -> str:
-    """Per-user, per-server discovery cache (kubectl keeps one too), not a file in /tmp."""
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    """Per-user, per-server discovery cache (kubectl keeps one too), not a file in /tmp.
+
+    A folder that cannot be made (read-only or not ours) is no failure: the client finds
+    no file there, discovers afresh and cannot write it, as with no cache at all."""
+    try:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    except RuntimeError:  # no $HOME and no passwd entry
+        base = Path("/nonexistent")
     folder = base / "ddpdeploy" / "discovery"
-    folder.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        folder.mkdir(parents=True, exist_ok=True)
     return str(folder / f"{hashlib.sha256(host.encode()).hexdigest()[:16]}.json")
 
 
@@ -64,6 +139,46 @@ def _default_timeout(rest: Any) -> None:
     rest.request = bounded
 
 
+def _exec_failed(message: str) -> str:
+    return (
+        f"the kubeconfig user's exec credential plugin failed ({message}); run it by hand "
+        "(or log in again) and check users[].user.exec in the kubeconfig"
+    )
+
+
+_KINDS = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+
+
+def _check_kubeconfig(path: Path, flag: str) -> None:
+    """A kubeconfig file that is not YAML or not a mapping: one line naming it (the client
+    raises a bare TypeError or YAMLError). Missing files are the client's to report."""
+    import yaml
+
+    where = f"{flag} {path}" if flag else f"kubeconfig {path}"
+    try:
+        text = path.read_bytes()
+    except OSError:
+        return  # missing or unreadable: the client says so (or skips it, as kubectl does)
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or exc
+        raise OperationError(
+            f"{where} is not valid YAML{at} ({_one_line(problem, 120)}); fix it or point "
+            "--kubeconfig at a working one"
+        ) from None
+    except RecursionError:
+        raise OperationError(f"{where} is nested too deep to read; fix it") from None
+    if doc is not None and not isinstance(doc, dict):
+        raise OperationError(
+            f"{where} holds {_KINDS.get(type(doc), 'a scalar')}, not a kubeconfig mapping "
+            "(apiVersion, clusters, users, contexts); fix it or point --kubeconfig at a "
+            "working one"
+        )
+
+
 class Kube:
     """One cluster, as the kubeconfig (or the pod's service account) describes it."""
 
@@ -71,22 +186,38 @@ class Kube:
         from kubernetes import client
         from kubernetes.config.config_exception import ConfigException
 
+        self._log = _hold_client_log()
         cfg = client.Configuration()
         try:
             self.default_namespace = self._load(cfg, kubeconfig, context)
         except (ConfigException, OSError, ValueError) as exc:
             raise OperationError(
-                f"no usable cluster credentials ({' '.join(str(exc).split())}); pass "
+                f"no usable cluster credentials ({_one_line(exc)}); pass "
                 "--kubeconfig FILE or --context NAME, or set KUBECONFIG"
             ) from None
+        failed = self._log.exec_failure()
+        if failed:
+            raise OperationError(_exec_failed(failed)) from None
         cfg.retries = 1
         self.server = cfg.host
         self._api = client.ApiClient(cfg)
         _default_timeout(self._api.rest_client)
+        cache = _discovery_cache(cfg.host)
         with self.errors("connecting"):
-            from kubernetes import dynamic
+            self._dyn = self._discover(cache)
 
-            self._dyn = dynamic.DynamicClient(self._api, cache_file=_discovery_cache(cfg.host))
+    def _discover(self, cache: str) -> Any:
+        """The dynamic client; a cache file it cannot use (the client re-discovers by itself
+        after a JSON error, but not after a well-formed file of the wrong shape) is dropped
+        and discovery runs afresh."""
+        from kubernetes import dynamic
+
+        try:
+            return dynamic.DynamicClient(self._api, cache_file=cache)
+        except (KeyError, TypeError, AttributeError, ValueError):
+            with contextlib.suppress(OSError):
+                os.unlink(cache)
+            return dynamic.DynamicClient(self._api, cache_file=cache)
 
     @staticmethod
     def _load(cfg: Any, kubeconfig: str | None, context: str | None) -> str:
@@ -96,14 +227,31 @@ class Kube:
         env = os.environ.get("KUBECONFIG", "")
         default = Path("~/.kube/config").expanduser()
         if kubeconfig or context or env or default.exists() or not _SA_DIR.is_dir():
-            config.load_kube_config(
-                config_file=kubeconfig, context=context, client_configuration=cfg
-            )
-            _, active = config.list_kube_config_contexts(config_file=kubeconfig)
-            if context:
-                contexts, _ = config.list_kube_config_contexts(config_file=kubeconfig)
-                active = next((c for c in contexts if c["name"] == context), active)
-            return (active or {}).get("context", {}).get("namespace") or "default"
+            files = [kubeconfig] if kubeconfig else env.split(os.pathsep) if env else [default]
+            for name in files:
+                _check_kubeconfig(Path(name), "--kubeconfig" if kubeconfig else "")
+            try:
+                config.load_kube_config(
+                    config_file=kubeconfig, context=context, client_configuration=cfg
+                )
+                _, active = config.list_kube_config_contexts(config_file=kubeconfig)
+                if context:
+                    contexts, _ = config.list_kube_config_contexts(config_file=kubeconfig)
+                    active = next((c for c in contexts if c["name"] == context), active)
+                namespace = (active or {}).get("context", {}).get("namespace")
+            except (TypeError, AttributeError, KeyError) as exc:
+                # A mapping whose entries have the wrong shape (`users: 5`, a context
+                # that is a string): the client trips over it.
+                raise OperationError(
+                    f"the kubeconfig ({', '.join(map(str, files))}) is malformed "
+                    f"({_one_line(exc)}); compare it with `kubectl config view`"
+                ) from None
+            if namespace is not None and not isinstance(namespace, str):
+                raise OperationError(
+                    f"the kubeconfig context's namespace is {_one_line(repr(namespace), 60)}, "
+                    "not a name; fix contexts[].context.namespace or pass -n"
+                )
+            return namespace or "default"
         config.load_incluster_config(client_configuration=cfg)
         return (_SA_DIR / "namespace").read_text().strip() or "default"
 
@@ -126,7 +274,17 @@ class Kube:
             ) from None
 
     def _api_failure(self, what: str, exc: Any) -> OperationError:
-        status, message = getattr(exc, "status", None), _api_message(exc)
+        status, message = _api_status(exc)
+        failed = self._log.exec_failure()
+        if status in (401, 403) and failed:
+            # The plugin failed (on a token refresh): the call went out without credentials.
+            return OperationError(f"{what}: {_exec_failed(failed)}")
+        if status == 403 and "system:anonymous" in message:
+            return OperationError(
+                f"{what}: the API server at {self.server} got no credentials (it saw "
+                "system:anonymous); give the kubeconfig user a token, certificate or exec "
+                "plugin, or pick another context (--context)"
+            )
         if status == 401:
             return OperationError(
                 f"{what}: the API server at {self.server} rejected the credentials (expired "

@@ -72,6 +72,8 @@ def up(
 ) -> None:
     """Submit the job to the cluster as its target's objects (PyTorchJob by default).
 
+    Namespace: -n, else the spec's namespace:, else the kubeconfig context's, else default.
+
     Example: ddpdeploy up --image ghcr.io/me/train:v1 --nodes 2 --gpus 8 -- --steps 1000
     """
     from ddpdeploy import deploy, jobwatch
@@ -79,6 +81,7 @@ def up(
     from ddpdeploy.targets import render_objects
 
     seconds = jobwatch.parse_duration(timeout) if timeout else None
+    ns_given = "namespace" in spec.model_fields_set  # -n or the spec file; else the context's
     if base_image is not None and not build:
         raise UserError("--base-image: only used with --build; add --build or drop it")
     if build:
@@ -94,6 +97,9 @@ def up(
 
     objects = with_saved_spec(render_objects(spec), spec)  # render errors come first
     kube = connect(kubeconfig, context)
+    if not ns_given and spec.namespace != kube.default_namespace:
+        spec = spec_with(spec, namespace=kube.default_namespace)
+        objects = with_saved_spec(render_objects(spec), spec)
     try:
         if adopt_pvc:
             spec = deploy.adopt_pvc(kube, spec, _say)

@@ -1,0 +1,95 @@
+"""A kubeconfig the client cannot use ends in one line naming the file (no traceback, no
+`ERROR:root:` from the client's logging); a failing exec credential plugin is named as such.
+No apiserver needed: each fails while loading the kubeconfig, before any request."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from cli_runner import run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def status(kubeconfig: Path, tmp_path: Path, *more: str):
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "KUBECONFIG": ""}
+    return run_cli("status", "ddp-train", "--kubeconfig", str(kubeconfig), *more, env=env)
+
+
+def one_line(out) -> str:
+    assert out.returncode == 1, (out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr and "ERROR:" not in out.stderr, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("- a\n- b\n", "holds a list, not a kubeconfig mapping"),
+        ("just words\n", "holds a string, not a kubeconfig mapping"),
+        ("42\n", "holds a number, not a kubeconfig mapping"),
+        ("clusters: [\n", "is not valid YAML at line 2"),
+        ("a: b\n\tc: d\n", "is not valid YAML at line 2"),
+        ("apiVersion: v1\nusers: 5\nclusters: [a]\n", "is malformed"),
+    ],
+)
+def test_unusable_kubeconfig_is_one_line_naming_it(tmp_path, text, expected):
+    config = tmp_path / "config"
+    config.write_text(text)
+    line = one_line(status(config, tmp_path))
+    assert expected in line and str(config) in line
+
+
+def test_kubeconfig_from_env_is_named_too(tmp_path):
+    config = tmp_path / "config"
+    config.write_text("- a\n")
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "KUBECONFIG": str(config)}
+    line = one_line(run_cli("list", env=env))
+    assert f"kubeconfig {config} holds a list" in line
+
+
+def exec_kubeconfig(tmp_path: Path, server: str, script: str) -> Path:
+    plugin = tmp_path / "plugin.sh"
+    plugin.write_text(script)
+    plugin.chmod(0o755)
+    user = {
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1beta1",
+            "command": str(plugin),
+            "interactiveMode": "Never",
+        }
+    }
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": server}}],
+        "users": [{"name": "u", "user": user}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+    path = tmp_path / "config"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_failing_exec_plugin_is_named_not_the_network(tmp_path):
+    # Port 1 refuses: before, the plugin's failure was a stray log line and the command went
+    # on without credentials (to "cannot reach", or RBAC's system:anonymous).
+    script = "#!/bin/sh\necho 'token expired: run my-login' >&2\nexit 1\n"
+    line = one_line(status(exec_kubeconfig(tmp_path, "https://127.0.0.1:1", script), tmp_path))
+    assert "exec credential plugin failed" in line
+    assert "token expired: run my-login" in line
+    assert "cannot reach" not in line
+
+
+def test_exec_plugin_with_no_token_in_its_output(tmp_path):
+    script = (
+        '#!/bin/sh\necho \'{"apiVersion": "client.authentication.k8s.io/v1beta1", '
+        '"kind": "ExecCredential", "status": {}}\'\n'
+    )
+    line = one_line(status(exec_kubeconfig(tmp_path, "https://127.0.0.1:1", script), tmp_path))
+    assert "exec credential plugin failed (exec: missing token" in line
