@@ -309,7 +309,12 @@ class Kube:
 
         with self.errors(f"looking up {kind}"):
             try:
-                return self._dyn.resources.get(api_version=api_version, kind=kind)
+                try:
+                    return self._dyn.resources.get(api_version=api_version, kind=kind)
+                except (KeyError, TypeError, AttributeError, ValueError):
+                    # A cache file of the wrong shape trips the search: discover afresh.
+                    self._dyn.resources.invalidate_cache()
+                    return self._dyn.resources.get(api_version=api_version, kind=kind)
             except ResourceNotFoundError:
                 raise MissingKind(
                     f"the cluster does not serve {kind} ({api_version}); its CRD is not installed"
