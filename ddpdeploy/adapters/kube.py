@@ -264,6 +264,9 @@ class Kube:
         try:
             yield
         except ApiException as exc:
+            if isinstance(exc.__context__, KeyboardInterrupt):
+                # kubernetes.stream wraps even Ctrl-C/SIGTERM in ApiException(status=0).
+                raise exc.__context__ from None
             raise self._api_failure(what, exc) from None
         except (HTTPError, OSError) as exc:
             reason = getattr(exc, "reason", None) or exc
