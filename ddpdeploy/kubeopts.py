@@ -115,6 +115,23 @@ def connect(kubeconfig: str | None, context: str | None) -> Any:
     return Kube(kubeconfig, context)
 
 
+def in_context_namespace(spec: Any, namespace: str) -> Any:
+    """``spec`` moved into the kubeconfig context's ``namespace`` (for a spec that names
+    none): a context namespace the spec refuses is named as the context's."""
+    from ddpdeploy.errors import UserError
+    from ddpdeploy.spec import spec_with
+    from ddpdeploy.spec.fields import show
+
+    try:
+        return spec_with(spec, namespace=namespace)
+    except UserError as exc:
+        reason = str(exc).removeprefix("namespace: ")
+        raise UserError(
+            f"the kubeconfig context's namespace {show(namespace)} {reason}; fix it in the "
+            "kubeconfig, or pass -n or set namespace: in the spec"
+        ) from None
+
+
 ViewOpt = Annotated[
     str,
     typer.Option("-o", "--output", help="table, json or yaml.", case_sensitive=False),

@@ -93,12 +93,12 @@ def up(
             spec, workspace=Path.cwd(), base_image=base_image, push=True, push_flag="--build"
         )
         spec = spec_with(spec, image=ref)
-    from ddpdeploy.kubeopts import interrupted
+    from ddpdeploy.kubeopts import in_context_namespace, interrupted
 
     objects = with_saved_spec(render_objects(spec), spec)  # render errors come first
     kube = connect(kubeconfig, context)
     if not ns_given and spec.namespace != kube.default_namespace:
-        spec = spec_with(spec, namespace=kube.default_namespace)
+        spec = in_context_namespace(spec, kube.default_namespace)
         objects = with_saved_spec(render_objects(spec), spec)
     try:
         if adopt_pvc:

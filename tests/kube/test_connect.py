@@ -240,3 +240,13 @@ def test_api_status_json_shows_as_its_message(control_plane, admin, namespace, t
     text = str(err.value)
     assert "-+-+-" not in text and "Content-Type" not in text and "{" not in text, text
     assert "\n" not in text
+
+
+def test_invalid_context_namespace_is_named_as_the_contexts(control_plane, tmp_path):
+    config = kubeconfig_with(control_plane, tmp_path, namespace="Bad_NS")
+    spec = tmp_path / "ddpdeploy.yaml"
+    spec.write_text("checkpoint: {size: 1Gi}\n")
+    out = cli(config, tmp_path / "c", "up", "-f", str(spec), "--image", IMAGE, "--no-wait")
+    line = one_line(out)
+    assert out.returncode == 2
+    assert "the kubeconfig context's namespace 'Bad_NS' must be a DNS-1123 label" in line
