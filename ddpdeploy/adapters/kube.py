@@ -269,15 +269,19 @@ class Kube:
                 raise exc.__context__ from None
             raise self._api_failure(what, exc) from None
         except (HTTPError, OSError) as exc:
-            reason = getattr(exc, "reason", None) or exc
-            raise OperationError(
-                f"{what}: cannot reach the Kubernetes API at {self.server} "
-                f"({' '.join(str(reason).split())[:200]}); check that the cluster is up and "
-                "that the kubeconfig context (--context) points at it"
-            ) from None
+            raise self._unreachable(what, getattr(exc, "reason", None) or exc) from None
+
+    def _unreachable(self, what: str, reason: Any) -> OperationError:
+        return OperationError(
+            f"{what}: cannot reach the Kubernetes API at {self.server} "
+            f"({_one_line(reason, 200)}); check that the cluster is up and "
+            "that the kubeconfig context (--context) points at it"
+        )
 
     def _api_failure(self, what: str, exc: Any) -> OperationError:
         status, message = _api_status(exc)
+        if not status:  # kubernetes.stream's status 0: no HTTP answer (refused, reset, TLS)
+            return self._unreachable(what, message)
         failed = self._log.exec_failure()
         if status in (401, 403) and failed:
             # The plugin failed (on a token refresh): the call went out without credentials.
@@ -487,5 +491,5 @@ class Kube:
             finally:
                 ws.close()
         if code:
-            tail = errors.decode(errors="replace").strip()[-300:]
+            tail = _one_line(errors.decode(errors="replace")[-300:])
             raise OperationError(f"{what}: exit code {code}: {tail}")

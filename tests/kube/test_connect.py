@@ -250,3 +250,24 @@ def test_invalid_context_namespace_is_named_as_the_contexts(control_plane, tmp_p
     line = one_line(out)
     assert out.returncode == 2
     assert "the kubeconfig context's namespace 'Bad_NS' must be a DNS-1123 label" in line
+
+
+def test_stream_errors_without_an_http_answer_are_unreachable(control_plane):
+    """kubernetes.stream turns any websocket failure into ApiException(status=0, reason=...)
+    and even Ctrl-C; the first reads as "cannot reach", the second stays an interrupt."""
+    from kubernetes.client.exceptions import ApiException
+
+    from ddpdeploy.adapters.kube import Kube
+    from ddpdeploy.errors import OperationError
+    from ddpdeploy.kubeopts import Interrupted
+
+    kube = Kube(str(control_plane.kubeconfig))
+    with pytest.raises(OperationError) as err, kube.errors("running ls in pod p"):
+        raise ApiException(status=0, reason="[Errno 111] Connection\nrefused")
+    assert str(err.value).startswith("running ls in pod p: cannot reach the Kubernetes API")
+    assert "Connection refused" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(Interrupted), kube.errors("running ls in pod p"):
+        try:
+            raise Interrupted(2)
+        except KeyboardInterrupt as exc:  # as kubernetes.stream.ws_client does
+            raise ApiException(status=0, reason=str(exc)) from None
