@@ -108,9 +108,13 @@ _CLIENT_LOG = _ClientLog()
 
 
 def _hold_client_log() -> _ClientLog:
+    """The held log, emptied: what it holds from now on is this connection's. On a root
+    logger with no handler, ours is the one that keeps the client's lines off stderr; an
+    application that set up logging keeps its handlers (and sees the lines there too)."""
     root = logging.getLogger()
-    if not root.handlers:  # an application that set up logging itself keeps its own
+    if _CLIENT_LOG not in root.handlers:
         root.addHandler(_CLIENT_LOG)
+    _CLIENT_LOG.messages = []
     return _CLIENT_LOG
 
 
@@ -283,11 +287,13 @@ class Kube:
         if not status:  # kubernetes.stream's status 0: no HTTP answer (refused, reset, TLS)
             return self._unreachable(what, message)
         failed = self._log.exec_failure()
+        # Forbidden still, so that checks which only inform skip as on any 403.
+        refused = Forbidden if status == 403 else OperationError
         if status in (401, 403) and failed:
             # The plugin failed (on a token refresh): the call went out without credentials.
-            return OperationError(f"{what}: {_exec_failed(failed)}")
+            return refused(f"{what}: {_exec_failed(failed)}")
         if status == 403 and "system:anonymous" in message:
-            return OperationError(
+            return Forbidden(
                 f"{what}: the API server at {self.server} got no credentials (it saw "
                 "system:anonymous); give the kubeconfig user a token, certificate or exec "
                 "plugin, or pick another context (--context)"
