@@ -148,6 +148,7 @@ def init_process_group(
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         _route_nccl_debug()
+        flight_recorder_env(os.environ)
     _init_group(backend, **kwargs)
     if probe if probe is not None else e.get("DDPDEPLOY_PROBE", "1") != "0":
         _probe(probe_min_busbw)
@@ -549,6 +550,23 @@ def _route_nccl_debug() -> None:
     folder = e.get(CHECKPOINT_DIR_ENV) or tempfile.gettempdir()
     e["NCCL_DEBUG"], e["NCCL_DEBUG_SUBSYS"] = "INFO", "INIT,NET"
     e["NCCL_DEBUG_FILE"] = os.path.join(folder, _NCCL_DEBUG_NAME)
+
+
+def flight_recorder_env(env: Any, folder: str | None = None) -> None:
+    """PyTorch's NCCL flight recorder on, dumped on a collective timeout into ``folder``
+    (default: the checkpoint folder, else the temp folder) beside the hang stacks; both
+    spellings (torch >= 2.6 TORCH_FR_*, older TORCH_NCCL_*). Only names not set already:
+    a user's own values win. Before the group: torch reads them when it builds it."""
+    folder = folder or env.get(CHECKPOINT_DIR_ENV) or tempfile.gettempdir()
+    prefix = os.path.join(folder, "nccl_trace_rank_")  # torch appends the rank
+    for name, value in (
+        ("TORCH_FR_BUFFER_SIZE", "2000"),
+        ("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000"),
+        ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"),
+        ("TORCH_FR_DUMP_TEMP_FILE", prefix),
+        ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", prefix),
+    ):
+        env.setdefault(name, value)
 
 
 def _own_nccl_debug_text() -> str | None:

@@ -54,3 +54,15 @@ def test_rdma_fallback_warning_names_host_and_causes() -> None:
 def test_empty_or_foreign_text_is_unknown() -> None:
     got = ddpkit_nccl.parse("hello\nNCCL WARN something\n")
     assert got["net"] is None and got["transport"] == "unknown" and got["paths"] == []
+
+
+def test_flight_recorder_env_both_spellings_user_values_win(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    import ddpkit  # noqa: PLC0415
+
+    env = {"DDPDEPLOY_CHECKPOINT_DIR": str(tmp_path), "TORCH_FR_BUFFER_SIZE": "7"}
+    ddpkit.flight_recorder_env(env)
+    prefix = str(tmp_path / "nccl_trace_rank_")
+    assert env["TORCH_FR_BUFFER_SIZE"] == "7" and env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000"
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == prefix
