@@ -88,21 +88,22 @@ def load() -> str:
 def trace(target: str, kill_at: int, image: str, ws: Path, out: Path) -> None:
     """One --kill-at run in this process, every console line of every node stamped with
     the time since the kill-at run started (the runner's own events included)."""
-    from ddpdeploy import smoke_runner
     from ddpdeploy.cli import app
+    from ddpdeploy.smoke import runner as smoke_runner
+    from ddpdeploy.smoke.target import Line
 
     out.mkdir(parents=True, exist_ok=True)
     log = (out / f"{target}.log").open("w")
     t0 = time.monotonic()
-    take, chaos = smoke_runner._Run.take, smoke_runner._Run.chaos
+    take, chaos = smoke_runner._Run.take, smoke_runner._Run.strike
 
-    def stamped(self: smoke_runner._Run, line: smoke_runner.Line) -> None:
+    def stamped(self: smoke_runner._Run, line: Line) -> None:
         log.write(f"{time.monotonic() - t0:8.3f} {line.node} {line.stream}: {line.text}\n")
         take(self, line)
 
-    def chaos_stamped(self: smoke_runner._Run, step: int) -> None:
+    def chaos_stamped(self: smoke_runner._Run, when: str) -> None:
         before = self.kill.at if self.kill else None
-        chaos(self, step)
+        chaos(self, when)
         if self.kill and self.kill.at and not before:
             log.write(f"{time.monotonic() - t0:8.3f} RUNNER kill sent: {self.kill.what}\n")
 
@@ -125,7 +126,7 @@ def trace(target: str, kill_at: int, image: str, ws: Path, out: Path) -> None:
     for cls in (ComposeRun, LocalRun):  # when the runner saw every node end
         cls.drain = _stamped(cls.drain, "drain (all nodes ended)", log, t0)  # type: ignore[method-assign]
     smoke_runner._Run.take = stamped  # type: ignore[method-assign]
-    smoke_runner._Run.chaos = chaos_stamped  # type: ignore[method-assign]
+    smoke_runner._Run.strike = chaos_stamped  # type: ignore[method-assign]
     args = ["smoke", f"--{target}", "--name", "benchsmoke", *JOB, "--kill-at", str(kill_at)]
     if target == "docker":
         args += ["--image", image]
@@ -135,7 +136,7 @@ def trace(target: str, kill_at: int, image: str, ws: Path, out: Path) -> None:
         app(args, standalone_mode=False)
     finally:
         os.chdir(cwd)
-        smoke_runner._Run.take, smoke_runner._Run.chaos = take, chaos  # type: ignore[method-assign]
+        smoke_runner._Run.take, smoke_runner._Run.strike = take, chaos  # type: ignore[method-assign]
         log.close()
     print(f"trace: {out / f'{target}.log'}")
 

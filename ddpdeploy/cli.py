@@ -99,9 +99,11 @@ def main(argv: list[str] | None = None) -> None:
         hint = f"; see `{ctx.command_path} --help`" if ctx is not None else ""
         typer.echo(f"error: {message}{hint}", err=True)
         sys.exit(getattr(exc, "exit_code", 2))
-    except (typer.Abort, KeyboardInterrupt):
-        typer.echo("aborted", err=True)
-        sys.exit(130)
+    except (typer.Abort, KeyboardInterrupt) as exc:
+        # A cluster command's SIGTERM arrives as kubeopts.Interrupted: exit 143, not 130.
+        name = getattr(exc, "name", None)
+        typer.echo(f"aborted ({name}); nothing more was done" if name else "aborted", err=True)
+        sys.exit(getattr(exc, "exit_code", 130))
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -11,21 +11,17 @@ import copy
 import json
 from typing import Any
 
+import yaml
 from pydantic import ValidationError
 
 from ddpdeploy.errors import UserError
-from ddpdeploy.spec import JobSpec
+from ddpdeploy.spec import JobSpec, quantity, spec_with
+from ddpdeploy.targets import layout_for_kind
 
 Obj = dict[str, Any]
 
-JOB_API = "kubeflow.org/v1"
-JOB_KIND = "PyTorchJob"
 SPEC_ANNOTATION = "ddpdeploy.dev/spec"
 GPU = "nvidia.com/gpu"
-INSTALL_OPERATOR = (
-    "install the Kubeflow training operator (v1.9): kubectl apply --server-side -k "
-    '"github.com/kubeflow/trainer.git/manifests/overlays/standalone?ref=v1.9.4"'
-)
 
 
 def spec_json(spec: JobSpec) -> str:
@@ -44,20 +40,65 @@ def with_saved_spec(objects: list[Obj], spec: JobSpec) -> list[Obj]:
 
 
 def saved_spec(obj: Obj) -> JobSpec | None:
-    text = ((obj.get("metadata") or {}).get("annotations") or {}).get(SPEC_ANNOTATION)
+    """The spec saved on ``obj`` (None when it has none), read like a spec file: bounded,
+    strict and validated; and it must be the spec of this very object: same job (its
+    instance label), same namespace, and the object's own name (the job, or its PVC).
+    Anything else is refused in one line: an edited annotation must not choose what runs."""
+    meta = obj.get("metadata") or {}
+    text = (meta.get("annotations") or {}).get(SPEC_ANNOTATION)
     if not text:
         return None
+    where = f"{obj.get('kind')} {meta.get('namespace')}/{meta.get('name')}"
+    spec = _read_saved(text, where)
+    instance = (meta.get("labels") or {}).get("app.kubernetes.io/instance")
+    from ddpdeploy.render.pod import checkpoint_claim_name
+
+    names = {spec.name, checkpoint_claim_name(spec)}
+    if (
+        spec.namespace != meta.get("namespace")
+        or meta.get("name") not in names
+        or (instance is not None and instance != spec.name)
+    ):
+        raise UserError(
+            f"{where}: the saved spec ({SPEC_ANNOTATION}) names job {spec.namespace}/"
+            f"{spec.name}, not this object's; refusing it (it was edited; `ddpdeploy up` "
+            "again with the spec you mean)",
+            exit_code=1,
+        )
+    return spec
+
+
+def _read_saved(text: Any, where: str) -> JobSpec:
+    from ddpdeploy.spec import load as specfile
+
+    def refuse(why: str) -> UserError:
+        return UserError(
+            f"{where}: the saved spec ({SPEC_ANNOTATION}) is unreadable: {why}", exit_code=1
+        )
+
+    if not isinstance(text, str) or len(text.encode()) > specfile.MAX_BYTES:
+        raise refuse(f"larger than {specfile.MAX_BYTES // 1024} KiB")
     try:
-        return JobSpec.model_validate(json.loads(text))
-    except (ValueError, ValidationError) as exc:
-        name = obj["metadata"].get("name")
-        raise UserError(f"{obj['kind']} {name}: the saved spec is unreadable ({exc})") from None
+        doc = specfile.resolve(specfile.parse(text), JobSpec)
+    except specfile.SpecSyntaxError as exc:
+        raise refuse(str(exc)) from None
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise refuse(" ".join(str(getattr(exc, "problem", None) or exc).split())[:200]) from None
+    if not isinstance(doc, dict):
+        raise refuse("not a mapping of fields")
+    try:
+        return JobSpec.model_validate(doc)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise refuse(f"{loc}: {first['msg']}" if loc else first["msg"]) from None
 
 
 def _quantity_int(value: Any) -> int:
+    """A count the API reports as a quantity ("8"), whole; 0 when it is none."""
     try:
-        return int(str(value))
-    except ValueError:
+        return int(quantity(value)[1])
+    except (ValueError, OverflowError):  # OverflowError: an infinite amount
         return 0
 
 
@@ -99,24 +140,18 @@ def gpu_nodes_free(nodes: list[Obj], pods: list[Obj], gpus: int) -> int:
     return free
 
 
-def elastic_range(job: Obj) -> tuple[int, int] | None:
-    policy = (job.get("spec") or {}).get("elasticPolicy")
-    if not policy:
-        return None
-    return int(policy.get("minReplicas") or 1), int(policy.get("maxReplicas") or 1)
-
-
 def scaled_spec(job: Obj, nodes: int) -> JobSpec:
     """The job's saved spec at ``nodes`` nodes, within its elastic MIN:MAX.
 
     Re-rendering it and applying as the same field manager changes exactly the Worker
     count and the saved spec, and keeps later applies by `up` and `resume` free of
     conflicts with another manager."""
-    name = job["metadata"]["name"]
-    bounds = elastic_range(job)
+    name, kind = job["metadata"]["name"], job.get("kind", "job")
+    layout = layout_for_kind(job.get("apiVersion", ""), kind)
+    bounds = layout.elastic_range(job) if layout and layout.can_scale else None
     if bounds is None:
         raise UserError(
-            f"--nodes: PyTorchJob {name} is not elastic; only jobs started with "
+            f"--nodes: {kind} {name} is not elastic; only jobs started with "
             "--elastic MIN:MAX can be scaled (down and up again to change a static job)"
         )
     low, high = bounds
@@ -124,5 +159,5 @@ def scaled_spec(job: Obj, nodes: int) -> JobSpec:
         raise UserError(f"--nodes: {nodes} is outside the job's elastic range {low}:{high}")
     spec = saved_spec(job)
     if spec is None:
-        raise UserError(f"PyTorchJob {name} has no saved spec: only jobs `ddpdeploy up` made scale")
-    return spec.model_copy(update={"nodes": nodes})
+        raise UserError(f"{kind} {name} has no saved spec: only jobs `ddpdeploy up` made scale")
+    return spec_with(spec, nodes=nodes)

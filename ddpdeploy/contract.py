@@ -11,16 +11,58 @@ included, so targets with no operator reproduce it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ddpdeploy.image_layout import TRAINER_IN_IMAGE  # where `ddpdeploy build` puts it
 from ddpdeploy.spec import JobSpec
-from ddpdeploy.targets import COMPLETION_INDEX, POD_IP, Layout, Node, layout_of
 
 CONTAINER_NAME = "pytorch"  # the operator finds the training container by this name
 PORT_NAME = "pytorchjob-port"  # ...and the rendezvous port by this one
 DEFAULT_LAUNCHER = ("torchrun",)  # on the PATH of every training image
+
+# Downward API field paths a pod's env may come from; non-cluster targets resolve them.
+POD_IP = "status.podIP"
+# The index an Indexed Job (and a JobSet's Job) gives each pod: a label (1.28+) and annotation.
+COMPLETION_INDEX_KEY = "batch.kubernetes.io/job-completion-index"
+COMPLETION_INDEX = f"metadata.annotations['{COMPLETION_INDEX_KEY}']"
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node (pod) of the job as the target lays it out."""
+
+    hostname: str  # the pod's hostname; a local run's node name
+    address: str  # the DNS name peers reach it by (hostname, or hostname.subdomain)
+    rank: int  # its node rank (PET_NODE_RANK)
+    index: int  # the index the platform gives the pod (replica or completion index)
+    replica: str = ""  # PyTorchJob's replica type ("Master", "Worker"); "" elsewhere
+
+
+class NodeLayout(Protocol):
+    """What the launch needs of a target's layout (targets.base.Layout has it all)."""
+
+    def nodes(self, spec: JobSpec) -> list[Node]: ...
+
+    def rdzv_address(self, spec: JobSpec) -> str:
+        """The DNS name of the node every other node rendezvouses with."""
+        ...
+
+    def port(self, spec: JobSpec) -> int: ...
+
+    def pod_env(self, contract: LaunchContract, rdzv: str) -> dict[str, str]:
+        """Env we render into the pod ourselves (same on every node)."""
+        ...
+
+    def field_env(self, spec: JobSpec) -> dict[str, str]:
+        """Env from the downward API: name -> field path (POD_IP, COMPLETION_INDEX)."""
+        ...
+
+    def platform_env(self, contract: LaunchContract, node: Node, rdzv: str) -> dict[str, str]:
+        """What the platform (an operator) injects into ``node``'s container."""
+        ...
+
 
 # Peers' DNS records appear only once their pods run; torchrun would fail on the first
 # lookup, so every node waits (bounded) for the rendezvous host to resolve first.
@@ -37,7 +79,7 @@ class LaunchContract:
     """The launch (argv, base env, procs, port, rendezvous policy) on one target's layout."""
 
     spec: JobSpec
-    layout: Layout
+    layout: NodeLayout
     nproc_per_node: int
     port: int
     base_env: dict[str, str] = field(default_factory=dict)  # ours and the user's, every node
@@ -137,10 +179,17 @@ def _field_value(path: str, node: Node, host_of: dict[str, str]) -> str:
     raise ValueError(f"no local value for the downward API field {path}")
 
 
-def launch_contract(spec: JobSpec, port: int | None = None) -> LaunchContract:
-    """The single decision of how ``spec`` is launched on its target. ``port`` replaces the
-    target's rendezvous port (local runs take a free one)."""
-    layout = layout_of(spec.target)
+def launch_contract(
+    spec: JobSpec,
+    layout: NodeLayout,
+    port: int | None = None,
+    *,
+    run_env: Mapping[str, str] | None = None,
+) -> LaunchContract:
+    """The single decision of how ``spec`` is launched on ``layout`` (its target's; see
+    ``targets.launch_contract``). ``port`` replaces the target's rendezvous port (local runs
+    take a free one). ``run_env`` is env ddpdeploy itself adds for one run (e.g. a smoke
+    run's): set after the spec's env on every node, not checked as user env is."""
     base_env = {
         # Bounded wait for peers' DNS, in seconds (the rendezvous join timeout).
         "DDPDEPLOY_DNS_WAIT": str(spec.rendezvous.join_timeout),
@@ -153,6 +202,7 @@ def launch_contract(spec: JobSpec, port: int | None = None) -> LaunchContract:
         # worker hosts a fresh store.
         base_env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     base_env.update(spec.env)
+    base_env.update(run_env or {})
     return LaunchContract(
         spec=spec,
         layout=layout,

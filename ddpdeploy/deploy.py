@@ -1,6 +1,13 @@
 """`up` and `resume` against a cluster: preflight, a server-side dry run of every object,
-then server-side apply, PVC first. Nothing is left half-applied: a failed dry run applies
-nothing, and a failed job apply takes back the PVC and namespace it had just created.
+then the change. Nothing is left half-applied:
+
+- only objects ddpdeploy made for this job are changed or deleted (labels, and the saved
+  spec naming the job); anything else is refused before anything changes;
+- a new object is created create-only, so the API's own conflict decides between two `up`s
+  of the same name; existing objects of ours are server-side applied;
+- any failure, interrupt included, takes back what this run created, and the one line
+  says the first error, then what was removed or could not be;
+- a replace holds SIGINT/SIGTERM off from deleting the old job to creating the new one.
 """
 
 from __future__ import annotations
@@ -10,16 +17,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddpdeploy.adapters.kube import Forbidden, Kube
-from ddpdeploy.clusterplan import gpu_nodes, gpu_nodes_free
-from ddpdeploy.errors import OperationError
+from ddpdeploy.adapters.kube import Conflict, Forbidden, Kube
+from ddpdeploy.clusterplan import gpu_nodes, gpu_nodes_free, saved_spec
+from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.jobstate import job_state
-from ddpdeploy.spec import JobSpec
-from ddpdeploy.targets import Layout, layout_of
+from ddpdeploy.kubeopts import held_signals, interrupted
+from ddpdeploy.spec import JobSpec, spec_with
+from ddpdeploy.targets import DEFAULT_TARGET, TARGETS, Layout, layout_of
 
 Obj = dict[str, Any]
 Say = Callable[[str], None]
 DEFAULT_CLASS = "storageclass.kubernetes.io/is-default-class"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+NETWORK_POLICY = ("networking.k8s.io/v1", "NetworkPolicy")
 
 
 @dataclass
@@ -28,6 +39,7 @@ class Plan:
     objects: list[Obj]
     create_namespace: bool = False  # the namespace is missing and may be created
     existing_job: Obj | None = None
+    existing: dict[tuple[str, str], Obj] = field(default_factory=dict)  # (kind, name) -> ours
     warnings: list[str] = field(default_factory=list)
 
 
@@ -35,8 +47,76 @@ def _ref(obj: Obj) -> str:
     return f"{obj['kind']} {obj['metadata'].get('namespace')}/{obj['metadata']['name']}"
 
 
-def preflight(kube: Kube, spec: JobSpec, objects: list[Obj], create_namespace: bool) -> Plan:
-    """Everything that can be known before the dry run; raises on what cannot work."""
+def _terminating(obj: Obj) -> bool:
+    return bool((obj.get("metadata") or {}).get("deletionTimestamp"))
+
+
+# --- ownership -------------------------------------------------------------------------
+
+
+def owner_of(obj: Obj) -> str:
+    """Who the object's labels say made it, for the refusal line."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    manager, instance = labels.get(MANAGED_BY_LABEL), labels.get(INSTANCE_LABEL)
+    if manager is None:
+        return "no ddpdeploy labels"
+    return f"{MANAGED_BY_LABEL}={manager}" + (f", instance={instance}" if instance else "")
+
+
+def not_ours(obj: Obj, job: str) -> str | None:
+    """Why ``obj`` is not an object ddpdeploy made for job ``job`` (None: it is ours).
+
+    Ours: our managed-by and instance labels, and a saved spec naming this job and
+    namespace (set when we created it; a spec that does not is refused, not trusted)."""
+    from ddpdeploy.render.pod import MANAGED_BY
+
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    if labels.get(MANAGED_BY_LABEL) != MANAGED_BY or labels.get(INSTANCE_LABEL) != job:
+        return f"owner: {owner_of(obj)}"
+    try:
+        spec = saved_spec(obj)
+    except UserError as exc:
+        return str(exc)
+    if spec is None or spec.name != job:
+        return f"ddpdeploy did not create it for job {job} (no saved spec naming the job)"
+    return None
+
+
+def require_ours(obj: Obj, job: str, verb: str) -> None:
+    why = not_ours(obj, job)
+    if why is not None:
+        raise OperationError(f"{_ref(obj)} is not ours ({why}); not {verb}")
+
+
+def find_any_job(kube: Kube, name: str, namespace: str) -> tuple[Layout, Obj | None]:
+    """The job ``name`` of any kind the cluster serves, ours first, foreign otherwise (so
+    that a command can refuse it by name rather than say there is none)."""
+    foreign: tuple[Layout, Obj] | None = None
+    for layout in TARGETS.values():
+        if not kube.has_kind(layout.api_version, layout.kind):
+            continue
+        job = kube.get(layout.api_version, layout.kind, name, namespace)
+        if job is None:
+            continue
+        if not_ours(job, name) is None:
+            return layout, job
+        foreign = foreign or (layout, job)
+    if foreign is not None:
+        return foreign
+    return TARGETS[DEFAULT_TARGET], None
+
+
+# --- preflight -------------------------------------------------------------------------
+
+
+def preflight(
+    kube: Kube,
+    spec: JobSpec,
+    objects: list[Obj],
+    create_namespace: bool,
+) -> Plan:
+    """Everything that can be known before the dry run; raises on what cannot work, and on
+    anything of the same name that is not ours."""
     plan = Plan(spec, objects)
     layout = layout_of(spec.target)
     if not kube.has_kind(layout.api_version, layout.kind):
@@ -49,17 +129,22 @@ def preflight(kube: Kube, spec: JobSpec, objects: list[Obj], create_namespace: b
         _check_gpus(kube, plan)
     _check_storage(kube, plan)
     if not plan.create_namespace:
-        plan.existing_job = kube.get(layout.api_version, layout.kind, spec.name, spec.namespace)
+        _check_existing(kube, plan, layout)
     return plan
 
 
 def _check_namespace(kube: Kube, plan: Plan, create: bool) -> None:
     ns = plan.spec.namespace
     try:
-        exists = kube.get("v1", "Namespace", ns) is not None
+        got = kube.get("v1", "Namespace", ns)
     except Forbidden:
         return  # namespace-scoped users may not read Namespaces; the dry run will tell
-    if exists:
+    if got is not None and _terminating(got):
+        raise OperationError(
+            f"namespace {ns} is being deleted (Terminating); wait until it is gone, then "
+            "run again (with --create-namespace), or use another namespace (-n)"
+        )
+    if got is not None:
         return
     if not create:
         raise OperationError(
@@ -67,6 +152,76 @@ def _check_namespace(kube: Kube, plan: Plan, create: bool) -> None:
             "--create-namespace"
         )
     plan.create_namespace = True
+
+
+def _check_existing(kube: Kube, plan: Plan, layout: Layout) -> None:
+    """Every object of ours-to-be that exists already must be ours and not dying."""
+    spec = plan.spec
+    for obj in plan.objects:
+        meta = obj["metadata"]
+        got = kube.get(obj["apiVersion"], obj["kind"], meta["name"], meta["namespace"])
+        if got is None:
+            continue
+        if obj["kind"] == layout.kind:
+            require_ours(got, spec.name, "replaced")
+            plan.existing_job = got
+            continue
+        why = not_ours(got, spec.name)
+        if why is not None and obj["kind"] == "PersistentVolumeClaim":
+            raise OperationError(
+                f"{_ref(got)} exists and is not ours ({why}); "
+                "to use it as is, name it as checkpoint.claimName or pass --adopt-pvc, or "
+                "choose another --name"
+            )
+        if why is not None:
+            raise OperationError(f"{_ref(got)} exists and is not ours ({why}); not changed")
+        if _terminating(got):
+            raise OperationError(
+                f"{_ref(got)} is being deleted (Terminating); wait until it is gone "
+                f"(kubectl get {got['kind'].lower()} -n {meta['namespace']} {meta['name']}), "
+                "then run again"
+            )
+        plan.existing[(obj["kind"], meta["name"])] = got
+    claim = spec.checkpoint.claim_name if spec.checkpoint else None
+    if claim:
+        got = kube.get("v1", "PersistentVolumeClaim", claim, spec.namespace)
+        if got is None:
+            plan.warnings.append(
+                f"checkpoint.claimName: PersistentVolumeClaim {spec.namespace}/{claim} does "
+                "not exist; the job's pods wait until it does"
+            )
+        elif _terminating(got):
+            raise OperationError(
+                f"checkpoint.claimName: {_ref(got)} is being deleted (Terminating); the job "
+                "would lose its volume; wait until it is gone or name another claim"
+            )
+
+
+def adopt_pvc(kube: Kube, spec: JobSpec, say: Say) -> JobSpec:
+    """--adopt-pvc: the existing PVC <name>-checkpoints, used as is (as if named as
+    checkpoint.claimName): never relabelled, never deleted by `down --purge`."""
+    from ddpdeploy.render.pod import checkpoint_claim_name
+
+    ckpt = spec.checkpoint
+    if ckpt is None or not ckpt.size:
+        raise UserError("--adopt-pvc: only with checkpoint.size (a claimName is used as is)")
+    name = checkpoint_claim_name(spec) or ""
+    got = kube.get("v1", "PersistentVolumeClaim", name, spec.namespace)
+    if got is None:
+        raise UserError(
+            f"--adopt-pvc: there is no PersistentVolumeClaim {spec.namespace}/{name} to adopt; "
+            "drop the flag to create it"
+        )
+    if not_ours(got, spec.name) is None:
+        return spec  # ours already: nothing to adopt
+    if _terminating(got):
+        raise OperationError(f"--adopt-pvc: {_ref(got)} is being deleted (Terminating)")
+    say(
+        f"using {_ref(got)} as is (--adopt-pvc; its owner: {owner_of(got)}); ddpdeploy never "
+        "changes or deletes it"
+    )
+    adopted = ckpt.model_dump(mode="json", by_alias=True, exclude={"size", "storage_class"})
+    return spec_with(spec, checkpoint={**adopted, "claimName": name})
 
 
 def _check_gpus(kube: Kube, plan: Plan) -> None:
@@ -128,12 +283,16 @@ def _namespace_obj(name: str) -> Obj:
 def _refuse_existing(plan: Plan, replace: bool) -> None:
     if plan.existing_job is not None and not replace:
         spec = plan.spec
-        state = job_state(plan.existing_job, []).state
+        state = "Terminating" if _terminating(plan.existing_job) else None
+        state = state or job_state(plan.existing_job, []).state
         raise OperationError(
             f"{plan.existing_job['kind']} {spec.name} already exists in namespace "
             f"{spec.namespace} ({state}); "
             "pass --replace to delete and recreate it, or choose another --name"
         )
+
+
+# --- dry run and apply -----------------------------------------------------------------
 
 
 def dry_run(kube: Kube, plan: Plan, replace: bool, say: Say) -> None:
@@ -152,41 +311,173 @@ def dry_run(kube: Kube, plan: Plan, replace: bool, say: Say) -> None:
         say(f"would {verb} {_ref(obj)} (server dry run passed)")
 
 
+class _Run:
+    """What one apply has done so far: for the take-back and the final line."""
+
+    def __init__(self, kube: Kube, plan: Plan) -> None:
+        self.kube, self.plan = kube, plan
+        self.created: list[Obj] = []  # by this run (a create that succeeded), in order
+        self.created_ns = False
+        self.job_created = False
+        self.kept: list[Obj] = []  # created meanwhile by a concurrent `up` of this job
+
+    def take_back(self) -> str:
+        """Delete what this run created, newest first; a summary of what went and what
+        could not (signals held: a second Ctrl-C must not stop the cleanup half-way)."""
+        removed, kept = [], []
+        with held_signals():
+            items = [(o["apiVersion"], o["kind"], o["metadata"]["name"]) for o in self.created]
+            if self.created_ns:
+                items.append(("v1", "Namespace", self.plan.spec.namespace))
+            for api, kind, name in reversed(items):
+                ns = None if kind == "Namespace" else self.plan.spec.namespace
+                ref = f"{kind} {ns}/{name}" if ns else f"{kind} {name}"
+                try:
+                    if self.kube.delete(api, kind, name, ns):
+                        removed.append(ref)
+                except OperationError as exc:
+                    kept.append(f"{ref} ({str(exc)[:160]})")
+        if not removed and not kept:
+            return "nothing was changed"
+        text = f"took back what it had created: deleted {', '.join(removed) or 'nothing'}"
+        return text + (f"; could NOT delete {', '.join(kept)}" if kept else "")
+
+
 def apply(kube: Kube, plan: Plan, replace: bool, say: Say) -> None:
-    """Dry run first; then replace the old job if asked, then apply PVC, then the job."""
+    """Create (or, when ours already, apply) the PVC and companions, then the job; a
+    replace deletes the old job and creates the new one with signals held off."""
     spec = plan.spec
+    layout = layout_of(spec.target)
     _refuse_existing(plan, replace)
-    created_ns = False
-    if plan.create_namespace:
-        kube.create(_namespace_obj(spec.namespace))
-        created_ns = True
-        say(f"created Namespace {spec.namespace}")
-    created: list[Obj] = []
+    run = _Run(kube, plan)
+    job = next(o for o in plan.objects if o["kind"] == layout.kind)
+    ref = _ref(job)
     try:
+        if plan.create_namespace:
+            kube.create(_namespace_obj(spec.namespace))
+            run.created_ns = True
+            say(f"created Namespace {spec.namespace}")
         for obj in plan.objects:
             kube.apply(obj, dry_run=True)
+        for obj in plan.objects:  # rendered with the PVC first, the job last
+            if obj is not job:
+                _put(kube, plan, run, obj, say)
         if plan.existing_job is not None:
-            layout = layout_of(spec.target)
-            delete_job_and_wait(kube, spec.name, spec.namespace, layout)
-            say(f"deleted the old {layout.kind} {spec.namespace}/{spec.name}")
-        for obj in plan.objects:  # rendered with the PVC first
-            meta = obj["metadata"]
-            existed = kube.get(obj["apiVersion"], obj["kind"], meta["name"], meta["namespace"])
-            kube.apply(obj)
-            if existed is None:
-                created.append(obj)
-            say(f"applied {_ref(obj)}")
-    except OperationError:
-        _take_back(kube, created, spec.namespace if created_ns else None)
+            _replace(kube, plan, run, job, layout, say)
+        else:
+            try:
+                _create(kube, run, job)
+            except Conflict:
+                # Another `up` of this name created it since our read: it won, and the
+                # objects beside it are its own now, so nothing is taken back.
+                raise OperationError(
+                    f"{ref} was just created by someone else (another `up` at the same "
+                    "moment?); this run changed nothing of it and kept the objects beside it"
+                ) from None
+            run.job_created = True
+            say(f"created {ref}")
+            for obj in run.kept:  # we won: what the other `up` made beside it is ours to set
+                kube.apply(obj)
+                say(f"applied {_ref(obj)}")
+        _check_still_there(kube, plan)
+    except _ReplaceLost:
+        raise
+    except KeyboardInterrupt as exc:
+        if run.job_created and plan.existing_job is not None:
+            raise interrupted(exc, f"{ref} was replaced (the change is complete)") from None
+        old = "; the old job is untouched" if plan.existing_job is not None else ""
+        raise interrupted(exc, f"{ref} was not created; {run.take_back()}{old}") from None
+    except OperationError as exc:
+        if run.job_created and plan.existing_job is not None:
+            run.created = [job]  # the replace happened: only the new job can go
+            run.created_ns = False
+        raise OperationError(f"{exc}; {run.take_back()}", exc.exit_code) from None
+    except BaseException:
+        # E.g. stderr is full: nothing may stay behind unreported; but a replace that
+        # happened stays (taking the new job back would leave less than there was).
+        if not (run.job_created and plan.existing_job is not None):
+            run.take_back()
         raise
 
 
-def _take_back(kube: Kube, created: list[Obj], namespace: str | None) -> None:
-    for obj in reversed(created):
+def _put(kube: Kube, plan: Plan, run: _Run, obj: Obj, say: Say) -> None:
+    """Create ``obj`` create-only, or apply it when an object of ours is there already."""
+    key = (obj["kind"], obj["metadata"]["name"])
+    if key not in plan.existing:
+        try:
+            _create(kube, run, obj)
+            say(f"created {_ref(obj)}")
+            return
+        except Conflict:
+            meta = obj["metadata"]
+            got = kube.get(obj["apiVersion"], obj["kind"], meta["name"], meta["namespace"])
+            if got is None:
+                raise
+            # Made since preflight, by another `up` of this job right now: left as it made
+            # it; whichever of us creates the job applies it afterwards (its saved spec).
+            require_ours(got, plan.spec.name, "changed")
+            run.kept.append(obj)
+            return
+    kube.apply(obj)
+    say(f"applied {_ref(obj)}")
+
+
+def _create(kube: Kube, run: _Run, obj: Obj) -> None:
+    """Create-only: a 409 Conflict if it exists, so the API decides who made it first."""
+    run.created.append(obj)  # taken back on any failure, even one after the create
+    try:
+        kube.create_as_applier(obj)
+    except Conflict:
+        run.created.pop()
+        raise
+
+
+class _ReplaceLost(OperationError):
+    """The old job is gone and the new one could not be created."""
+
+
+def _replace(kube: Kube, plan: Plan, run: _Run, job: Obj, layout: Layout, say: Say) -> None:
+    spec, ref = plan.spec, _ref(job)
+    with held_signals():  # from here the new job is created even if interrupted
+        delete_job_and_wait(kube, spec.name, spec.namespace, layout)
+        try:
+            kube.create_as_applier(job)
+        except OperationError as exc:
+            if _exists(kube, job):  # created; only recording it as applied failed
+                run.created.append(job)
+                run.job_created = True
+                raise OperationError(f"replaced {ref}, but then: {exc}") from None
+            raise _ReplaceLost(
+                f"deleted the old {ref}, then creating the new one failed ({exc}); no job "
+                f"{spec.name} exists now (its PVC and companions are kept); run `ddpdeploy "
+                f"resume {spec.name} -n {spec.namespace}` or `up --replace` again"
+            ) from None
+        run.created.append(job)
+        run.job_created = True
+    say(f"replaced {ref} (deleted the old one, created the new one)")
+
+
+def _exists(kube: Kube, obj: Obj) -> bool:
+    meta = obj["metadata"]
+    try:
+        return kube.get(obj["apiVersion"], obj["kind"], meta["name"], meta["namespace"]) is not None
+    except OperationError:
+        return False
+
+
+def _check_still_there(kube: Kube, plan: Plan) -> None:
+    """A PVC deleted while we applied (`down --purge` at the same moment) leaves the job
+    bound to a dying claim: refuse that rather than report success."""
+    for obj in plan.objects:
+        if obj["kind"] != "PersistentVolumeClaim":
+            continue
         meta = obj["metadata"]
-        kube.delete(obj["apiVersion"], obj["kind"], meta["name"], meta["namespace"])
-    if namespace:
-        kube.delete("v1", "Namespace", namespace, None)
+        got = kube.get("v1", "PersistentVolumeClaim", meta["name"], meta["namespace"])
+        if got is None or _terminating(got):
+            raise OperationError(
+                f"{_ref(obj)} was deleted while `up` ran (a `down --purge` at the same "
+                "moment?); the job cannot keep its checkpoints"
+            )
 
 
 def delete_job_and_wait(
@@ -204,12 +495,14 @@ def delete_job_and_wait(
         time.sleep(0.5)
 
 
-def find_saved_spec(kube: Kube, name: str, namespace: str) -> JobSpec:
-    """The spec to resume: the job must have ended (or be gone)."""
-    from ddpdeploy.jobwatch import find_job
+# --- the saved spec --------------------------------------------------------------------
 
-    _, job = find_job(kube, name, namespace)
+
+def find_saved_spec(kube: Kube, name: str, namespace: str) -> JobSpec:
+    """The spec to resume: the job must be ours and have ended (or be gone)."""
+    layout, job = find_any_job(kube, name, namespace)
     if job is not None:
+        require_ours(job, name, "resumed")
         state = job_state(job, [])
         if not state.done:
             raise OperationError(
@@ -221,21 +514,20 @@ def find_saved_spec(kube: Kube, name: str, namespace: str) -> JobSpec:
 
 def saved_spec_of(kube: Kube, name: str, namespace: str, job: Obj | None = None) -> JobSpec:
     """The spec `up` last submitted: from the job, else from its checkpoint PVC (which
-    outlives `down`)."""
-    from ddpdeploy.clusterplan import saved_spec
+    outlives `down`); either must name this job in this namespace."""
     from ddpdeploy.render.pod import MANAGED_BY
 
     if job is None:
-        from ddpdeploy.jobwatch import find_job
-
-        _, job = find_job(kube, name, namespace)
+        _, job = find_any_job(kube, name, namespace)
+        if job is not None:
+            require_ours(job, name, "read")
     spec = saved_spec(job) if job is not None else None
     if spec is not None:
         return spec
-    ours = f"app.kubernetes.io/instance={name},app.kubernetes.io/managed-by={MANAGED_BY}"
+    ours = f"{INSTANCE_LABEL}={name},{MANAGED_BY_LABEL}={MANAGED_BY}"
     for claim in kube.list("v1", "PersistentVolumeClaim", namespace, labels=ours):
         spec = saved_spec(claim)
-        if spec is not None:
+        if spec is not None and spec.name == name:
             return spec
     raise OperationError(
         f"no saved spec for {name} in namespace {namespace}: neither a job nor a "

@@ -3,7 +3,8 @@
 
 Pure: plain dicts in (as the API returns them), a value out; no client, no clock. `up
 --wait`, `status` and `list` all read a job through here, so they agree on what "stuck"
-means.
+means. What differs per target (its success condition, where a pod's replica and index
+are) is the target's (ddpdeploy.targets).
 """
 
 from __future__ import annotations
@@ -12,15 +13,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-Obj = dict[str, Any]
+from ddpdeploy.targets import Layout, layout_for_kind
 
-# Labels the training operator (v1.9) puts on each replica's pod.
-REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
-REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
-JOB_NAME_LABEL = "training.kubeflow.org/job-name"
-COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"  # label (1.28+) and annotation
-# The condition a finished job has: PyTorchJob's, and batch/v1 Job's and TrainJob's.
-SUCCEEDED = ("Succeeded", "Complete")
+Obj = dict[str, Any]
 
 # Container waiting reasons that no amount of waiting fixes.
 IMAGE_PULL = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull")
@@ -66,9 +61,9 @@ def _last_exit(status: Obj) -> str:
     return f", last exit code {term.get('exitCode')}{why}"
 
 
-def pod_view(pod: Obj) -> PodView:
+def pod_view(pod: Obj, layout: Layout) -> PodView:
+    """One pod of a job of ``layout``'s target, as views show it."""
     meta = pod.get("metadata") or {}
-    labels = meta.get("labels") or {}
     statuses = _statuses(pod)
     detail = ""
     for st in statuses:
@@ -78,18 +73,11 @@ def pod_view(pod: Obj) -> PodView:
             break
     if not detail and (msg := _unschedulable(pod)):
         detail = f"Unschedulable: {msg}"
-    index = labels.get(REPLICA_INDEX_LABEL)
-    replica = labels.get(REPLICA_TYPE_LABEL, "").lower()
-    if replica == "":  # an Indexed Job's (or a TrainJob's JobSet's) pod: its completion index
-        replica = "node"
-        index = labels.get(COMPLETION_INDEX) or (meta.get("annotations") or {}).get(
-            COMPLETION_INDEX
-        )
-    index = index or "0"
+    replica, index = layout.pod_place(pod)
     return PodView(
         name=meta.get("name", ""),
         replica=replica,
-        index=int(index) if str(index).isdigit() else 0,
+        index=index,
         phase=(pod.get("status") or {}).get("phase") or "Pending",
         restarts=sum(int(st.get("restartCount") or 0) for st in statuses),
         detail=detail,
@@ -128,9 +116,12 @@ def job_state(job: Obj | None, pods: list[Obj]) -> JobState:
     """The job's state: its terminal conditions first, then any stuck pod, then progress."""
     if job is None:
         return JobState("NotFound", "the job no longer exists", done=True)
-    if cond := next(filter(None, (_condition(job, c) for c in SUCCEEDED)), None):
+    layout = layout_for_kind(job.get("apiVersion", ""), job.get("kind", ""))
+    if layout is None:
+        return JobState("Unknown", f"no target reads a {job.get('kind')!r} object", done=True)
+    if cond := _condition(job, layout.succeeded):
         return JobState("Succeeded", cond.get("message") or "", done=True, ok=True)
-    if cond := _condition(job, "Failed"):
+    if cond := _condition(job, layout.failed):
         return JobState("Failed", cond.get("message") or cond.get("reason") or "", done=True)
     for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("name", "")):
         if stuck := _stuck(pod):
@@ -147,8 +138,6 @@ def job_state(job: Obj | None, pods: list[Obj]) -> JobState:
 
 def job_size(job: Obj) -> tuple[int, int]:
     """(nodes, GPUs per node) of a job object of any target."""
-    from ddpdeploy.targets import layout_for_kind
-
     layout = layout_for_kind(job.get("apiVersion", ""), job.get("kind", ""))
     return layout.job_size(job) if layout else (0, 0)
 

@@ -17,6 +17,7 @@ from rich.live import Live
 from rich.table import Table
 
 from ddpdeploy.adapters.kube import Kube
+from ddpdeploy.contract import CONTAINER_NAME
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.jobstate import (
     JobState,
@@ -30,17 +31,16 @@ from ddpdeploy.targets import DEFAULT_TARGET, TARGETS, Layout, layout_for_kind
 
 Obj = dict[str, Any]
 Snapshot = tuple[Obj | None, list[Obj], JobState]
-CONTAINER = "pytorch"  # PyTorchJob's and the Indexed Job's training container
 
 
 def find_job(kube: Kube, name: str, namespace: str) -> tuple[Layout, Obj | None]:
     """The job ``name`` of whichever target made it (the target's layout, and the object or
-    None), among the job kinds the cluster serves; a batch/v1 Job counts only when ours."""
+    None), among the job kinds the cluster serves; only ours count (our managed-by label)."""
     for layout in TARGETS.values():
         if not kube.has_kind(layout.api_version, layout.kind):
             continue
         job = kube.get(layout.api_version, layout.kind, name, namespace)
-        if job is not None and (layout.name == "pytorchjob" or _ours(job)):
+        if job is not None and _ours(job):
             return layout, job
     return TARGETS[DEFAULT_TARGET], None
 
@@ -54,9 +54,15 @@ def kind_of(job: Obj | None) -> str:
     return (job or {}).get("kind") or "job"
 
 
+def layout_of_job(job: Obj | None) -> Layout:
+    """The target of ``job`` (the default target's when there is none, or none reads it)."""
+    layout = layout_for_kind(job["apiVersion"], job["kind"]) if job else None
+    return layout or TARGETS[DEFAULT_TARGET]
+
+
 def container_of(job: Obj) -> str:
     layout = layout_for_kind(job["apiVersion"], job["kind"])
-    return layout.container if layout else CONTAINER
+    return layout.container if layout else CONTAINER_NAME
 
 
 def parse_duration(text: str) -> float:
@@ -106,19 +112,21 @@ def wait(
 
 def table(name: str, snap: Snapshot) -> Table:
     job, pods, state = snap
+    layout = layout_of_job(job)
     title = f"{kind_of(job)} {name}: {state.state}" + (f" — {state.reason}" if state.reason else "")
     out = Table(title=title, title_justify="left")
     for col in ("POD", "REPLICA", "PHASE", "RESTARTS", "DETAIL"):
         out.add_column(col)
-    for view in sorted((pod_view(p) for p in pods), key=lambda v: (v.replica, v.index)):
+    for view in sorted((pod_view(p, layout) for p in pods), key=lambda v: (v.replica, v.index)):
         out.add_row(view.name, view.replica, view.phase, str(view.restarts), view.detail)
     return out
 
 
 def _lines(name: str, snap: Snapshot) -> list[str]:
-    _, pods, state = snap
+    job, pods, state = snap
+    layout = layout_of_job(job)
     lines = [f"{name}: {state.state}" + (f" ({state.reason})" if state.reason else "")]
-    for v in sorted((pod_view(p) for p in pods), key=lambda v: v.name):
+    for v in sorted((pod_view(p, layout) for p in pods), key=lambda v: v.name):
         detail = f" {v.detail}" if v.detail else ""
         lines.append(f"  {v.name}: {v.phase}, {v.restarts} restarts{detail}")
     return lines
@@ -161,7 +169,7 @@ def status_doc(name: str, namespace: str, snap: Snapshot) -> Obj:
         "state": state.state,
         "reason": state.reason,
         "conditions": ((job or {}).get("status") or {}).get("conditions") or [],
-        "pods": [_pod_doc(pod_view(p)) for p in pods],
+        "pods": [_pod_doc(pod_view(p, layout_of_job(job))) for p in pods],
     }
 
 
@@ -177,13 +185,13 @@ def _pod_doc(view: PodView) -> Obj:
 
 
 def _by_hostname(pods: list[Obj], hostname: str, layout: Layout) -> str | None:
-    """The pod with that hostname: a Job's or JobSet's pod name has a random suffix, a
-    PyTorchJob's pod is named like its hostname (so it is named even before it exists)."""
+    """The pod with that hostname: a Job's or JobSet's pod name has a random suffix; a
+    target whose pods are named like their hostnames names the pod even before it exists."""
     for pod in pods:
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
         if (spec.get("hostname") or meta.get("name")) == hostname:
             return meta.get("name")
-    return hostname if layout.name == "pytorchjob" else None
+    return hostname if layout.pods_named_like_hosts else None
 
 
 def node_pod(job: Obj, pods: list[Obj], replica: str | None, index: int | None) -> str | None:
@@ -192,17 +200,8 @@ def node_pod(job: Obj, pods: list[Obj], replica: str | None, index: int | None) 
     name = job["metadata"]["name"]
     if layout is None:
         return None
-    if layout.name == "pytorchjob":
-        if replica is None:
-            return None
-        host = layout.node_hostname(name, index or 0, replica)
-    else:
-        if replica is not None:
-            raise UserError(f"--replica: a {layout.kind} has no replicas; pass --index N alone")
-        if index is None:
-            return None
-        host = layout.node_hostname(name, index)
-    return _by_hostname(pods, host, layout)
+    host = layout.logs_hostname(name, replica, index)
+    return None if host is None else _by_hostname(pods, host, layout)
 
 
 def rank0_pod(kube: Kube, job: Obj, pods: list[Obj]) -> str | None:

@@ -1,4 +1,5 @@
-"""Flags shared by every command that needs a JobSpec, declared once.
+"""The CLI's spec flags, declared once: each flag's spelling, help, and where it goes in the
+spec (the spec itself knows no flag spellings).
 
 `spec_command` adds the spec flags (-f, --name, --image, --nodes, …) and the arguments after
 ``--`` to a command's signature, loads the JobSpec from them, and passes it as ``spec``.
@@ -8,150 +9,207 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import typing
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from typer.core import TyperCommand
 
-from ddpdeploy.spec import JobSpec, load_spec
+from ddpdeploy.errors import UserError
+from ddpdeploy.rules import TARGET_NAMES
+from ddpdeploy.spec import JobSpec, Override, load_spec
+from ddpdeploy.spec.fields import show
 
 SPEC_PANEL = "Job spec (flags override ddpdeploy.yaml)"
 
 
-def _flag(kind: type, *decls: str, help: str, metavar: str | None = None) -> Any:
-    return Annotated[
-        kind | None,
-        typer.Option(*decls, help=help, metavar=metavar, rich_help_panel=SPEC_PANEL),
-    ]
+def parse_rdma(text: str) -> dict[str, Any]:
+    """``RESOURCE=N`` -> the network.rdma mapping."""
+    match = re.fullmatch(r"([^=\s]+)=([0-9]{1,100})", text)
+    if not match:
+        raise UserError(
+            f"--rdma: {show(text)} is not RESOURCE=N; use the device plugin's resource and a "
+            "count, e.g. rdma/hca_shared_devices_a=1"
+        )
+    return {"resource": match[1], "count": int(match[2])}
 
 
-# (parameter name, flag that FLAG_FIELDS knows or None, annotation) for each spec flag.
-_SPEC_PARAMS: list[tuple[str, str | None, Any]] = [
-    (
-        "file",
-        None,
-        _flag(Path, "-f", "--file", help="Job spec file (default: ./ddpdeploy.yaml when present)."),
-    ),
-    ("name", "--name", _flag(str, "--name", help="Job name (DNS-1035 label).")),
-    (
+def parse_elastic(text: str) -> dict[str, Any]:
+    """``MIN:MAX`` -> the rendezvous fields it sets."""
+    match = re.fullmatch(r"([0-9]{1,100}):([0-9]{1,100})", text)
+    if not match:
+        raise UserError(f"--elastic: {show(text)} is not MIN:MAX; use two node counts, e.g. 1:4")
+    return {"mode": "elastic", "minNodes": int(match[1]), "maxNodes": int(match[2])}
+
+
+@dataclass(frozen=True)
+class SpecFlag:
+    """One flag that overrides a spec field."""
+
+    param: str  # the command function's parameter
+    decls: tuple[str, ...]  # its spellings; the last long one names it in errors
+    kind: type
+    help: str
+    path: tuple[str, ...]  # where it goes in the spec document
+    metavar: str | None = None
+    convert: Callable[[Any], Any] | None = None  # when the value is not the field's as typed
+
+    @property
+    def flag(self) -> str:
+        return self.decls[-1].split("/")[0]
+
+    def annotation(self) -> Any:
+        option = typer.Option(
+            *self.decls, help=self.help, metavar=self.metavar, rich_help_panel=SPEC_PANEL
+        )
+        return Annotated[self.kind | None, option]
+
+
+# In the order errors name them when several flags touch one field.
+SPEC_FLAGS: tuple[SpecFlag, ...] = (
+    SpecFlag("name", ("--name",), str, "Job name (DNS-1035 label).", ("name",)),
+    SpecFlag(
         "target",
-        "--target",
-        _flag(
-            str,
-            "--target",
-            metavar="pytorchjob|trainjob|indexed-job",
-            help="What runs the job: Kubeflow PyTorchJob (default), Trainer v2 TrainJob, or a "
-            "plain Indexed Job (no operator).",
-        ),
+        ("--target",),
+        str,
+        "What runs the job: Kubeflow PyTorchJob (default), Trainer v2 TrainJob, or a "
+        "plain Indexed Job (no operator).",
+        ("target",),
+        metavar="|".join(TARGET_NAMES),
     ),
-    (
+    SpecFlag(
         "runtime",
-        "--runtime",
-        _flag(
-            str,
-            "--runtime",
-            metavar="NAME",
-            help="trainjob: the ClusterTrainingRuntime (default torch-distributed).",
-        ),
+        ("--runtime",),
+        str,
+        "trainjob: the ClusterTrainingRuntime (default torch-distributed).",
+        ("runtime",),
+        metavar="NAME",
     ),
-    ("namespace", "--namespace", _flag(str, "-n", "--namespace", help="Kubernetes namespace.")),
-    ("image", "--image", _flag(str, "--image", help="Training image reference.")),
-    ("nodes", "--nodes", _flag(int, "--nodes", help="Number of nodes (pods).")),
-    ("gpus", "--gpus", _flag(int, "--gpus", help="GPUs per node; 0 runs on CPU with gloo.")),
-    (
-        "procs",
-        "--procs",
-        _flag(int, "--procs", help="Processes per node (default: gpus, or 1 on CPU)."),
+    SpecFlag("namespace", ("-n", "--namespace"), str, "Kubernetes namespace.", ("namespace",)),
+    SpecFlag("image", ("--image",), str, "Training image reference.", ("image",)),
+    SpecFlag("nodes", ("--nodes",), int, "Number of nodes (pods).", ("nodes",)),
+    SpecFlag("gpus", ("--gpus",), int, "GPUs per node; 0 runs on CPU with gloo.", ("gpus",)),
+    SpecFlag(
+        "procs", ("--procs",), int, "Processes per node (default: gpus, or 1 on CPU).", ("procs",)
     ),
-    (
-        "elastic",
-        "--elastic",
-        _flag(
-            str,
-            "--elastic",
-            metavar="MIN:MAX",
-            help="Elastic c10d rendezvous between MIN and MAX nodes.",
-        ),
-    ),
-    (
+    SpecFlag(
         "max_restarts",
-        "--max-restarts",
-        _flag(int, "--max-restarts", help="torchrun restarts of the worker group."),
+        ("--max-restarts",),
+        int,
+        "torchrun restarts of the worker group.",
+        ("rendezvous", "maxRestarts"),
     ),
-    (
+    SpecFlag(
+        "elastic",
+        ("--elastic",),
+        str,
+        "Elastic c10d rendezvous between MIN and MAX nodes.",
+        ("rendezvous",),
+        metavar="MIN:MAX",
+        convert=parse_elastic,
+    ),
+    SpecFlag(
         "scheduler",
-        "--scheduler",
-        _flag(
-            str,
-            "--scheduler",
-            metavar="default|volcano",
-            help="volcano: gang-schedule all nodes with Volcano.",
-        ),
+        ("--scheduler",),
+        str,
+        "volcano: gang-schedule all nodes with Volcano.",
+        ("scheduling", "scheduler"),
+        metavar="default|volcano",
     ),
-    (
+    SpecFlag(
         "queue",
-        "--queue",
-        _flag(
-            str,
-            "--queue",
-            metavar="NAME",
-            help="Kueue LocalQueue (the job starts suspended); with volcano, its queue.",
-        ),
+        ("--queue",),
+        str,
+        "Kueue LocalQueue (the job starts suspended); with volcano, its queue.",
+        ("scheduling", "queue"),
+        metavar="NAME",
     ),
-    (
+    SpecFlag(
         "rdma",
-        "--rdma",
-        _flag(
-            str,
-            "--rdma",
-            metavar="RESOURCE=N",
-            help="RDMA device plugin resource per node, e.g. rdma/hca_shared_devices_a=1.",
-        ),
+        ("--rdma",),
+        str,
+        "RDMA device plugin resource per node, e.g. rdma/hca_shared_devices_a=1.",
+        ("network", "rdma"),
+        metavar="RESOURCE=N",
+        convert=parse_rdma,
     ),
-    (
+    SpecFlag(
         "host_network",
-        "--host-network",
-        _flag(bool, "--host-network", help="Use the node's network namespace."),
+        ("--host-network",),
+        bool,
+        "Use the node's network namespace.",
+        ("network", "hostNetwork"),
     ),
-    (
+    SpecFlag(
         "nccl_debug",
-        "--nccl-debug",
-        _flag(str, "--nccl-debug", metavar="LEVEL", help="NCCL_DEBUG: VERSION|WARN|INFO|TRACE."),
+        ("--nccl-debug",),
+        str,
+        "NCCL_DEBUG: VERSION|WARN|INFO|TRACE.",
+        ("network", "ncclDebug"),
+        metavar="LEVEL",
     ),
-    (
+    SpecFlag(
         "network_policy",
-        "--network-policy",
-        _flag(
-            bool,
-            "--network-policy/--no-network-policy",
-            help="A NetworkPolicy admitting only the job's own pods (default on).",
-        ),
+        ("--network-policy/--no-network-policy",),
+        bool,
+        "A NetworkPolicy admitting only the job's own pods (default on).",
+        ("network", "policy"),
     ),
-    (
+    SpecFlag(
         "writable_rootfs",
-        "--writable-rootfs",
-        _flag(
-            bool,
-            "--writable-rootfs",
-            help="Writable image file system, for code that writes into the image.",
-        ),
+        ("--writable-rootfs",),
+        bool,
+        "Writable image file system, for code that writes into the image.",
+        ("security", "readOnlyRootFilesystem"),
+        convert=lambda writable: not writable,
     ),
-    (
-        "train_args",
-        None,
-        Annotated[
-            list[str] | None,
-            typer.Argument(
-                metavar="[-- TRAIN_ARGS...]",
-                help="Arguments appended to the training command.",
-                show_default=False,
-            ),
-        ],
+)
+_BY_FLAG = {f.flag: f for f in SPEC_FLAGS}
+
+FileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "-f",
+        "--file",
+        help="Job spec file (default: ./ddpdeploy.yaml when present).",
+        rich_help_panel=SPEC_PANEL,
     ),
 ]
+TrainArgs = Annotated[
+    list[str] | None,
+    typer.Argument(
+        metavar="[-- TRAIN_ARGS...]",
+        help="Arguments appended to the training command.",
+        show_default=False,
+    ),
+]
+# The parameters spec_command adds: the file, every spec flag, the training arguments.
+_SPEC_PARAMS: list[tuple[str, Any]] = [
+    ("file", FileOpt),
+    *((f.param, f.annotation()) for f in SPEC_FLAGS),
+    ("train_args", TrainArgs),
+]
+
+
+def spec_from_flags(
+    path: Path | None = None,
+    flags: dict[str, Any] | None = None,
+    extra_args: list[str] | None = None,
+) -> JobSpec:
+    """The spec from ``path`` (or ./ddpdeploy.yaml) and ``flags`` by flag name (--nodes, …;
+    None means not given), then ``extra_args``; errors name the flag that set a field."""
+    given = {k: v for k, v in (flags or {}).items() if v is not None}
+    unknown = set(given) - set(_BY_FLAG)
+    if unknown:
+        raise KeyError(f"not a spec flag: {sorted(unknown)[0]}")
+    overrides = [
+        Override(f.flag, f.path, given[f.flag], f.convert) for f in SPEC_FLAGS if f.flag in given
+    ]
+    return load_spec(path, overrides, extra_args)
 
 
 class TrainArgsCommand(TyperCommand):
@@ -175,8 +233,8 @@ class TrainArgsCommand(TyperCommand):
 
 
 def spec_from_params(values: dict[str, Any]) -> JobSpec:
-    flags = {flag: values.get(name) for name, flag, _ in _SPEC_PARAMS if flag}
-    return load_spec(values.get("file"), flags, values.get("train_args") or None)
+    flags = {f.flag: values.get(f.param) for f in SPEC_FLAGS}
+    return spec_from_flags(values.get("file"), flags, values.get("train_args") or None)
 
 
 def spec_command(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -189,12 +247,12 @@ def spec_command(fn: Callable[..., Any]) -> Callable[..., Any]:
     ]
     extra = [
         inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ann)
-        for name, _, ann in _SPEC_PARAMS
+        for name, ann in _SPEC_PARAMS
     ]
 
     @functools.wraps(fn)
     def wrapper(**kwargs: Any) -> Any:
-        values = {name: kwargs.pop(name) for name, _, _ in _SPEC_PARAMS}
+        values = {name: kwargs.pop(name) for name, _ in _SPEC_PARAMS}
         return fn(spec=spec_from_params(values), **kwargs)
 
     params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + extra

@@ -24,9 +24,9 @@ import yaml
 from k8s_schema import trainjob_pod_template
 
 from ddpdeploy.errors import UserError
-from ddpdeploy.render.k8s import render_objects
 from ddpdeploy.spec import JobSpec
 from ddpdeploy.targets import TARGETS as LAYOUTS
+from ddpdeploy.targets import render_objects
 
 ALLOWLIST = Path(__file__).resolve().parent / "checkov" / "allowlist.yaml"
 Obj = dict[str, Any]

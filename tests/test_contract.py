@@ -7,10 +7,9 @@ from typing import Any
 
 import pytest
 
-from ddpdeploy.contract import launch_contract
-from ddpdeploy.render.k8s import render_objects
 from ddpdeploy.render.pod import pod_only_env
 from ddpdeploy.spec import JobSpec
+from ddpdeploy.targets import launch_contract, render_objects
 
 
 def operator_env(job: dict[str, Any], rtype: str, index: int) -> dict[str, str]:
@@ -185,3 +184,33 @@ def test_rendezvous_host_is_node_zero_of_each_layout():
         env = contract.node_env(contract.nodes[-1])
         assert env["DDPDEPLOY_RDZV_HOST"] == rdzv
         assert env["PET_MASTER_ADDR"] == rdzv
+
+
+def test_run_env_is_added_after_the_specs_env_without_the_user_env_checks():
+    # ddpdeploy's own run-only env (a smoke run's) may use reserved names; the user's may not.
+    spec = JobSpec.model_validate({"nodes": 2, "env": {"A": "spec", "B": "spec"}})
+    run_env = {"B": "run", "PET_EXTRA": "1", "DDPDEPLOY_SMOKE": "yes"}
+    contract = launch_contract(spec, run_env=run_env)
+    for node in contract.nodes:
+        env = contract.node_env(node)
+        assert (env["A"], env["B"], env["PET_EXTRA"], env["DDPDEPLOY_SMOKE"]) == (
+            "spec",
+            "run",
+            "1",
+            "yes",
+        )
+    assert contract.pod_env()["B"] == "run"
+    assert launch_contract(spec).base_env["B"] == "spec"  # the spec itself is unchanged
+    with pytest.raises(ValueError, match="PET_EXTRA is set by ddpdeploy's launch contract"):
+        JobSpec.model_validate({"env": {"PET_EXTRA": "1"}})
+
+
+def test_the_contract_takes_its_layout_as_a_parameter():
+    from ddpdeploy import contract as launch
+    from ddpdeploy.targets import layout_of
+
+    spec = JobSpec.model_validate({"nodes": 2})
+    on_trainjob = launch.launch_contract(spec, layout_of("trainjob"))
+    assert [n.hostname for n in on_trainjob.nodes] == ["ddp-train-node-0-0", "ddp-train-node-0-1"]
+    assert on_trainjob.port == 29400
+    assert launch_contract(spec).layout is layout_of("pytorchjob")

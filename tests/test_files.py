@@ -17,6 +17,7 @@ from fs_helpers import mount_tmpfs, tmpfs_mountpoint, without_dac_override
 
 from ddpdeploy.adapters import files
 from ddpdeploy.errors import OperationError, UserError
+from ddpdeploy.streams import ChunkReader
 
 mountpoint = tmpfs_mountpoint  # the fixture, under the name the tests ask for
 
@@ -275,7 +276,7 @@ def test_a_dead_socket_gives_the_same_line_everywhere(tmp_path: Path, monkeypatc
 def test_read_at_most_sees_past_the_limit_through_short_reads() -> None:
     data = os.urandom(100)
     assert files.read_at_most(files.chunk_reader(iter([data[:7], data[7:]]), 1), 1000) == data
-    raw = files._Chunks(data[i : i + 3] for i in range(0, 100, 3))  # 3 bytes a read
+    raw = ChunkReader(data[i : i + 3] for i in range(0, 100, 3))  # 3 bytes a read
     assert files.read_at_most(raw, 10) == data[:11]
 
 

@@ -7,13 +7,19 @@ import pytest
 from ddpdeploy.clusterplan import gpu_nodes, gpu_nodes_free, scaled_spec, with_saved_spec
 from ddpdeploy.errors import UserError
 from ddpdeploy.jobstate import job_size, job_state, logs_show_rank0, pod_view
-from ddpdeploy.render.k8s import render_objects
-from ddpdeploy.spec import load_spec
+from ddpdeploy.options import spec_from_flags
+from ddpdeploy.targets import layout_of, render_objects
 
 
-def job(*conds: tuple[str, str]) -> dict:
+def job(*conds: tuple[str, str], target: str = "pytorchjob") -> dict:
     conditions = [{"type": t, "status": "True", "message": m} for t, m in conds]
-    return {"metadata": {"name": "j"}, "status": {"conditions": conditions}}
+    layout = layout_of(target)
+    return {
+        "apiVersion": layout.api_version,
+        "kind": layout.kind,
+        "metadata": {"name": "j"},
+        "status": {"conditions": conditions},
+    }
 
 
 def pod(name="j-master-0", phase="Pending", waiting=None, restarts=0, sched=None, last=None):
@@ -123,13 +129,15 @@ def test_reasons_name_the_pod_and_the_cause():
 
 
 def test_pod_view():
-    view = pod_view(pod(phase="Running", waiting=("CrashLoopBackOff", "b"), restarts=2))
+    view = pod_view(
+        pod(phase="Running", waiting=("CrashLoopBackOff", "b"), restarts=2), layout_of("pytorchjob")
+    )
     assert (view.replica, view.index, view.phase, view.restarts) == ("master", 0, "Running", 2)
     assert view.detail == "CrashLoopBackOff: b"
 
 
 def spec(*flags: str, **values):
-    return load_spec(None, {f"--{k}": v for k, v in values.items()}, list(flags) or None)
+    return spec_from_flags(None, {f"--{k}": v for k, v in values.items()}, list(flags) or None)
 
 
 def test_job_size_and_saved_spec_round_trip():
@@ -164,7 +172,9 @@ def test_gpu_capacity():
 def test_scaled_spec_respects_the_elastic_range():
     s = spec(image="t:1", nodes=2, elastic="1:3")
     job_obj = with_saved_spec(render_objects(s), s)[-1]
-    assert scaled_spec(job_obj, 3) == s.model_copy(update={"nodes": 3})
+    assert scaled_spec(job_obj, 3) == spec_from_flags(
+        None, {"--image": "t:1", "--nodes": 3, "--elastic": "1:3"}
+    )
     with pytest.raises(UserError, match="outside the job's elastic range 1:3"):
         scaled_spec(job_obj, 4)
     static = render_objects(spec(image="t:1", nodes=2))[-1]
@@ -177,3 +187,28 @@ def test_scaled_spec_respects_the_elastic_range():
 def test_rank0_is_found_by_the_start_event():
     assert logs_show_rank0(["waiting for DNS", '{"event": "start", "world_size": 4}'])
     assert not logs_show_rank0(["ddptrain: warning: x", "{not json", '{"event": "step"}'])
+
+
+@pytest.mark.parametrize(
+    ("target", "condition", "state"),
+    [
+        ("pytorchjob", "Succeeded", "Succeeded"),
+        ("trainjob", "Complete", "Succeeded"),
+        ("indexed-job", "Complete", "Succeeded"),
+        ("pytorchjob", "Complete", "Pending"),  # not PyTorchJob's condition
+        ("trainjob", "Succeeded", "Pending"),
+    ],
+)
+def test_job_state_reads_each_targets_own_success_condition(target, condition, state):
+    assert job_state(job((condition, "done"), target=target), []).state == state
+    assert job_state(job(("Failed", "x"), target=target), []).state == "Failed"
+
+
+def test_job_state_of_a_kind_no_target_reads():
+    got = job_state({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "j"}}, [])
+    assert (got.state, got.done) == ("Unknown", True)
+
+
+def test_gpu_counts_read_as_quantities():
+    nodes = [node("a", "8"), node("b", "1k"), node("c", "bad"), node("d", 0)]
+    assert gpu_nodes(nodes, 8) == (2, 2)  # a and b (1000 devices); c and d hold none

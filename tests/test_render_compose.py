@@ -16,10 +16,10 @@ import pytest
 import yaml
 from cli_runner import run_cli
 
-from ddpdeploy.contract import launch_contract
 from ddpdeploy.render.compose import ROLE_LABEL, quantity_bytes, render_compose
 from ddpdeploy.render.output import to_yaml
 from ddpdeploy.spec import JobSpec
+from ddpdeploy.targets import launch_contract
 
 SCHEMA = Path(__file__).resolve().parent / "schemas" / "compose-spec.json"
 ELASTIC = {"mode": "elastic", "minNodes": 1, "maxNodes": 3}

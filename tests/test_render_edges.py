@@ -25,8 +25,8 @@ from k8s_schema import (
 )
 
 from ddpdeploy.errors import UserError
-from ddpdeploy.render.k8s import render_objects
-from ddpdeploy.spec import load_spec
+from ddpdeploy.options import spec_from_flags
+from ddpdeploy.targets import render_objects
 
 I32, I64 = 2**31, 2**63
 BIG = [2**31 - 1, 2**31, 2**63, 2**70, 10**23]
@@ -226,7 +226,7 @@ def outcome(tmp_path: Path, field: str, value: str) -> list[dict[str, Any]] | st
     image = "" if field == "image" else "image: train:v1\n"
     path.write_text(f"{image}{field}: {value}\n")
     try:
-        return render_objects(load_spec(path))
+        return render_objects(spec_from_flags(path))
     except UserError as exc:
         assert exc.exit_code == 2
         return str(exc)
@@ -249,7 +249,7 @@ def test_the_matrix_has_both_outcomes(tmp_path):
 
 
 def test_the_oracle_refuses_what_the_api_server_would():
-    job = render_objects(load_spec(None, {"--image": "train:v1", "--nodes": 2}))[-1]
+    job = render_objects(spec_from_flags(None, {"--image": "train:v1", "--nodes": 2}))[-1]
     assert api_errors(job) == []
     job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = 2**31
     job["metadata"]["labels"]["bad key"] = "x"
@@ -278,7 +278,7 @@ def test_random_combinations_render_valid_or_fail_in_one_line(tmp_path):
         path.write_text("image: train:v1\n" + "\n".join(lines) + "\n")
         flags = rng.choice([{}, {}, *flags_pool])
         try:
-            objects = render_objects(load_spec(path, flags))
+            objects = render_objects(spec_from_flags(path, flags))
         except UserError as exc:
             assert exc.exit_code == 2 and "\n" not in str(exc), path.read_text()
             continue

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from cli_runner import run_cli
 
-from ddpdeploy.render.k8s import render_objects
 from ddpdeploy.spec import IMAGE_UID, JobSpec
+from ddpdeploy.targets import render_objects
 
 BASE = {"image": "train:v1", "nodes": 2}
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from k8s_schema import builtin_errors, pytorchjob_errors
 
-from ddpdeploy.render.k8s import render_objects
 from ddpdeploy.spec import JobSpec
+from ddpdeploy.targets import render_objects
 
 FULL = {
     "name": "llm",
@@ -241,10 +241,10 @@ EXAMPLES = sorted(
 
 @pytest.mark.parametrize("spec_file", EXAMPLES, ids=lambda p: p.name)
 def test_committed_examples_are_what_render_produces(spec_file):
+    from ddpdeploy.options import spec_from_flags
     from ddpdeploy.render.output import RECORD, folder_files, plan_folder
-    from ddpdeploy.spec import load_spec
 
     folder = spec_file.with_name(spec_file.name.removesuffix(".ddpdeploy.yaml"))
-    expected = folder_files(render_objects(load_spec(spec_file)))
+    expected = folder_files(render_objects(spec_from_flags(spec_file)))
     expected[RECORD] = plan_folder(str(folder), expected, {}, {}).final
     assert {p.name: p.read_text() for p in folder.iterdir()} == expected

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from cli_runner import run_cli
 
-from ddpdeploy.spec import load_spec
+from ddpdeploy.options import spec_from_flags
 
 EXAMPLES = sorted(
     (Path(__file__).resolve().parents[1] / "k8s" / "examples").glob("*.ddpdeploy.yaml")
@@ -71,7 +71,7 @@ def test_init_output_validates_and_its_modeline_names_the_schema(tmp_path):
     schema_file = tmp_path / first.split("$schema=")[1]
     assert json.loads(schema_file.read_text()) == printed_schema()
     assert errors(yaml.safe_load(text)) == []
-    assert load_spec(tmp_path / "ddpdeploy.yaml").nodes == 2
+    assert spec_from_flags(tmp_path / "ddpdeploy.yaml").nodes == 2
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""The smoke runner's target-neutral parts and the local target's launch, without torch."""
+"""The smoke room's pure parts (the console parser, the plan, the budget, the options) and
+the local target's launch, without torch."""
 
 from __future__ import annotations
 
@@ -6,20 +7,22 @@ import sys
 
 import pytest
 
-from ddpdeploy.adapters.local import LocalRun
-from ddpdeploy.contract import launch_contract
 from ddpdeploy.errors import UserError
-from ddpdeploy.render.local import plan
-from ddpdeploy.smoke_runner import (
-    MAX_WORKERS_PER_CORE,
-    SmokeTarget,
+from ddpdeploy.render.local import cpu_spec, respec
+from ddpdeploy.smoke.budget import MAX_WORKERS_PER_CORE, check_cpu_budget
+from ddpdeploy.smoke.events import (
+    RANK_OUTPUT_ENV,
     WorkerFailure,
-    check_cpu_budget,
+    parse_event,
     root_cause,
     split_rank,
     summary_failures,
 )
+from ddpdeploy.smoke.plan import CHECKPOINT_ENV, chaos_spec, nodes_of, plan, with_steps
+from ddpdeploy.smoke.runner import KillAt, Outcome, Ranks, same_weights
 from ddpdeploy.spec import JobSpec
+from ddpdeploy.streams import ChunkReader, LineSplitter
+from ddpdeploy.targets import launch_contract
 
 
 def test_launcher_is_a_parameter_of_the_contract():
@@ -43,10 +46,6 @@ def test_local_nodes_run_this_interpreters_torchrun():
         assert "PET_MAX_RESTARTS" not in node.env
     restarting = plan(JobSpec.model_validate({"nodes": 2}), 29400, "/t.py", max_restarts=1)
     assert all(n.env["PET_MAX_RESTARTS"] == "1" for n in restarting)
-
-
-def test_local_run_is_a_smoke_target():
-    assert issubclass(LocalRun, SmokeTarget)
 
 
 def test_cpu_budget_lets_the_readme_job_run_on_two_cores():
@@ -85,3 +84,105 @@ def test_root_cause_is_the_failed_worker_whose_output_ended_first():
     # Without times, torchrun's own pick; with only SIGTERMed workers, one of those.
     assert root_cause([peer, cause], {}) == cause
     assert root_cause([killed], times) == killed
+
+
+def test_local_nodes_get_the_run_env_through_the_contract():
+    spec = JobSpec.model_validate({"nodes": 2, "env": {"A": "1"}})
+    nodes = plan(spec, 29400, "/t.py", checkpoint_dir="/ck")
+    for node in nodes:
+        assert node.env["A"] == "1"
+        assert {k: node.env[k] for k in RANK_OUTPUT_ENV} == RANK_OUTPUT_ENV
+        assert node.env[CHECKPOINT_ENV] == "/ck"
+    assert [n.rank for n in nodes] == [0, 1]
+    # The contract itself: run-only env after the spec's, nothing else changed.
+    contract = launch_contract(spec, run_env={"A": "2", "B": "3"})
+    assert contract.base_env["A"] == "2" and contract.base_env["B"] == "3"
+    assert "B" not in launch_contract(spec).base_env
+
+
+def test_nodes_of_take_the_static_rank_or_none_under_c10d():
+    static = nodes_of(launch_contract(JobSpec.model_validate({"nodes": 3})))
+    assert [(n.name, n.rank) for n in static] == [
+        ("ddp-train-master-0", 0),
+        ("ddp-train-worker-0", 1),
+        ("ddp-train-worker-1", 2),
+    ]
+    elastic = JobSpec.model_validate(
+        {"nodes": 2, "rendezvous": {"mode": "elastic", "minNodes": 1, "maxNodes": 2}}
+    )
+    assert {n.rank for n in nodes_of(launch_contract(elastic))} == {None}
+
+
+def test_changed_specs_are_validated():
+    spec = JobSpec.model_validate({"gpus": 4, "nodes": 2})
+    cpu = cpu_spec(spec)
+    assert (cpu.gpus, cpu.procs, cpu.backend, cpu.nodes) == (0, 4, "gloo", 2)
+    # A trainjob's port is fixed by Trainer v2: a local run's free port goes to the
+    # contract, not into the spec (which would refuse it).
+    trainjob = JobSpec.model_validate({"target": "trainjob"})
+    nodes = plan(trainjob, 41234, "/t.py")
+    assert nodes[0].env["PET_MASTER_PORT"] == "41234"
+    with pytest.raises(ValueError, match="procs"):
+        respec(spec, {"procs": 3})  # what a spec file could not say, a patch cannot either
+
+
+def test_steps_is_the_builtin_trainers_flag():
+    assert with_steps(JobSpec(), 5).command.args == ["--steps", "5"]
+    for command in ({"script": "train.py"}, {"module": "pkg.train"}):
+        spec = JobSpec.model_validate({"command": command})
+        with pytest.raises(UserError, match="after `--`"):
+            with_steps(spec, 5)
+        assert with_steps(spec, None) is spec
+
+
+def test_chaos_spec_gives_the_builtin_trainer_a_checkpoint_only():
+    builtin, restarts = chaos_spec(JobSpec(), KillAt(step=8))
+    assert restarts == 1 and builtin.checkpoint is not None
+    assert builtin.command.args == ["--checkpoint-every", "4"]
+    script = JobSpec.model_validate({"command": {"script": "t.py", "args": ["x"]}})
+    assert chaos_spec(script, KillAt(seconds=20))[0] == script
+
+
+def test_event_protocol_lines_and_others():
+    event = parse_event('{"event": "done", "step": 7, "weights_sha256": "ab"}')
+    assert event is not None and event.kind == "done" and event.step == 7
+    assert event.fields["weights_sha256"] == "ab"
+    for other in ('{"event": "epoch"}', '{"loss": 1}', "[1, 2]", "{not json", "epoch 1"):
+        assert parse_event(other) is None, other
+    assert parse_event('{"event": "step", "step": true}').step is None
+
+
+def test_ranks_and_kill_at_options():
+    assert Ranks.parse("all").shows(7) and Ranks.parse("all").prefixed(2)
+    assert not Ranks.parse("all").prefixed(1)
+    picked = Ranks.parse("0, 3")
+    assert picked.shows(3) and not picked.shows(1) and picked.prefixed(4)
+    assert not Ranks().prefixed(8) and Ranks().shows(0)
+    for bad in ("", "x", "1,", "-1"):
+        with pytest.raises(UserError, match="--ranks"):
+            Ranks.parse(bad)
+    assert KillAt.parse("8") == KillAt(step=8)
+    assert KillAt.parse("20s") == KillAt(seconds=20.0)
+    assert KillAt.parse("checkpoint") == KillAt(checkpoint=True)
+    for bad in ("0", "0s", "soon", "-3"):
+        with pytest.raises(UserError, match="--kill-at"):
+            KillAt.parse(bad)
+
+
+def test_outcome_without_events_has_no_steps_and_no_comparison():
+    plain = Outcome(wall=3.0, exit_codes={"a": 0})
+    assert plain.steps is None and plain.steps_per_s is None and plain.weights_sha256 is None
+    done = Outcome(wall=3.0, exit_codes={"a": 0}, done={"step": 6, "weights_sha256": "h"},
+                   train_time=2.0)  # fmt: skip
+    assert done.steps == 6 and done.steps_per_s == 3.0
+    assert same_weights(done, plain) is None and same_weights(done, done) is True
+
+
+def test_line_splitter_and_chunk_reader():
+    lines = LineSplitter(b"")
+    assert lines.feed(b"a\nb") == [b"a"] and lines.feed(b"c\n\nd") == [b"bc", b""]
+    assert lines.finish() == [b"d"] and lines.finish() == []
+    text = LineSplitter("")
+    assert text.feed("x\ny") == ["x"] and text.finish() == ["y"]
+    reader = ChunkReader(iter([b"ab", b"", b"cde"]))
+    assert reader.read(1) == b"a" and reader.read() == b"bcde" and reader.read(3) == b""

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ddpdeploy.errors import UserError
-from ddpdeploy.spec import load_spec
+from ddpdeploy.options import spec_from_flags
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -18,7 +18,7 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def test_defaults_are_a_one_node_cpu_job(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    spec = load_spec()
+    spec = spec_from_flags()
     assert (spec.name, spec.nodes, spec.gpus, spec.procs_per_node) == ("ddp-train", 1, 0, 1)
     assert spec.resolved_backend == "gloo"
     assert not spec.elastic
@@ -26,7 +26,7 @@ def test_defaults_are_a_one_node_cpu_job(tmp_path, monkeypatch):
 
 def test_flags_override_file_and_args_append(tmp_path):
     path = write(tmp_path, "name: a\nnodes: 2\ngpus: 8\ncommand: {args: ['--lr', '0.1']}\n")
-    spec = load_spec(path, {"--nodes": 4, "--name": "b", "--gpus": None}, ["--steps", "5"])
+    spec = spec_from_flags(path, {"--nodes": 4, "--name": "b", "--gpus": None}, ["--steps", "5"])
     assert (spec.name, spec.nodes, spec.gpus, spec.procs_per_node) == ("b", 4, 8, 8)
     assert spec.command.args == ["--lr", "0.1", "--steps", "5"]
     assert spec.resolved_backend == "nccl"
@@ -35,11 +35,11 @@ def test_flags_override_file_and_args_append(tmp_path):
 def test_default_file_in_cwd_is_read(tmp_path, monkeypatch):
     write(tmp_path, "name: from-cwd\n")
     monkeypatch.chdir(tmp_path)
-    assert load_spec().name == "from-cwd"
+    assert spec_from_flags().name == "from-cwd"
 
 
 def test_elastic_flag_sets_range_and_restarts(tmp_path):
-    spec = load_spec(None, {"--elastic": "2:6", "--nodes": 4, "--max-restarts": 3})
+    spec = spec_from_flags(None, {"--elastic": "2:6", "--nodes": 4, "--max-restarts": 3})
     assert spec.elastic
     rdzv = spec.rendezvous
     assert (rdzv.min_nodes, rdzv.max_nodes, rdzv.max_restarts) == (2, 6, 3)
@@ -85,7 +85,7 @@ def test_elastic_flag_sets_range_and_restarts(tmp_path):
 def test_bad_input_is_one_line_naming_the_field(tmp_path, text, flags, expected):
     path = write(tmp_path, text)
     with pytest.raises(UserError) as info:
-        load_spec(path, flags)
+        spec_from_flags(path, flags)
     message = str(info.value)
     assert expected in message
     assert "\n" not in message
@@ -94,17 +94,17 @@ def test_bad_input_is_one_line_naming_the_field(tmp_path, text, flags, expected)
 
 def test_missing_file_names_the_flag(tmp_path):
     with pytest.raises(UserError, match=r"-f/--file: .*nope.yaml not found"):
-        load_spec(tmp_path / "nope.yaml")
+        spec_from_flags(tmp_path / "nope.yaml")
 
 
 def test_yaml_error_names_line_and_column(tmp_path):
     path = write(tmp_path, "name: a\nnodes: [2\n")
     with pytest.raises(UserError, match=r"ddpdeploy.yaml:3:1: YAML syntax error"):
-        load_spec(path)
+        spec_from_flags(path)
 
 
 def test_env_and_label_scalars_become_strings(tmp_path):
-    spec = load_spec(write(tmp_path, "env: {OMP_NUM_THREADS: 4, FLAG: true}\n"))
+    spec = spec_from_flags(write(tmp_path, "env: {OMP_NUM_THREADS: 4, FLAG: true}\n"))
     assert spec.env == {"OMP_NUM_THREADS": "4", "FLAG": "true"}
 
 
@@ -119,7 +119,7 @@ def test_env_and_label_scalars_become_strings(tmp_path):
     ],
 )
 def test_real_image_references_are_accepted(image):
-    assert load_spec(None, {"--image": image}).image == image
+    assert spec_from_flags(None, {"--image": image}).image == image
 
 
 @pytest.mark.parametrize("user_value", [None, "logfire"])
@@ -134,3 +134,19 @@ def test_pydantic_plugin_setting_is_left_as_the_user_had_it(user_value):
     code = "import os, ddpdeploy.spec; print(os.environ.get('PYDANTIC_DISABLE_PLUGINS'))"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == str(user_value)
+
+
+def test_spec_with_validates_the_changed_spec_as_a_whole():
+    from ddpdeploy.spec import spec_with
+
+    spec = spec_from_flags(None, {"--image": "t:1", "--nodes": 2})
+    assert spec_with(spec, image="t:2", nodes=3) == spec_from_flags(
+        None, {"--image": "t:2", "--nodes": 3}
+    )
+    with pytest.raises(UserError, match=r"^image: 'Bad Image' is not an image reference"):
+        spec_with(spec, image="Bad Image")
+    with pytest.raises(UserError, match="^nodes: must be greater than or equal to 1"):
+        spec_with(spec, nodes=0)
+    elastic = spec_from_flags(None, {"--nodes": 2, "--elastic": "1:3"})
+    with pytest.raises(UserError, match="must lie within the elastic range 1:3"):
+        spec_with(elastic, nodes=4)

@@ -10,7 +10,8 @@ import pytest
 from cli_runner import run_cli
 
 from ddpdeploy.errors import UserError
-from ddpdeploy.spec import RESERVED_ENV, is_reserved_env, load_spec
+from ddpdeploy.options import spec_from_flags
+from ddpdeploy.spec import RESERVED_ENV, is_reserved_env
 
 # Plain scalars that YAML 1.1 (PyYAML) reads as something other than the text typed.
 TRICKY = ["1.10", "012", "0x1F", "0o17", "1:30", "1_000", "on", "yes", "off", "true", "0777"]
@@ -25,7 +26,7 @@ def write(tmp_path: Path, text: str, name: str = "ddpdeploy.yaml") -> Path:
 
 def refused(path: Path | None, flags: dict | None = None, args: list[str] | None = None) -> str:
     with pytest.raises(UserError) as info:
-        load_spec(path, flags, args)
+        spec_from_flags(path, flags, args)
     message = str(info.value)
     assert "\n" not in message
     assert info.value.exit_code == 2
@@ -38,7 +39,7 @@ def test_string_fields_keep_the_text_as_typed(tmp_path, text):
         f"command: {{args: [--tag, {text}]}}\nenv: {{SEED: {text}}}\n"
         f"annotations: {{example.com/v: {text}}}\n"
     )
-    spec = load_spec(write(tmp_path, doc))
+    spec = spec_from_flags(write(tmp_path, doc))
     assert spec.command.args == ["--tag", text]
     assert spec.env == {"SEED": text}
     assert spec.annotations == {"example.com/v": text}
@@ -46,13 +47,13 @@ def test_string_fields_keep_the_text_as_typed(tmp_path, text):
 
 @pytest.mark.parametrize("text", ["1.10", "012", "0x1F", "true", "0777"])
 def test_labels_and_node_selector_keep_text(tmp_path, text):
-    spec = load_spec(write(tmp_path, f"labels: {{v: {text}}}\nnodeSelector: {{v: {text}}}\n"))
+    spec = spec_from_flags(write(tmp_path, f"labels: {{v: {text}}}\nnodeSelector: {{v: {text}}}\n"))
     assert spec.labels == {"v": text} and spec.node_selector == {"v": text}
 
 
 @pytest.mark.parametrize("text", ["4", "0.5", "012", "1.50"])
 def test_quantities_keep_the_text_as_typed(tmp_path, text):
-    assert load_spec(write(tmp_path, f"cpu: {text}\n")).cpu == text
+    assert spec_from_flags(write(tmp_path, f"cpu: {text}\n")).cpu == text
 
 
 @pytest.mark.parametrize("text", ["0x10", "010", "1:30", "1_0", "+0x1"])
@@ -196,8 +197,8 @@ def test_launch_contract_env_cannot_be_overridden(tmp_path, name):
     ],
 )
 def test_every_variable_the_contract_sets_is_reserved(doc):
-    from ddpdeploy.contract import launch_contract
     from ddpdeploy.spec import JobSpec
+    from ddpdeploy.targets import launch_contract
 
     contract = launch_contract(JobSpec.model_validate(doc))
     names = {name for node in contract.nodes for name in contract.node_env(node)}
@@ -284,3 +285,24 @@ def test_cli_prints_one_line_and_writes_nothing(tmp_path, text, argv):
 def test_messages_stay_short_for_huge_values(tmp_path, text):
     args = ["x"] if text.startswith("command") else None
     assert len(refused(write(tmp_path, text), None, args)) < 400
+
+
+def test_a_key_with_a_newline_is_named_on_one_line(tmp_path):
+    # Found by tests/test_render_property.py: the key was printed raw, splitting the line.
+    message = refused(write(tmp_path, 'secretEnv: {"x\\n": {}}\n'))
+    assert message.startswith(f"{tmp_path / 'ddpdeploy.yaml'}: secretEnv.'x\\n'.secret: ")
+
+
+def test_the_one_quantity_parser_is_exact():
+    from decimal import Decimal
+
+    from ddpdeploy.spec import quantity
+
+    assert quantity("1Gi") == ("1Gi", Decimal(2**30), "Gi")
+    assert quantity("500m")[1] == Decimal("0.5")
+    assert quantity("1.5e3")[1] == 1500
+    assert quantity(8)[1] == 8  # as the API may report a count
+    assert quantity("0")[1] == 0  # zero is a quantity; the fields refuse it themselves
+    assert quantity("1e99999999999")[1].is_infinite()  # no overflow error
+    with pytest.raises(ValueError, match="is not a Kubernetes quantity"):
+        quantity("8 GPUs")

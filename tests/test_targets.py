@@ -15,8 +15,8 @@ from k8s_schema import builtin_errors, pytorchjob_errors, trainjob_errors, train
 from test_render_k8s import FULL, MATRIX
 from yaml_readers import kustomize_load_all
 
-from ddpdeploy.render.k8s import render_objects
 from ddpdeploy.spec import JobSpec
+from ddpdeploy.targets import render_objects
 
 TARGETS = ["pytorchjob", "trainjob", "indexed-job"]
 # What a target refuses (tested below); the matrix leaves it out for that target.
@@ -270,6 +270,7 @@ def test_a_dumped_spec_validates_again(doc):
 def test_cluster_commands_find_a_targets_pods_by_hostname():
     from ddpdeploy.jobstate import pod_view
     from ddpdeploy.jobwatch import node_pod, rank0_pod
+    from ddpdeploy.targets import layout_for_kind
 
     spec = JobSpec.model_validate({"image": "t:1", "nodes": 2, "target": "indexed-job"})
     job = render_objects(spec)[-1]
@@ -289,7 +290,7 @@ def test_cluster_commands_find_a_targets_pods_by_hostname():
     assert node_pod(job, pods, None, 1) == "ddp-train-1-x7k21"
     assert node_pod(job, pods, None, None) is None
     assert node_pod(job, pods[1:], None, 1) is None  # not there (yet): no made-up name
-    view = pod_view(pods[0])
+    view = pod_view(pods[0], layout_for_kind(job["apiVersion"], job["kind"]))
     assert (view.replica, view.index) == ("node", 1)
 
 
@@ -305,3 +306,26 @@ def test_indexed_job_gang_and_queue():
         job = render_objects(JobSpec.model_validate(doc))[-1]
         assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
         assert job["spec"]["suspend"] is True
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("nodes", [1, 2, 10, 11, 100])
+def test_rules_name_budget_matches_the_layouts_longest_name(target, nodes):
+    # The spec checks names against rules.TARGET_RULES; the layout makes the names: the
+    # rule is never looser than the layout, and exact where the layout reaches it.
+    from ddpdeploy.rules import MAX_DNS_LABEL, TARGET_RULES
+    from ddpdeploy.targets import layout_of
+
+    rules = TARGET_RULES[target]
+    doc: dict[str, Any] = {"name": "j", "nodes": nodes, "target": target}
+    if target == "pytorchjob":  # elastic: Worker replicas 0..maxNodes-1, the longest names
+        doc["rendezvous"] = {"mode": "elastic", "minNodes": 1, "maxNodes": nodes}
+    spec = JobSpec.model_validate(doc)
+    longest = max((n.hostname for n in layout_of(target).nodes(spec)), key=len)
+    assert len(longest) == len("j" + rules.label_suffix.format(index=nodes - 1))
+    static = JobSpec.model_validate({**doc, "rendezvous": {}})
+    assert all(len(n.hostname) <= len(longest) for n in layout_of(target).nodes(static))
+    budget = MAX_DNS_LABEL - len(longest) + 1
+    JobSpec.model_validate({**doc, "name": "j" * budget})
+    with pytest.raises(ValueError, match=f"shorten name to at most {budget} characters"):
+        JobSpec.model_validate({**doc, "name": "j" * (budget + 1)})

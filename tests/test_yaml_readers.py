@@ -13,9 +13,9 @@ from pydantic import ValidationError
 from yaml_readers import kubectl_load_all, kustomize_load_all, ruamel_load_all
 
 from ddpdeploy.adapters.out_dir import write_folder
-from ddpdeploy.render.k8s import render_objects
 from ddpdeploy.render.output import folder_files, to_text
 from ddpdeploy.spec import JobSpec
+from ddpdeploy.targets import render_objects
 
 # fmt: off
 TRICKY = [

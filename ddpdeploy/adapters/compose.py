@@ -8,9 +8,8 @@ and execs into a node to kill a worker. The project (containers, network, and th
 unless kept) is always removed: on success, on failure and on Ctrl-C (use it as a context
 manager).
 
-`ComposeRun` has the shape of the smoke runner's target (`SmokeTarget`: nodes, events,
-exit_codes, failed, finished, tail, drain, kill_worker, last_output_at, stop), so
-`smoke --docker` drives it with the same loop as local processes.
+`ComposeRun` is a smoke target (`ddpdeploy.smoke.target.SmokeTarget`), so `smoke --docker`
+drives it with the same loop as local processes; its nodes come from the run plan.
 """
 
 from __future__ import annotations
@@ -27,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from ddpdeploy.errors import OperationError
-from ddpdeploy.render.compose import ROLE_LABEL
 from ddpdeploy.render.output import to_yaml
-from ddpdeploy.smoke_runner import Line, SmokeTarget
+from ddpdeploy.smoke.target import Line, Node, NoWorker, SmokeTarget
+from ddpdeploy.streams import LineSplitter
 
 PROJECT_LABEL = "com.docker.compose.project"
 SERVICE_LABEL = "com.docker.compose.service"
@@ -89,12 +88,9 @@ def engine() -> Any:
 
 
 @dataclass
-class Node:
-    """One service's container: a node of the job (name and rank as the runner's Node)."""
+class Container:
+    """The container of one node (service) of the job, and what the engine says of it."""
 
-    name: str  # the pod's hostname, also the service name
-    rank: int | None  # static node rank; None when c10d assigns it
-    env: dict[str, str]
     container: Any
     lines: deque[str] = field(default_factory=lambda: deque(maxlen=300))
     status: str = "created"
@@ -118,16 +114,13 @@ class Node:
         return self.code if self.status in ("exited", "dead") else None
 
 
-def _unescape(value: str) -> str:
-    return value.replace("$$", "$")
-
-
 class ComposeRun(SmokeTarget):
     """One rendered compose project, started under a unique project name."""
 
     def __init__(
         self,
         project: dict[str, Any],
+        nodes: list[Node],
         name: str,
         keep_volume: bool = False,
         client: Any | None = None,
@@ -139,7 +132,8 @@ class ComposeRun(SmokeTarget):
         # Unique per run: two runs of one job (or two users) never share containers.
         self.project_name = f"ddpdeploy-{name}-{secrets.token_hex(4)}"
         self.keep_volume = keep_volume
-        self.nodes: list[Node] = []  # type: ignore[assignment]  # name and rank, and more
+        self.nodes = nodes  # one service each, named like the node
+        self.containers: dict[str, Container] = {}
         self._polled = 0.0
         self._stopped = False
         self.dir = Path(tempfile.mkdtemp(prefix=f"{self.project_name}-"))
@@ -147,7 +141,7 @@ class ComposeRun(SmokeTarget):
         self.file.write_text(to_yaml(project), encoding="utf-8")
         try:
             self._compose("up", "-d", "--no-build", timeout=600)
-            self._attach(project)
+            self._attach()
         except BaseException:
             self.stop()
             raise
@@ -172,60 +166,53 @@ class ComposeRun(SmokeTarget):
             raise OperationError(f"compose {args[0]} failed: {last[0].strip()}")
         return done
 
-    def _attach(self, project: dict[str, Any]) -> None:
+    def _attach(self) -> None:
         found = {
             c.labels.get(SERVICE_LABEL): c
             for c in self.client.containers.list(all=True, filters=self._filter())
         }
-        for service, spec in project["services"].items():
-            if spec.get("labels", {}).get(ROLE_LABEL) != "node":
-                continue  # a one-shot helper such as the volume's, not a node of the job
-            if service not in found:
-                raise OperationError(f"compose up started no container for {service}")
-            env = {k: _unescape(v) for k, v in spec.get("environment", {}).items()}
-            rank = env.get("PET_NODE_RANK")
-            node = Node(service, int(rank) if rank else None, env, found[service])
-            self.nodes.append(node)
+        for node in self.nodes:
+            if node.name not in found:
+                raise OperationError(f"compose up started no container for {node.name}")
+            self.containers[node.name] = Container(found[node.name])
             for stream in ("stdout", "stderr"):
-                self._read_in_background(self._read, node, stream)
+                self._read_in_background(self._read, node.name, stream)
 
     def _filter(self) -> dict[str, str]:
         return {"label": f"{PROJECT_LABEL}={self.project_name}"}
 
-    def _read(self, node: Node, stream: str) -> None:
+    def _read(self, node: str, stream: str) -> None:
         # Errors end the stream quietly: the container went away (teardown).
         with contextlib.suppress(Exception):
             self._follow(node, stream)
 
-    def _follow(self, node: Node, stream: str) -> None:
+    def _follow(self, node: str, stream: str) -> None:
         """Follow one stream of a container until it stops; whole lines only."""
         chunks = self.client.api.logs(
-            node.container.id,
+            self.containers[node].container.id,
             stdout=stream == "stdout",
             stderr=stream == "stderr",
             stream=True,
             follow=True,
         )
-        buf = b""
+        lines = LineSplitter(b"")
         for chunk in chunks:
-            buf += chunk
-            *whole, buf = buf.split(b"\n")
-            for raw in whole:
+            for raw in lines.feed(chunk):
                 self._put(node, stream, raw)
-        if buf:
-            self._put(node, stream, buf)
+        for raw in lines.finish():
+            self._put(node, stream, raw)
 
-    def _put(self, node: Node, stream: str, raw: bytes) -> None:
+    def _put(self, node: str, stream: str, raw: bytes) -> None:
         text = raw.decode(errors="replace").rstrip("\r")
-        node.lines.append(text)
-        self._feed(Line(node.name, stream, text))
+        self.containers[node].lines.append(text)
+        self._feed(Line(node, stream, text))
 
     def poll(self, every: float = 0.5) -> None:
         """Refresh every node's state from the engine (at most once per ``every`` s)."""
         if time.monotonic() - self._polled < every:
             return
         self._polled = time.monotonic()
-        for node in self.nodes:
+        for node in self.containers.values():
             node.container.reload()
             state = node.container.attrs["State"]
             node.status = state["Status"]
@@ -235,17 +222,10 @@ class ComposeRun(SmokeTarget):
 
     def exit_codes(self) -> dict[str, int | None]:
         self.poll()
-        return {n.name: n.exit_code for n in self.nodes}
+        return {n.name: self.containers[n.name].exit_code for n in self.nodes}
 
-    def failed(self) -> str | None:
-        """The first node (in node order) that exited non-zero."""
-        return next((n for n, c in self.exit_codes().items() if c not in (None, 0)), None)
-
-    def finished(self) -> bool:
-        return all(c == 0 for c in self.exit_codes().values())
-
-    def node(self, name: str) -> Node:
-        found = next((n for n in self.nodes if n.name == name), None)
+    def node(self, name: str) -> Container:
+        found = self.containers.get(name)
         if found is None:
             raise OperationError(f"no node {name} in project {self.project_name}")
         return found
@@ -264,6 +244,8 @@ class ComposeRun(SmokeTarget):
         code, out = container.exec_run(["python3", "-c", _KILL_WORKER, rank])
         text = out.decode(errors="replace").strip()
         if code != 0:
+            if "no worker with LOCAL_RANK" in text:
+                raise NoWorker(f"--kill-at: node {node} had no worker process to kill")
             raise OperationError(f"killing a worker in {node} failed: {text[-300:]}")
         return text.splitlines()[-1]
 
@@ -305,9 +287,3 @@ class ComposeRun(SmokeTarget):
             for volume in self.client.volumes.list(filters=flt):
                 with contextlib.suppress(Exception):
                     volume.remove(force=True)
-
-    def __enter__(self) -> ComposeRun:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

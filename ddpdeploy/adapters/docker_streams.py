@@ -11,6 +11,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ddpdeploy.streams import LineSplitter
+
 _STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 # The engine colours a step's stderr (ESC[91m … ESC[0m); logs and messages want plain text.
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -39,7 +41,7 @@ class BuildProgress:
     image_id: str | None = None
     error: str | None = None
     log: list[str] = field(default_factory=list)
-    _partial: str = ""
+    _lines: LineSplitter[str] = field(default_factory=lambda: LineSplitter(""))
 
     @property
     def current(self) -> Step | None:
@@ -64,15 +66,12 @@ class BuildProgress:
         text = event.get("stream")
         if isinstance(text, str):
             # Output can split mid-line between events: only whole lines are parsed.
-            chunks = (self._partial + text).split("\n")
-            self._partial = chunks.pop()
-            for chunk in chunks:
+            for chunk in self._lines.feed(text):
                 self._line(chunk.rstrip("\r"))
 
     def finish(self) -> None:
-        if self._partial:
-            self._line(self._partial)
-            self._partial = ""
+        for rest in self._lines.finish():
+            self._line(rest)
 
     def _line(self, line: str) -> None:
         line = _ANSI.sub("", line)

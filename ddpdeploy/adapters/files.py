@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import IO, Any
 
 from ddpdeploy.errors import OperationError, UserError
+from ddpdeploy.streams import ChunkReader
 
 CHUNK = 1 << 20
 TEMP_SUFFIX = ".ddpdeploy-tmp"
@@ -303,27 +304,7 @@ def sha256_file(path: Path | str, follow_symlinks: bool = True) -> str:
         return sha256_stream(fh)
 
 
-class _Chunks(io.RawIOBase):
-    def __init__(self, chunks: Iterable[bytes]) -> None:
-        self._chunks = iter(chunks)
-        self._chunk = memoryview(b"")
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self._chunk:
-            nxt = next(self._chunks, None)
-            if nxt is None:
-                return 0
-            self._chunk = memoryview(nxt)
-        n = min(len(buffer), len(self._chunk))
-        buffer[:n] = self._chunk[:n]
-        self._chunk = self._chunk[n:]
-        return n
-
-
 def chunk_reader(chunks: Iterable[bytes], buffer_size: int = CHUNK) -> io.BufferedReader:
     """An iterator of byte chunks (the engine's archive, an exec's output) as a binary file,
     buffered for tarfile's small reads."""
-    return io.BufferedReader(_Chunks(chunks), buffer_size=buffer_size)
+    return io.BufferedReader(ChunkReader(chunks), buffer_size=buffer_size)

@@ -15,11 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from ddpdeploy.errors import OperationError
+from ddpdeploy.streams import LineSplitter
 
 Obj = dict[str, Any]
 
 FIELD_MANAGER = "ddpdeploy"
-REQUEST_TIMEOUT = 30  # seconds per ordinary call; log streams have none
+REQUEST_TIMEOUT = 30  # seconds to wait for an answer to an ordinary call
+CONNECT_TIMEOUT = 10  # seconds to connect (TCP and TLS handshake)
+# Every request (discovery included) gets this unless it says otherwise: a server that
+# accepts and never answers must not hang a command.
+DEFAULT_TIMEOUT = (CONNECT_TIMEOUT, REQUEST_TIMEOUT)
 _SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
@@ -29,6 +34,10 @@ class MissingKind(OperationError):
 
 class Forbidden(OperationError):
     """RBAC refused the call; preflight checks that only inform may skip on it."""
+
+
+class Conflict(OperationError):
+    """409: the object exists already (a create) or changed under us."""
 
 
 def _api_message(exc: Any) -> str:
@@ -43,6 +52,16 @@ def _discovery_cache(host: str) -> str:
     folder = base / "ddpdeploy" / "discovery"
     folder.mkdir(parents=True, exist_ok=True)
     return str(folder / f"{hashlib.sha256(host.encode()).hexdigest()[:16]}.json")
+
+
+def _default_timeout(rest: Any) -> None:
+    """Give every request through ``rest`` DEFAULT_TIMEOUT unless it names its own."""
+    request = rest.request
+
+    def bounded(*args: Any, _request_timeout: Any = None, **kwargs: Any) -> Any:
+        return request(*args, _request_timeout=_request_timeout or DEFAULT_TIMEOUT, **kwargs)
+
+    rest.request = bounded
 
 
 class Kube:
@@ -63,6 +82,7 @@ class Kube:
         cfg.retries = 1
         self.server = cfg.host
         self._api = client.ApiClient(cfg)
+        _default_timeout(self._api.rest_client)
         with self.errors("connecting"):
             from kubernetes import dynamic
 
@@ -121,7 +141,7 @@ class Kube:
                 "namespace you may use (-n)"
             )
         if status == 409:
-            return OperationError(f"{what}: conflict: {message}")
+            return Conflict(f"{what}: conflict: {message}")
         if status in (400, 422):
             return OperationError(f"{what}: the API server refused it: {message}")
         return OperationError(f"{what}: API error {status}: {message}")
@@ -195,6 +215,28 @@ class Kube:
             )
         return got.to_dict()
 
+    def create_as_applier(self, obj: Obj) -> Obj:
+        """Create-only (Conflict when it exists), then record our fields as applied rather
+        than updated, as kubectl's upgrade from client-side apply does: later server-side
+        applies by `ddpdeploy` would otherwise conflict with our own create."""
+        got = self.create(obj)
+        entries = got["metadata"].get("managedFields") or []
+        for entry in entries:
+            if entry.get("manager") == FIELD_MANAGER and entry.get("operation") == "Update":
+                entry["operation"] = "Apply"
+        res = self.resource(obj["apiVersion"], obj["kind"])
+        meta = obj["metadata"]
+        with self.errors(f"updating {obj['kind']} {meta['name']}"):
+            got = res.patch(
+                body={"metadata": {"managedFields": entries}},
+                name=meta["name"],
+                namespace=meta.get("namespace"),
+                content_type="application/merge-patch+json",
+                field_manager=FIELD_MANAGER,
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+        return got.to_dict()
+
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None) -> bool:
         """Delete (dependents in the background); False when it was not there."""
         from kubernetes.dynamic.exceptions import NotFoundError
@@ -232,15 +274,15 @@ class Kube:
                 follow=follow,
                 tail_lines=tail,
                 _preload_content=False,
+                # A followed stream may stay quiet for long; connecting is still bounded.
+                _request_timeout=(CONNECT_TIMEOUT, None) if follow else DEFAULT_TIMEOUT,
             )
-            pending = b""
+            lines = LineSplitter(b"")
             for chunk in resp.stream(4096):
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
+                for line in lines.feed(chunk):
                     yield line.decode(errors="replace")
-            if pending:
-                yield pending.decode(errors="replace")
+            for line in lines.finish():
+                yield line.decode(errors="replace")
 
     def exec_stream(
         self, pod: str, namespace: str, container: str, argv: list[str]

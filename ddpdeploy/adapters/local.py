@@ -1,4 +1,5 @@
-"""Local processes: one torchrun agent per node on this host, as a smoke runner target.
+"""Local processes: one torchrun agent per node on this host, as a smoke target; and the
+run's checkpoint folder on this host.
 
 Cleanup does not rely on process groups: torchrun starts each worker in a session of its
 own, so signalling an agent's group misses its workers, and an agent that died (SIGKILL)
@@ -22,8 +23,8 @@ from pathlib import Path
 
 from ddpdeploy.errors import OperationError
 from ddpdeploy.paths import helpers_dir
-from ddpdeploy.render.local import LocalNode
-from ddpdeploy.smoke_runner import RANK_OUTPUT_ENV, Line, Node, SmokeTarget
+from ddpdeploy.smoke.plan import LocalNode
+from ddpdeploy.smoke.target import Line, Node, NoWorker, SmokeTarget
 
 RUN_MARKER = "DDPDEPLOY_SMOKE_RUN"  # this run's id, in the env of its agents and workers
 NODE_MARKER = "DDPDEPLOY_SMOKE_NODE"  # the node (hostname) an agent or worker belongs to
@@ -45,14 +46,17 @@ class LocalRun(SmokeTarget):
         # torchrun writes each worker's output here too (PET_LOG_DIR), one folder per node.
         self.log_dir = Path(tempfile.mkdtemp(prefix="ddpdeploy-smoke-"))
         self.agents: dict[str, Agent] = {}
-        self.nodes = [Node(n.hostname, _node_rank(n)) for n in nodes]
+        self.nodes = [Node(n.hostname, n.rank) for n in nodes]
         self._stopped = False
-        for node in nodes:
-            self._start(node, cwd)
+        try:
+            for node in nodes:
+                self._start(node, cwd)
+        except BaseException:  # Ctrl-C or SIGTERM between two starts: none may outlive us
+            self.stop()
+            raise
 
     def _start(self, node: LocalNode, cwd: Path) -> None:
         ours = {
-            **RANK_OUTPUT_ENV,
             "PET_LOG_DIR": str(self.log_dir / node.hostname),
             RUN_MARKER: self.marker,
             NODE_MARKER: node.hostname,
@@ -114,7 +118,7 @@ class LocalRun(SmokeTarget):
             if env.get(NODE_MARKER) == node and env.get("LOCAL_RANK", "").isdigit()
         ]
         if not workers:
-            raise OperationError(f"--kill-at: node {node} had no worker process to kill")
+            raise NoWorker(f"--kill-at: node {node} had no worker process to kill")
         local_rank, pid = max(workers)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -140,9 +144,18 @@ class LocalRun(SmokeTarget):
         shutil.rmtree(self.log_dir, ignore_errors=True)
 
 
-def _node_rank(node: LocalNode) -> int | None:
-    rank = node.env.get("PET_NODE_RANK")
-    return int(rank) if rank is not None else None
+def fresh_folder(path: Path, keep: bool) -> bool:
+    """Make ``path`` (a run's checkpoint folder) exist; empty it unless ``keep``. True when
+    it held something that was removed."""
+    emptied = False
+    if not keep and path.is_dir() and any(path.iterdir()):
+        shutil.rmtree(path)
+        emptied = True
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OperationError(f"cannot create checkpoint folder {path}: {exc.strerror}") from None
+    return emptied
 
 
 def _signal_group(proc: subprocess.Popen[str], sig: signal.Signals) -> None:

@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
 from ddpdeploy.errors import UserError
 from ddpdeploy.spec import DEFAULT_FILE, SCHEMA_FILE, json_schema
+from ddpdeploy.spec.model import Command
 
 # The modeline yaml-language-server (VS Code's YAML extension, Neovim's yamlls, …) reads; the
 # path is relative to the spec file, so completion and validation work offline.
@@ -35,10 +37,7 @@ gpus: 0                    # GPUs per node; 0 = CPU job with gloo
 # memory: 64Gi             # per node, requested and limited (default 4Gi per process)
 backend: auto              # auto (nccl on GPU, gloo on CPU) | nccl | gloo
 
-command:                   # neither script nor module: the built-in trainer
-  # script: train.py       # a script in your workspace, run by torchrun
-  # module: mypkg.train    # or a module
-  args: ["--steps", "100"] # example; `ddpdeploy render -- --lr 0.1` appends more
+@COMMAND@
 
 rendezvous:
   mode: static             # static: fixed nodes, rank 0 on master-0 | elastic: c10d
@@ -89,22 +88,64 @@ network:
 """
 )
 
+BUILTIN_COMMAND = """\
+command: {}                # neither script nor module: the built-in trainer
+  # script: train.py       # your script in this workspace (ddpdeploy init --script train.py)
+  # module: mypkg.train    # or your module, run as torchrun -m (ddpdeploy init --module)
+  # args: ["--steps", "100"]  # example: its arguments; `-- ARGS` on the CLI appends more"""
+
+SCRIPT_COMMAND = """\
+command:
+  {key}: {value}{pad}# your {what}, run by torchrun
+  # args: ["--epochs", "2"]  # example: its arguments; `-- ARGS` on the CLI appends more"""
+
+
+def starter(script: str | None = None, module: str | None = None) -> str:
+    """The starter spec: for the built-in trainer, or for the user's script or module."""
+    if script is not None and module is not None:
+        raise UserError("--script/--module: give one of them, not both")
+    if script is None and module is None:
+        return STARTER.replace("@COMMAND@", BUILTIN_COMMAND)
+    key, entry = ("script", script) if script is not None else ("module", module)
+    try:
+        Command.model_validate({key: entry})
+    except ValidationError as exc:
+        reason = exc.errors()[0]["msg"].removeprefix("Value error, ")
+        raise UserError(f"--{key}: {reason}") from None
+    if key == "script" and (entry.startswith("/") or ".." in Path(str(entry)).parts):
+        raise UserError(f"--script: {entry} must be a path inside this workspace, relative")
+    value = json.dumps(entry)  # a YAML string whatever the characters
+    what = "script, in this workspace" if key == "script" else "module"
+    pad = " " * max(1, 25 - len(key) - len(value) - 2)
+    return STARTER.replace(
+        "@COMMAND@", SCRIPT_COMMAND.format(key=key, value=value, pad=pad, what=what)
+    )
+
 
 def init(
     path: Annotated[Path, typer.Argument(help="File to write.")] = Path(DEFAULT_FILE),
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+    script: Annotated[
+        str | None,
+        typer.Option("--script", help="A spec for your own script (e.g. train.py), not ours."),
+    ] = None,
+    module: Annotated[
+        str | None,
+        typer.Option("--module", help="A spec for your own module (e.g. pkg.train), not ours."),
+    ] = None,
 ) -> None:
     """Write a commented starter ddpdeploy.yaml, and beside it the JSON Schema editors use.
 
-    Example: ddpdeploy init && ddpdeploy render --image ghcr.io/me/train:v1
+    Example: ddpdeploy init --script train.py && ddpdeploy smoke --local
     """
+    text = starter(script, module)
     schema_path = path.parent / SCHEMA_FILE
     _check_target(path, force)
     _check_target(schema_path, force=True)
     schema_existed = schema_path.exists()
     _write(schema_path, json.dumps(json_schema(), indent=2) + "\n")
     try:
-        _write(path, STARTER)
+        _write(path, text)
     except UserError:
         if not schema_existed:
             schema_path.unlink(missing_ok=True)  # nothing half-written

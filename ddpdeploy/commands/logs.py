@@ -34,14 +34,15 @@ def logs(
     Example: ddpdeploy logs my-job --replica worker --index 1 --tail 50 --follow
     """
     from ddpdeploy import jobwatch
+    from ddpdeploy.targets import JOB_KINDS, REPLICA_NAMES
 
-    if replica is not None and replica.lower() not in ("master", "worker"):
-        raise typer.BadParameter("use master or worker", param_hint="--replica")
+    if replica is not None and replica.lower() not in REPLICA_NAMES:
+        raise typer.BadParameter(f"use {' or '.join(REPLICA_NAMES)}", param_hint="--replica")
     kube = connect(kubeconfig, context)
     ns = namespace or kube.default_namespace
     job, pods, _ = jobwatch.snapshot(kube, name, ns)
     if job is None:
-        raise OperationError(f"no job {name} (PyTorchJob, TrainJob or Job) in namespace {ns}")
+        raise OperationError(f"no job {name} ({JOB_KINDS}) in namespace {ns}")
     pod = jobwatch.node_pod(job, pods, replica, index) or jobwatch.rank0_pod(kube, job, pods)
     if pod is None:
         raise OperationError(

@@ -9,9 +9,9 @@ import typer
 from ddpdeploy.adapters.out_dir import write_folder
 from ddpdeploy.adapters.stdout import write_stdout
 from ddpdeploy.options import OutputOpt, spec_command
-from ddpdeploy.render.k8s import render_objects
 from ddpdeploy.render.output import folder_files, to_text
 from ddpdeploy.spec import JobSpec
+from ddpdeploy.targets import render_objects
 
 
 @spec_command

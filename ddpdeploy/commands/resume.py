@@ -20,12 +20,16 @@ def resume(
     """
     from ddpdeploy import deploy
     from ddpdeploy.clusterplan import with_saved_spec
-    from ddpdeploy.render.k8s import render_objects
+    from ddpdeploy.kubeopts import interrupted
+    from ddpdeploy.targets import render_objects
 
     kube = connect(kubeconfig, context)
     ns = namespace or kube.default_namespace
-    spec = deploy.find_saved_spec(kube, name, ns)
-    objects = with_saved_spec(render_objects(spec), spec)
-    plan = deploy.preflight(kube, spec, objects, create_namespace=False)
+    try:
+        spec = deploy.find_saved_spec(kube, name, ns)
+        objects = with_saved_spec(render_objects(spec), spec)
+        plan = deploy.preflight(kube, spec, objects, create_namespace=False)
+    except KeyboardInterrupt as exc:
+        raise interrupted(exc, "stopped before any change; nothing was changed") from None
     deploy.apply(kube, plan, replace=True, say=lambda text: typer.echo(text, err=True))
     typer.echo(f"resubmitted; `ddpdeploy status {name} -n {ns}` shows progress", err=True)

@@ -7,7 +7,14 @@ from typing import Annotated
 import typer
 
 from ddpdeploy.errors import OperationError
-from ddpdeploy.kubeopts import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt, connect
+from ddpdeploy.kubeopts import (
+    ContextOpt,
+    KubeconfigOpt,
+    NameArg,
+    NamespaceOpt,
+    connect,
+    held_signals,
+)
 
 
 def scale(
@@ -21,18 +28,36 @@ def scale(
 
     Example: ddpdeploy scale my-job --nodes 4
     """
-    from ddpdeploy.clusterplan import JOB_API, JOB_KIND, scaled_spec, with_saved_spec
-    from ddpdeploy.render.k8s import render_objects
+    from ddpdeploy import deploy
+    from ddpdeploy.clusterplan import scaled_spec, with_saved_spec
+    from ddpdeploy.kubeopts import interrupted
+    from ddpdeploy.targets import SCALABLE, render_objects
 
     kube = connect(kubeconfig, context)
     ns = namespace or kube.default_namespace
-    job = kube.get(JOB_API, JOB_KIND, name, ns)
-    if job is None:
-        raise OperationError(f"no PyTorchJob {name} in namespace {ns}")
-    spec = scaled_spec(job, nodes)
-    objects = with_saved_spec(render_objects(spec), spec)
-    for obj in objects:  # all dry-run first, then the PVC (its saved spec), then the job
-        kube.apply(obj, dry_run=True)
-    for obj in objects:
-        kube.apply(obj)
-    typer.echo(f"scaled PyTorchJob {ns}/{name} to {nodes} nodes", err=True)
+    try:
+        found = (kube.get(t.api_version, t.kind, name, ns) for t in SCALABLE)
+        job = next(filter(None, found), None)
+        if job is None:
+            kinds = " or ".join(t.kind for t in SCALABLE)
+            raise OperationError(f"no {kinds} {name} in namespace {ns}")
+        deploy.require_ours(job, name, "scaled")
+        spec = scaled_spec(job, nodes)
+        objects = with_saved_spec(render_objects(spec), spec)
+        for obj in objects:  # every object we would change must be ours
+            meta = obj["metadata"]
+            got = kube.get(obj["apiVersion"], obj["kind"], meta["name"], meta["namespace"])
+            if got is not None:
+                deploy.require_ours(got, name, "scaled")
+        for obj in objects:  # all dry-run first, then the PVC (its saved spec), then the job
+            kube.apply(obj, dry_run=True)
+    except KeyboardInterrupt as exc:
+        raise interrupted(exc, "stopped before any change; nothing was changed") from None
+    done = f"scaled {job['kind']} {ns}/{name} to {nodes} nodes"
+    try:
+        with held_signals():  # a few quick applies: all of them, or an error
+            for obj in objects:
+                kube.apply(obj)
+    except KeyboardInterrupt as exc:
+        raise interrupted(exc, f"{done} (the change is complete)") from None
+    typer.echo(done, err=True)

@@ -1,57 +1,30 @@
-"""`ddpdeploy smoke --local`: the job's nodes as torchrun agents on this host, on CPU."""
+"""`ddpdeploy smoke`: the job's nodes as torchrun agents on this host (`--local`) or as a
+compose project (`--docker`), on CPU; the progress view and the report live here."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import signal
 import socket
-import tempfile
-from collections.abc import Callable
-from contextlib import ExitStack
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from types import FrameType
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ddpdeploy.errors import UserError
+from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.options import spec_command
-from ddpdeploy.spec import Checkpoint, JobSpec
+from ddpdeploy.spec import JobSpec
 
 if TYPE_CHECKING:
-    from ddpdeploy.smoke_runner import SmokeTarget
+    from ddpdeploy.smoke.runner import Outcome
+    from ddpdeploy.smoke.target import SmokeTarget
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _with_args(spec: JobSpec, *args: str) -> JobSpec:
-    command = spec.command.model_copy(update={"args": [*spec.command.args, *args]})
-    return spec.model_copy(update={"command": command})
-
-
-def _chaos_spec(spec: JobSpec, kill_at: int) -> tuple[JobSpec, int]:
-    """The job for a --kill-at run, and the torchrun restarts it gets.
-
-    torchrun restarts workers only with max restarts > 0: the spec's own value for elastic
-    jobs that set one; else 1 for this run (static jobs restart by pod on the cluster, and
-    torchrun's default is 0). The built-in trainer checkpoints before the kill so the
-    restarted workers resume rather than start over."""
-    restarts = spec.rendezvous.max_restarts
-    if restarts == 0:
-        raise UserError(
-            "--kill-at: rendezvous.maxRestarts is 0, so torchrun would not restart the "
-            "workers; set --max-restarts 1 or more"
-        )
-    if spec.command.builtin:
-        if spec.checkpoint is None:
-            spec = spec.model_copy(
-                update={"checkpoint": Checkpoint.model_validate({"claimName": "smoke"})}
-            )
-        if not any(a.startswith("--checkpoint-every") for a in spec.command.args):
-            spec = _with_args(spec, "--checkpoint-every", str(max(1, kill_at // 2)))
-    return spec, restarts or 1
+TERMINATED = 143  # 128 + SIGTERM, as a shell reports it
 
 
 @spec_command
@@ -61,20 +34,41 @@ def smoke(
         bool, typer.Option("--local", help="Run the nodes as local processes (no Docker).")
     ] = True,
     steps: Annotated[
-        int | None, typer.Option("--steps", min=1, help="Training steps (passed to the trainer).")
+        int | None,
+        typer.Option(
+            "--steps",
+            min=1,
+            help="The built-in trainer's steps; a script's own arguments go after `--`.",
+        ),
     ] = None,
     timeout: Annotated[
         float, typer.Option("--timeout", min=1, help="Give up after this many seconds.")
     ] = 900,
     kill_at: Annotated[
-        int | None,
+        str | None,
         typer.Option(
             "--kill-at",
-            min=1,
             help="Chaos: after a clean run, run again and SIGKILL one worker of a node "
-            "without rank 0 when rank 0 reports this step; the weights must match.",
+            "without rank 0 at a step event (8), after a time (20s) or after the first "
+            "checkpoint (checkpoint); the job must finish again.",
         ),
     ] = None,
+    ranks: Annotated[
+        str,
+        typer.Option(
+            "--ranks",
+            help="Whose output to show live: a list of global ranks (0,3) or all; each "
+            "line is prefixed with its rank when more than one rank is shown.",
+        ),
+    ] = "0",
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="--local: keep the checkpoint folder of the last run (default: each run "
+            "starts from an empty one).",
+        ),
+    ] = False,
     force: Annotated[
         bool, typer.Option("--force", help="Start more workers than this host's cores suit.")
     ] = False,
@@ -91,63 +85,259 @@ def smoke(
         bool, typer.Option("--keep-volume", help="--docker: keep the checkpoint volume.")
     ] = False,
 ) -> None:
-    """Run the job as a CPU smoke test (gloo): one torchrun agent per node on 127.0.0.1,
-    each with the env the cluster's operator would give that node.
+    """Run the job as a CPU smoke test (gloo): one torchrun agent per node, each with the
+    env the cluster's operator would give that node. The run succeeds when every node's
+    agent exits 0; the job's own output (rank 0's by default) is shown as it comes.
 
     Example: ddpdeploy smoke --local --nodes 2 --procs 2 --steps 20
     """
-    from ddpdeploy import smoke_runner
+    from ddpdeploy.smoke import plan, runner
+    from ddpdeploy.smoke.budget import check_cpu_budget
 
     if not (local or docker):
         raise UserError("--no-local: pass --local (processes here) or --docker (compose)")
-    smoke_runner.check_cpu_budget(spec.nodes, spec.procs_per_node, force)
+    shown = runner.Ranks.parse(ranks)
+    chaos = runner.KillAt.parse(kill_at) if kill_at is not None else None
+    if resume and docker:
+        raise UserError("--resume: only with --local (each --docker run gets a new volume)")
+    if resume and chaos:
+        raise UserError("--resume: not with --kill-at, whose runs each start from empty")
+    spec = plan.with_steps(spec, steps)
+    check_cpu_budget(spec.nodes, spec.procs_per_node, force)
+    if not docker or not spec.image:  # a ready --image carries its own workspace
+        _check_script(spec)
     if not docker and importlib.util.find_spec("torch") is None:
         raise UserError(
             "torch is not installed here: pip install torch==2.13.0 (CPU) or 'ddpdeploy[train]'"
         )
-    if steps is not None:
-        spec = _with_args(spec, "--steps", str(steps))
     restarts = None
-    if kill_at is not None:
-        spec, restarts = _chaos_spec(spec, kill_at)
+    if chaos is not None:
+        spec, restarts = plan.chaos_spec(spec, chaos)
+        if not spec.command.builtin and not spec.elastic:
+            # The launch contract makes restarts safe under c10d only (train/README.md).
+            typer.echo(
+                "smoke: note: under static rendezvous torch 2.13's restarted workers share "
+                "the agent's store, so a plain init_process_group may fail with 'Connection "
+                "refused'; --elastic N:N (c10d) restarts it safely",
+                err=True,
+            )
+    world = spec.nodes * spec.procs_per_node
     where = "in docker-compose" if docker else "on 127.0.0.1"
     typer.echo(
         f"smoke: {spec.name}: {spec.nodes} node(s) x {spec.procs_per_node} proc(s) = "
-        f"world size {spec.nodes * spec.procs_per_node}, gloo {where}",
+        f"world size {world}, gloo {where}",
         err=True,
     )
-    if docker:
-        from ddpdeploy.smoke_docker import docker_target
+    folder = None if docker else _checkpoint_folder(spec, chaos is not None)
+    options = runner.RunOptions(
+        world_size=world,
+        steps=steps,
+        timeout=timeout,
+        ranks=shown,
+        kill_at=chaos,
+        checkpoint_dir=lambda: folder,
+    )
+    with _sigterm_ends_the_run():
+        if docker:
+            start = _docker_target(spec, plan.run_env(restarts), base_image, keep_volume)
+        else:
+            start = _local_target(spec, restarts, folder, resume)
+        outcomes = dict(runner.smoke(start, _ConsoleView(), options))
+    _report(outcomes)
 
-        start = docker_target(
-            spec,
-            base_image=base_image,
-            keep_volume=keep_volume,
-            env=smoke_runner.RANK_OUTPUT_ENV,
-            restarts=restarts,
-        )
-        smoke_runner.smoke(start, steps=steps, timeout=timeout, kill_at=kill_at)
+
+def _check_script(spec: JobSpec) -> None:
+    """A script the job names must exist in the workspace (this folder) before anything
+    starts."""
+    script = spec.command.script
+    if script is None or Path(script).is_file():
         return
-    with ExitStack() as cleanup:
-        start = _local_target(spec, restarts, fresh_checkpoints=kill_at is not None, at=cleanup)
-        smoke_runner.smoke(start, steps=steps, timeout=timeout, kill_at=kill_at)
+    raise UserError(
+        f"command.script: {script} is not a file in this workspace ({Path.cwd()}); "
+        "give its path relative to this folder"
+    )
+
+
+def _checkpoint_folder(spec: JobSpec, chaos: bool) -> Path | None:
+    """Where a local run's checkpoints go: .ddpdeploy/checkpoints/NAME, when the job has a
+    checkpoint volume (a chaos run of the built-in trainer gets one)."""
+    if spec.checkpoint is None and not chaos:
+        return None
+    return Path(".ddpdeploy", "checkpoints", spec.name).resolve()
+
+
+@contextlib.contextmanager
+def _sigterm_ends_the_run() -> Iterator[None]:
+    """SIGTERM (`timeout`, a CI job's end) stops the run like Ctrl-C does: every target is
+    torn down on its way out, then one line."""
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # teardown must not be cut short
+        raise OperationError(
+            "terminated (SIGTERM): the run was stopped and its processes ended",
+            exit_code=TERMINATED,
+        )
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _local_target(
-    spec: JobSpec, restarts: int | None, fresh_checkpoints: bool, at: ExitStack
+    spec: JobSpec, restarts: int | None, folder: Path | None, resume: bool
 ) -> Callable[[], SmokeTarget]:
-    """Start the job's agents on a fresh port (and, for chaos runs, checkpoint folder)."""
-    from ddpdeploy.adapters.local import LocalRun
+    """Start the job's agents on a fresh port, each run in a fresh checkpoint folder unless
+    ``resume``."""
+    from ddpdeploy.adapters.local import LocalRun, fresh_folder
     from ddpdeploy.paths import trainer_script
-    from ddpdeploy.render.local import plan
+    from ddpdeploy.smoke.plan import plan
 
     def start() -> LocalRun:
         checkpoint_dir = None
-        if fresh_checkpoints:
-            checkpoint_dir = at.enter_context(tempfile.TemporaryDirectory(prefix="ddpdeploy-"))
-        elif spec.checkpoint:
-            checkpoint_dir = str(Path(".ddpdeploy", "checkpoints", spec.name).resolve())
+        if folder is not None:
+            if fresh_folder(folder, keep=resume):
+                typer.echo(f"smoke: emptied {folder} (--resume keeps it)", err=True)
+            checkpoint_dir = str(folder)
         nodes = plan(spec, _free_port(), str(trainer_script()), checkpoint_dir, restarts)
         return LocalRun(nodes, Path.cwd())
 
     return start
+
+
+def _docker_target(
+    spec: JobSpec, run_env: dict[str, str], base_image: str | None, keep_volume: bool
+) -> Callable[[], SmokeTarget]:
+    """Check the engine and compose CLI, get the image; each run a fresh project."""
+    from ddpdeploy.adapters.compose import ComposeRun, compose_cli, engine
+    from ddpdeploy.smoke.docker import compose_plan
+
+    client = engine()  # no engine: one line pointing to --local, before any build
+    cli = compose_cli()
+    job = compose_plan(spec, spec.image or _build_image(spec, base_image), run_env)
+
+    def start() -> ComposeRun:
+        return ComposeRun(
+            job.project, job.nodes, job.name, keep_volume=keep_volume, client=client, cli=cli
+        )
+
+    return start
+
+
+def _build_image(spec: JobSpec, base_image: str | None) -> str:
+    """`ddpdeploy build` for this folder, its progress on our stderr; the reference."""
+    from ddpdeploy.smoke.docker import LOCAL_REPO
+
+    cmd = [sys.executable, "-m", "ddpdeploy", "build", "--image", f"{LOCAL_REPO}/{spec.name}"]
+    if base_image:
+        cmd += ["--base-image", base_image]
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        # build has said why on stderr, in one line.
+        raise OperationError("the image build failed (see above); or pass a ready --image")
+    return done.stdout.strip()
+
+
+# ---- the view ---------------------------------------------------------------------------
+
+
+class _ConsoleView:
+    """The runner's view on stderr: a progress line per run, the job's output above it."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+
+        self.console = Console(stderr=True)
+
+    @contextlib.contextmanager
+    def run(self, label: str, total: int | None) -> Iterator[_Shown]:
+        from rich.progress import BarColumn, Progress, TextColumn
+
+        progress = Progress(
+            TextColumn(f"[bold]{label}"),
+            BarColumn(),
+            TextColumn("{task.fields[steps]}"),
+            TextColumn("{task.fields[info]}"),
+            console=self.console,
+            transient=False,
+        )
+        task = progress.add_task("job", total=total, info="starting…", steps="")
+        with progress:
+            yield _Shown(progress, task)
+
+
+class _Shown:
+    def __init__(self, progress: Any, task: Any) -> None:
+        self.progress, self.task = progress, task
+
+    def update(
+        self, *, completed: int | None = None, total: int | None = None, info: str | None = None
+    ) -> None:
+        fields: dict[str, Any] = {}
+        if total is not None:
+            fields["total"] = total
+        if info is not None:
+            fields["info"] = info
+        if completed is not None:
+            fields["completed"] = completed
+        self.progress.update(self.task, **fields)
+        current = self.progress.tasks[self.task]
+        if completed is not None or (total is not None and current.completed):
+            count = f"{int(current.completed)}/{int(current.total) if current.total else '?'}"
+            self.progress.update(self.task, steps=count)
+
+    def output(self, text: str) -> None:
+        # The job's text as written: no markup, no highlighting.
+        self.progress.console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    def note(self, text: str) -> None:
+        from rich.text import Text
+
+        self.progress.console.print(Text(text, style="dim"), soft_wrap=True)
+
+
+# ---- the report -------------------------------------------------------------------------
+
+
+def _report(outcomes: dict[str, Outcome]) -> None:
+    """The last run's report on stdout; with --kill-at, the kill and the comparison."""
+    from ddpdeploy.smoke.runner import same_weights
+
+    outcome = outcomes.get("run") or outcomes["kill"]
+    typer.echo(f"wall time       {outcome.wall:.1f} s")
+    if outcome.steps is not None:
+        typer.echo(f"steps           {outcome.steps}")
+    if outcome.steps_per_s is not None:
+        typer.echo(f"steps/s         {outcome.steps_per_s:.1f}")
+    if outcome.weights_sha256 is not None:
+        typer.echo(f"weights_sha256  {outcome.weights_sha256}")
+    for node, code in outcome.exit_codes.items():
+        typer.echo(f"exit code       {code}  {node}")
+    kill, clean = outcome.kill, outcomes.get("clean")
+    if kill is None or clean is None:
+        return
+    typer.echo(f"killed          {kill.what} of {kill.node} at {kill.at_}")
+    if kill.recovered_at is None:
+        typer.echo("recovery        not observed (no step event after a restart of the workers)")
+    else:
+        typer.echo(
+            f"recovery        {kill.recovered_at - kill.at:.1f} s "
+            f"(kill -> step {kill.recovered_step} after torchrun restarted the workers)"
+        )
+    same = same_weights(outcome, clean)
+    if same is None:
+        typer.echo("clean run       not compared (the job prints no `done` weights_sha256)")
+        return
+    typer.echo(f"clean run       {clean.weights_sha256}{' (same)' if same else ''}")
+    if not same:
+        raise OperationError(
+            "--kill-at: the weights differ from a clean run of the same job: the resume "
+            "after the kill was not exact"
+        )

@@ -24,6 +24,7 @@ def status(
     """
     from ddpdeploy import jobwatch
     from ddpdeploy.render.output import to_yaml
+    from ddpdeploy.targets import JOB_KINDS
 
     fmt = output.lower()
     if fmt not in ("table", "json", "yaml"):
@@ -33,7 +34,7 @@ def status(
     snap = jobwatch.snapshot(kube, name, ns)
     if snap[0] is None:
         raise OperationError(
-            f"no job {name} (PyTorchJob, TrainJob or Job) in namespace {ns}; "
+            f"no job {name} ({JOB_KINDS}) in namespace {ns}; "
             f"`ddpdeploy list -n {ns}` shows the jobs"
         )
     if fmt == "table":

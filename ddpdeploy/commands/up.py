@@ -10,7 +10,7 @@ import typer
 from ddpdeploy.errors import UserError
 from ddpdeploy.kubeopts import CLUSTER_PANEL, ContextOpt, KubeconfigOpt, connect
 from ddpdeploy.options import spec_command
-from ddpdeploy.spec import JobSpec
+from ddpdeploy.spec import JobSpec, spec_with
 
 
 def _say(text: str) -> None:
@@ -31,7 +31,17 @@ def up(
         ),
     ] = False,
     replace: Annotated[
-        bool, typer.Option("--replace", help="Delete and recreate a job of the same name.")
+        bool,
+        typer.Option("--replace", help="Delete and recreate a job of the same name (ours only)."),
+    ] = False,
+    adopt_pvc: Annotated[
+        bool,
+        typer.Option(
+            "--adopt-pvc",
+            help="Use an existing PVC <name>-checkpoints that ddpdeploy did not create, as is "
+            "(never relabelled or deleted; like naming it as checkpoint.claimName).",
+            rich_help_panel=CLUSTER_PANEL,
+        ),
     ] = False,
     dry_run: Annotated[
         bool,
@@ -66,7 +76,7 @@ def up(
     """
     from ddpdeploy import deploy, jobwatch
     from ddpdeploy.clusterplan import with_saved_spec
-    from ddpdeploy.render.k8s import render_objects
+    from ddpdeploy.targets import render_objects
 
     seconds = jobwatch.parse_duration(timeout) if timeout else None
     if base_image is not None and not build:
@@ -79,23 +89,38 @@ def up(
         ref = build_image(
             spec, workspace=Path.cwd(), base_image=base_image, push=True, push_flag="--build"
         )
-        spec = spec.model_copy(update={"image": ref})
-    objects = with_saved_spec(render_objects(spec), spec)
+        spec = spec_with(spec, image=ref)
+    from ddpdeploy.kubeopts import interrupted
+
+    objects = with_saved_spec(render_objects(spec), spec)  # render errors come first
     kube = connect(kubeconfig, context)
-    plan = deploy.preflight(kube, spec, objects, create_namespace)
-    for warning in plan.warnings:
-        _say(f"warning: {warning}")
-    if dry_run:
-        deploy.dry_run(kube, plan, replace, _say)
-        return
-    deploy.apply(kube, plan, replace, _say)
+    try:
+        if adopt_pvc:
+            spec = deploy.adopt_pvc(kube, spec, _say)
+            objects = with_saved_spec(render_objects(spec), spec)
+        plan = deploy.preflight(kube, spec, objects, create_namespace)
+        for warning in plan.warnings:
+            _say(f"warning: {warning}")
+        if dry_run:
+            deploy.dry_run(kube, plan, replace, _say)
+            return
+    except KeyboardInterrupt as exc:
+        raise interrupted(exc, "stopped before any change; nothing was changed") from None
+    deploy.apply(kube, plan, replace, _say)  # says itself what an interrupt left
     if wait is None:
         wait = sys.stdout.isatty()
     if not (wait or follow):
         _say(f"submitted; `ddpdeploy status {spec.name} -n {spec.namespace}` shows progress")
         return
-    state = jobwatch.follow_and_wait(kube, spec.name, spec.namespace, seconds, follow)
     from ddpdeploy.targets import layout_of
 
     kind = layout_of(spec.target).kind
+    try:
+        state = jobwatch.follow_and_wait(kube, spec.name, spec.namespace, seconds, follow)
+    except KeyboardInterrupt as exc:
+        raise interrupted(
+            exc,
+            f"stopped watching; {kind} {spec.namespace}/{spec.name} is submitted and goes on "
+            f"(`ddpdeploy status {spec.name} -n {spec.namespace}`; `ddpdeploy down` stops it)",
+        ) from None
     _say(f"{kind} {spec.name} succeeded" + (f": {state.reason}" if state.reason else ""))

@@ -14,13 +14,15 @@ accept; tests check the file against both.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
-from ddpdeploy.contract import LaunchContract, launch_contract
+from ddpdeploy.contract import LaunchContract
 from ddpdeploy.errors import UserError
 from ddpdeploy.render.local import cpu_spec
 from ddpdeploy.spec import JobSpec
+from ddpdeploy.targets import launch_contract
 
 Obj = dict[str, Any]
 
@@ -68,7 +70,7 @@ def compose_job(spec: JobSpec, cpu: bool | None = None) -> JobSpec:
     CPU job on gloo with the same processes per node, as local smoke runs turn it."""
     if cpu is None:
         cpu = spec.gpus == 0
-    return cpu_spec(spec, spec.rendezvous.port) if cpu else spec
+    return cpu_spec(spec) if cpu else spec
 
 
 def _restart(spec: JobSpec) -> str:
@@ -142,15 +144,18 @@ def _volume_init(spec: JobSpec) -> Obj:
     }
 
 
-def render_compose(spec: JobSpec, cpu: bool | None = None) -> Obj:
-    """The compose project for ``spec``: one service per node, named like its pod."""
+def render_compose(
+    spec: JobSpec, cpu: bool | None = None, run_env: Mapping[str, str] | None = None
+) -> Obj:
+    """The compose project for ``spec``: one service per node, named like its pod.
+    ``run_env``: env for one run only (a smoke run's), as the launch contract takes it."""
     if not spec.image:
         raise UserError(
             "image: required to render a compose file; set image in ddpdeploy.yaml or pass "
             "--image (ddpdeploy build prints one)"
         )
     job = compose_job(spec, cpu)
-    contract = launch_contract(job)
+    contract = launch_contract(job, run_env=run_env)
     services = {node.hostname: _service(job, contract, i) for i, node in enumerate(contract.nodes)}
     project: Obj = {
         "services": services,

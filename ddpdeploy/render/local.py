@@ -1,63 +1,35 @@
-"""The local target: each node of the launch contract as a process on this host.
+"""The job as a CPU run (no GPUs, gloo), as `compose --cpu` and every smoke run turn it.
 
-Pure: from a contract, the argv and env every node's torchrun agent gets on the job's
-target (its layout's names, node ranks and injected env), with node addresses mapped to
-127.0.0.1. The same container command the cluster runs, with the
-in-image paths swapped for this checkout's and this interpreter's torchrun as the
-launcher.
+Pure, and below both the compose renderer and the smoke room, which use it. A changed job
+is built through validation (`respec`), never by copying fields past it.
 """
 
 from __future__ import annotations
 
-import sys
-from dataclasses import dataclass
+from collections.abc import Mapping
+from typing import Any
 
-from ddpdeploy.contract import LaunchContract, launch_contract
 from ddpdeploy.spec import JobSpec
 
-LOOPBACK = "127.0.0.1"
+
+def respec(spec: JobSpec, patch: Mapping[str, Any]) -> JobSpec:
+    """``spec`` changed by ``patch`` (file keys, camelCase; nested mappings merge), validated
+    like a spec file."""
+    data = spec.model_dump(by_alias=True, mode="json", exclude_unset=True)
+    return JobSpec.model_validate(_merge(data, patch))
 
 
-@dataclass(frozen=True)
-class LocalNode:
-    hostname: str
-    argv: list[str]
-    env: dict[str, str]
+def _merge(base: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in patch.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
-def cpu_spec(spec: JobSpec, port: int) -> JobSpec:
-    """The job as a CPU smoke run: no GPUs, gloo, rendezvous on ``port``."""
-    rdzv = spec.rendezvous.model_copy(update={"port": port})
-    return spec.model_copy(
-        update={"gpus": 0, "procs": spec.procs_per_node, "backend": "gloo", "rendezvous": rdzv}
-    )
-
-
-def local_nodes(
-    contract: LaunchContract,
-    trainer_path: str,
-    checkpoint_dir: str | None = None,
-    python: str = sys.executable,
-) -> list[LocalNode]:
-    hosts = {n.address: LOOPBACK for n in contract.nodes}
-    # This interpreter's torchrun, so the smoke run uses the torch it was installed with.
-    launcher = [python, "-m", "torch.distributed.run"]
-    argv = contract.container_command(trainer_path, checkpoint_dir, launcher)
-    return [LocalNode(n.hostname, argv, contract.node_env(n, hosts)) for n in contract.nodes]
-
-
-def plan(
-    spec: JobSpec,
-    port: int,
-    trainer_path: str,
-    checkpoint_dir: str | None = None,
-    max_restarts: int | None = None,
-) -> list[LocalNode]:
-    """Every node of ``spec`` as a local torchrun agent. ``max_restarts`` overrides the
-    contract's torchrun restarts for this run only (chaos runs need at least one)."""
-    contract = launch_contract(cpu_spec(spec, port), port)
-    nodes = local_nodes(contract, trainer_path, checkpoint_dir)
-    if max_restarts is None:
-        return nodes
-    extra = {"PET_MAX_RESTARTS": str(max_restarts)}
-    return [LocalNode(n.hostname, n.argv, {**n.env, **extra}) for n in nodes]
+def cpu_spec(spec: JobSpec) -> JobSpec:
+    """The job as a CPU run: no GPUs, gloo, the same processes per node. (A run on another
+    port passes it to the launch contract, `port=`: some targets fix the spec's.)"""
+    return respec(spec, {"gpus": 0, "procs": spec.procs_per_node, "backend": "gloo"})

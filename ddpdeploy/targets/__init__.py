@@ -1,14 +1,29 @@
-"""The targets a job can run on, by their --target name; see base.Layout."""
+"""The targets a job can run on, registered once by their --target name (see base.Layout),
+and the two entries every caller above them uses: the launch contract on the spec's own
+target, and every object the job needs there."""
 
 from __future__ import annotations
 
-from ddpdeploy.targets.base import COMPLETION_INDEX, POD_IP, Layout, Node
+from collections.abc import Mapping
+from typing import Any
+
+from ddpdeploy import contract
+from ddpdeploy.render.pod import checkpoint_pvc, selector_labels
+from ddpdeploy.render.policy import beside_job
+from ddpdeploy.rules import DEFAULT_TARGET, TARGET_NAMES
+from ddpdeploy.spec import JobSpec
+from ddpdeploy.targets.base import Layout
 from ddpdeploy.targets.indexed_job import IndexedJob
 from ddpdeploy.targets.pytorchjob import PyTorchJob
 from ddpdeploy.targets.trainjob import TrainJob
 
 TARGETS: dict[str, Layout] = {t.name: t for t in (PyTorchJob(), TrainJob(), IndexedJob())}
-DEFAULT_TARGET = "pytorchjob"
+assert tuple(TARGETS) == TARGET_NAMES, "rules.TARGET_RULES and TARGETS name the same targets"
+SCALABLE = tuple(t for t in TARGETS.values() if t.can_scale)
+_KINDS = [t.kind for t in TARGETS.values()]
+JOB_KINDS = f"{', '.join(_KINDS[:-1])} or {_KINDS[-1]}"  # "PyTorchJob, TrainJob or Job"
+# What `logs --replica` may name, over every target that has replicas.
+REPLICA_NAMES = tuple(dict.fromkeys(r for t in TARGETS.values() for r in t.replica_names))
 
 
 def layout_of(name: str) -> Layout:
@@ -22,13 +37,32 @@ def layout_for_kind(api_version: str, kind: str) -> Layout | None:
     )
 
 
+def launch_contract(
+    spec: JobSpec, port: int | None = None, *, run_env: Mapping[str, str] | None = None
+) -> contract.LaunchContract:
+    """contract.launch_contract on the spec's own target's layout."""
+    return contract.launch_contract(spec, layout_of(spec.target), port, run_env=run_env)
+
+
+def render_objects(spec: JobSpec) -> list[dict[str, Any]]:
+    """Every object the job needs on its target, dependencies (the PVC, the policy, a
+    Service) first. Pure: no network, no clock, no randomness; same spec, same objects."""
+    layout = layout_of(spec.target)
+    launch = contract.launch_contract(spec, layout)  # the objects run on this same layout
+    pvc = checkpoint_pvc(spec)
+    policies = beside_job(spec, selector_labels(spec))
+    return [*([pvc] if pvc else []), *policies, *layout.objects(spec, launch)]
+
+
 __all__ = [
-    "COMPLETION_INDEX",
-    "POD_IP",
     "DEFAULT_TARGET",
+    "JOB_KINDS",
+    "REPLICA_NAMES",
+    "SCALABLE",
     "TARGETS",
     "Layout",
-    "Node",
+    "launch_contract",
     "layout_for_kind",
     "layout_of",
+    "render_objects",
 ]

@@ -1,53 +1,41 @@
-"""A target's layout: how the launch contract's nodes appear on one platform.
+"""A target whole: how the launch contract's nodes appear on one platform, the objects
+that run them there, and how cluster commands read such a job back.
 
 The launch (contract.py) is the same everywhere; a layout says what differs per target:
 the pods' names and the DNS names peers reach them by, which node hosts the rendezvous,
 where a node learns its rank, the env the platform injects and the env we render into the
-pod ourselves, and the target's name rules. Pure: spec in, names and dicts out.
+pod ourselves. What the spec must refuse for a target is data in rules.py (``rules``).
+Pure: spec in, names and dicts out; live jobs are read from plain dicts.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ddpdeploy.contract import COMPLETION_INDEX_KEY, CONTAINER_NAME, LaunchContract, Node
+from ddpdeploy.errors import UserError
+from ddpdeploy.rules import TargetRules
+
 if TYPE_CHECKING:
-    from ddpdeploy.contract import LaunchContract
     from ddpdeploy.spec import JobSpec
 
-MAX_DNS_LABEL = 63  # a pod hostname and a Service name are DNS labels
-
-# Downward API field paths a pod's env may come from; non-cluster targets resolve them.
-POD_IP = "status.podIP"
-COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
-
-
-@dataclass(frozen=True)
-class Node:
-    """One node (pod) of the job as the target lays it out."""
-
-    hostname: str  # the pod's hostname; a local run's node name
-    address: str  # the DNS name peers reach it by (hostname, or hostname.subdomain)
-    rank: int  # its node rank (PET_NODE_RANK)
-    index: int  # the index the platform gives the pod (replica or completion index)
-    replica: str = ""  # PyTorchJob's replica type ("Master", "Worker"); "" elsewhere
+Obj = dict[str, Any]
 
 
 class Layout(ABC):
     """One target. Subclasses set the class attributes and the node layout."""
 
     name: ClassVar[str]  # the --target value
+    rules: ClassVar[TargetRules]  # what the spec refuses for it (rules.TARGET_RULES)
     api_version: ClassVar[str]  # of the object that runs the job
     kind: ClassVar[str]
-    container: ClassVar[str] = "pytorch"  # the training container's name in the pods
+    container: ClassVar[str] = CONTAINER_NAME  # the training container's name in the pods
+
+    # --- the layout (what the launch contract asks, contract.NodeLayout) ---
 
     @abstractmethod
     def nodes(self, spec: JobSpec) -> list[Node]: ...
-
-    @abstractmethod
-    def longest_hostname(self, spec: JobSpec) -> str:
-        """The longest DNS label the target derives from the job name."""
 
     def rdzv_address(self, spec: JobSpec) -> str:
         """The DNS name of the node every other node rendezvouses with."""
@@ -56,24 +44,13 @@ class Layout(ABC):
     def port(self, spec: JobSpec) -> int:
         return spec.rendezvous.port
 
-    def check(self, spec: JobSpec) -> None:
-        """Refuse (ValueError, one line) what the target cannot run; the name rule first."""
-        longest = self.longest_hostname(spec)
-        if len(longest) > MAX_DNS_LABEL:
-            budget = MAX_DNS_LABEL - (len(longest) - len(spec.name))
-            raise ValueError(
-                f"name is too long: pod and Service names like {longest[:60]!r} must stay "
-                f"within {MAX_DNS_LABEL} characters; shorten name to at most {budget} "
-                "characters"
-            )
-
     def pod_env(self, contract: LaunchContract, rdzv: str) -> dict[str, str]:
         """Env we render into the pod ourselves (same on every node); ``rdzv`` is the
         rendezvous host as this target spells it (a local run maps it to 127.0.0.1)."""
         return {}
 
     def field_env(self, spec: JobSpec) -> dict[str, str]:
-        """Env from the downward API: name -> field path (see POD_IP, COMPLETION_INDEX)."""
+        """Env from the downward API: name -> field path (contract.POD_IP, COMPLETION_INDEX)."""
         return {}
 
     def platform_env(self, contract: LaunchContract, node: Node, rdzv: str) -> dict[str, str]:
@@ -81,16 +58,24 @@ class Layout(ABC):
         targets reproduce it."""
         return {}
 
-    def objects(self, spec: JobSpec, contract: LaunchContract) -> list[dict[str, Any]]:
-        """The Kubernetes objects that run the job (the checkpoint PVC aside)."""
-        raise NotImplementedError
+    # --- the objects ---
 
-    # What cluster commands need to read a job of this target back (pure, on plain dicts).
+    @abstractmethod
+    def objects(self, spec: JobSpec, contract: LaunchContract) -> list[Obj]:
+        """The Kubernetes objects that run the job (the checkpoint PVC and policy aside)."""
+
+    # --- a live job read back (pure, on plain dicts as the API returns them) ---
+
     pod_label: ClassVar[str]  # the label its controller puts on the job's pods: job name
     succeeded: ClassVar[str]  # the job object's condition type once it succeeded
     failed: ClassVar[str] = "Failed"
-
     install_hint: ClassVar[str] = ""  # how to get the job's API into a cluster, if needed
+    # Whether a job of this kind without our managed-by label is still read back as ours.
+    ours_without_label: ClassVar[bool] = False
+    # Whether its pods are named like their hostnames (so a pod is named before it exists).
+    pods_named_like_hosts: ClassVar[bool] = False
+    replica_names: ClassVar[tuple[str, ...]] = ()  # what `logs --replica` may name
+    can_scale: ClassVar[bool] = False  # `scale` may change its node count (elastic jobs)
 
     def pod_selector(self, job_name: str) -> dict[str, str]:
         return {self.pod_label: job_name}
@@ -99,37 +84,51 @@ class Layout(ABC):
     def node_hostname(self, job_name: str, index: int, replica: str = "") -> str:
         """The hostname of a job's node: node ``index`` (of ``replica`` for PyTorchJob)."""
 
-    def rank0_hostname(self, obj: dict[str, Any]) -> str | None:
+    def rank0_hostname(self, obj: Obj) -> str | None:
         """The hostname of the pod that hosts global rank 0 (static rendezvous: node 0);
         None when the rendezvous decides (elastic)."""
         return self.node_hostname(obj["metadata"]["name"], 0)
+
+    def logs_hostname(self, job_name: str, replica: str | None, index: int | None) -> str | None:
+        """The hostname `logs --replica/--index` names; None when they name none."""
+        if replica is not None:
+            raise UserError(f"--replica: a {self.kind} has no replicas; pass --index N alone")
+        return None if index is None else self.node_hostname(job_name, index)
+
+    def pod_place(self, pod: Obj) -> tuple[str, int]:
+        """(replica, index) of one of the job's pods: its completion index by default."""
+        meta = pod.get("metadata") or {}
+        index = (meta.get("labels") or {}).get(COMPLETION_INDEX_KEY) or (
+            meta.get("annotations") or {}
+        ).get(COMPLETION_INDEX_KEY)
+        return "node", _index(index)
 
     def companions(self, job_name: str) -> list[tuple[str, str, str]]:
         """(apiVersion, kind, name) of objects we render beside the job that deleting the
         job does not delete (its controller does not own them)."""
         return []
 
-    def pod_templates(self, obj: dict[str, Any]) -> list[dict[str, Any]]:
+    @abstractmethod
+    def pod_templates(self, obj: Obj) -> list[Obj]:
         """The pod specs inside the job object (for sizes, images, resources)."""
-        raise NotImplementedError
 
-    def job_size(self, obj: dict[str, Any]) -> tuple[int, int]:
+    @abstractmethod
+    def job_size(self, obj: Obj) -> tuple[int, int]:
         """(nodes, GPUs per node) of a job object of this target."""
-        raise NotImplementedError
+
+    def elastic_range(self, obj: Obj) -> tuple[int, int] | None:
+        """The job's elastic MIN:MAX nodes; None when it is not elastic."""
+        return None
 
 
-def gpus_of(pod_specs: list[dict[str, Any]]) -> int:
+def _index(value: Any) -> int:
+    return int(value) if str(value).isdigit() else 0
+
+
+def gpus_of(pod_specs: list[Obj]) -> int:
     gpus = 0
     for pod in pod_specs:
         for c in pod.get("containers") or []:
             limits = (c.get("resources") or {}).get("limits") or {}
             gpus = max(gpus, int(limits.get("nvidia.com/gpu") or 0))
     return gpus
-
-
-def refuse_elastic(spec: JobSpec, target: str, why: str) -> None:
-    if spec.elastic:
-        raise ValueError(
-            f"target {target}: {why}; drop --elastic (rendezvous.mode: elastic) or use "
-            "--target pytorchjob"
-        )

@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 from ddpdeploy.adapters.compose import PROJECT_LABEL, ComposeRun, Line
-from ddpdeploy.contract import launch_contract
 from ddpdeploy.render.compose import compose_job, render_compose
+from ddpdeploy.smoke.plan import nodes_of
 from ddpdeploy.spec import JobSpec
+from ddpdeploy.targets import launch_contract
 
 pytestmark = pytest.mark.docker
 
@@ -35,6 +36,11 @@ def job(image: str, **extra: Any) -> JobSpec:
     doc = {"name": "cmp", "image": image, "nodes": 2, "procs": 2, "shmSize": "256Mi", **extra}
     doc.setdefault("command", {"args": ["--steps", str(STEPS)]})
     return JobSpec.model_validate(doc)
+
+
+def compose_run(spec: JobSpec) -> ComposeRun:
+    """The rendered project, its nodes from the run plan."""
+    return ComposeRun(render_compose(spec), nodes_of(launch_contract(compose_job(spec))), spec.name)
 
 
 def done_event(line: Line | None, done: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -82,12 +88,12 @@ def test_two_by_two_trains_like_smoke_local(
     if elastic:
         extra["rendezvous"] = {"mode": "elastic", "minNodes": 2, "maxNodes": 2}
     spec = job(image, **extra)
-    with ComposeRun(render_compose(spec), spec.name) as run:
+    with compose_run(spec) as run:
         project = run.project_name
         # What runs is what the rendered file says: the pod's command and the operator's env.
         contract = launch_contract(compose_job(spec))
         for node, n in zip(contract.nodes, run.nodes, strict=True):
-            config = n.container.attrs["Config"]
+            config = run.node(n.name).container.attrs["Config"]
             assert config["Hostname"] == n.name == node.hostname
             assert n.rank == (None if elastic else node.rank)
             assert config["Entrypoint"] == contract.container_command()
@@ -128,7 +134,7 @@ def test_killed_worker_restarts_and_ends_with_the_same_weights(
     args = ["--steps", str(STEPS), "--debug-step-delay", "0.5"]
     spec = job(image, rendezvous=rdzv, command={"args": args})
     starts, killed, done = 0, "", None
-    with ComposeRun(render_compose(spec), spec.name) as run:
+    with compose_run(spec) as run:
         for line in run.events():
             done = done_event(line, done)
             if line and line.stream == "stdout" and line.text.startswith('{"event": "start"'):
@@ -155,15 +161,16 @@ def test_failing_trainer_names_its_node_and_leaves_nothing(image: str, engine: A
         command={"module": "ddpdeploy_no_such_module"},
         checkpoint={"size": "1Gi"},  # a named volume, which teardown must remove too
     )
-    with ComposeRun(render_compose(spec), spec.name) as run:
+    with compose_run(spec) as run:
         project = run.project_name
         assert run.volumes() == [f"{project}_checkpoints"]
         # Any anonymous volumes too (the test torch image declares one, /wheels).
-        mounted = {m["Name"] for n in run.nodes for m in n.container.attrs["Mounts"]}
+        mounted = {m["Name"] for c in run.containers.values() for m in c.container.attrs["Mounts"]}
         done, failed = run_to_end(run)
         assert done is None and failed in ("cmp-master-0", "cmp-worker-0")
         assert run.exit_codes()[failed] not in (None, 0)
-        assert run.node(failed).rank == (0 if failed == "cmp-master-0" else 1)
+        rank = next(n.rank for n in run.nodes if n.name == failed)
+        assert rank == (0 if failed == "cmp-master-0" else 1)
         assert any("No module named ddpdeploy_no_such_module" in t for t in run.tail(failed))
     assert run.leftovers() == []
     assert nothing_left(engine, project) == []
@@ -172,7 +179,7 @@ def test_failing_trainer_names_its_node_and_leaves_nothing(image: str, engine: A
 
 def test_interrupt_mid_run_tears_down(image: str, engine: Any) -> None:
     spec = job(image, command={"args": ["--steps", "100000"]})
-    with pytest.raises(KeyboardInterrupt), ComposeRun(render_compose(spec), spec.name) as run:
+    with pytest.raises(KeyboardInterrupt), compose_run(spec) as run:
         project = run.project_name
         for line in run.events():
             if line and line.text.startswith('{"event": "step"'):

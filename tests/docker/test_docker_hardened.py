@@ -18,9 +18,8 @@ from typing import Any
 
 import pytest
 
-from ddpdeploy.contract import launch_contract
-from ddpdeploy.render.k8s import render_objects
 from ddpdeploy.spec import JobSpec
+from ddpdeploy.targets import launch_contract, render_objects
 
 pytestmark = pytest.mark.docker
 

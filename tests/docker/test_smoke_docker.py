@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from ddpdeploy.adapters.compose import PROJECT_LABEL
 
 pytestmark = pytest.mark.docker
 
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 HASH = re.compile(r"^weights_sha256  ([0-9a-f]{64})$", re.M)
 JOB = ["--nodes", "2", "--procs", "2", "--steps", "12"]
 
@@ -109,3 +111,41 @@ def test_no_engine_is_one_line_pointing_to_local(cli: Callable[..., Any], tmp_pa
     lines = res.stderr.strip().splitlines()
     assert lines[-1].startswith("error: cannot reach the Docker engine") and "--local" in lines[-1]
     assert [ln for ln in lines if ln.startswith("error")] == [lines[-1]]
+
+
+@pytest.mark.slow
+def test_own_script_runs_in_its_image_and_failures_name_the_rank(
+    torch_image: str,
+    engine: Any,
+    cli: Callable[..., Any],
+    tmp_path: Path,
+    cleanup_images: list[str],
+) -> None:
+    """The workspace's scripts, built into an image: a positional-argument script is green
+    with every rank's output prefixed; one that exits 3 on rank 2 is named as the cause."""
+    job = f"sdscr{os.getpid()}"
+    cleanup_images.append(f"ddpdeploy-smoke/{job}")
+    ws = tmp_path / "ws"
+    shutil.copytree(SCRIPTS, ws)
+    (ws / "ok.yaml").write_text(
+        f"name: {job}\nnodes: 2\nprocs: 2\ncommand: {{script: positional.py}}\n"
+    )
+    base = ["smoke", "--docker", "--base-image", torch_image]
+    res = cli(*base, "-f", "ok.yaml", "--ranks", "all", "--", "2", "hi", cwd=ws)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for rank in range(4):
+        assert re.search(rf"^\[rank{rank}\] hi epoch 1 sum 10 from rank {rank}$", res.stderr, re.M)
+    codes = re.findall(r"^exit code +(\d+)  (\S+)$", res.stdout, re.M)
+    assert codes == [("0", f"{job}-master-0"), ("0", f"{job}-worker-0")], res.stdout
+    assert left_behind(engine, job) == []
+    (ws / "fail.yaml").write_text(
+        f"name: {job}\nnodes: 2\nprocs: 2\ncommand: {{script: exit3_on_rank2.py}}\n"
+    )
+    res = cli(*base, "-f", "fail.yaml", cwd=ws)
+    assert res.returncode == 1, res.stderr[-3000:]
+    error = res.stderr[res.stderr.index("error: ") :]
+    assert error.startswith(
+        f"error: node {job}-worker-0 (node rank 1, global rank 2) exited with code 3;"
+    ), error
+    assert "rank two: giving up with code 3" in error
+    assert left_behind(engine, job) == []

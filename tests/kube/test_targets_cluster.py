@@ -31,17 +31,15 @@ def create_for_old_apiserver(admin, ns: str, flags: list[str]) -> None:
 
 
 def kube_render(flags: list[str]) -> list[dict]:
-    from ddpdeploy.render.k8s import render_objects
-    from ddpdeploy.spec import load_spec
+    """What `up` submits, saved spec included (it marks the objects as ours)."""
+    from ddpdeploy.clusterplan import with_saved_spec
+    from ddpdeploy.options import spec_from_flags as load_spec
+    from ddpdeploy.targets import render_objects
 
     values = dict(zip(flags[::2], flags[1::2], strict=True))
-    spec = load_spec(
-        Path(values.pop("-f")), {"--image": values["--image"], "--name": values["--name"]}
-    )
-    return [
-        {**o, "metadata": {**o["metadata"], "namespace": values["-n"]}}
-        for o in render_objects(spec)
-    ]
+    given = {"--image": values["--image"], "--name": values["--name"], "--namespace": values["-n"]}
+    spec = load_spec(Path(values.pop("-f")), given)
+    return with_saved_spec(render_objects(spec), spec)
 
 
 @pytest.mark.parametrize("target", ["trainjob", "indexed-job"])
@@ -92,5 +90,9 @@ def test_a_foreign_batch_job_is_not_ours(kube_cli, admin, namespace):
     }  # fmt: skip
     res(admin, "batch/v1", "Job").create(namespace=namespace, body=job)
     assert "no job theirs" in kube_cli("status", "theirs", "-n", namespace).stderr
-    assert "no job theirs" in kube_cli("down", "theirs", "-n", namespace).stderr
+    refused = kube_cli("down", "theirs", "-n", namespace)
+    assert refused.returncode == 1
+    assert refused.stderr == (
+        f"error: Job {namespace}/theirs is not ours (owner: no ddpdeploy labels); not deleted\n"
+    )
     assert objects(admin, namespace, "batch/v1", "Job") == ["theirs"]

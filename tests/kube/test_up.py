@@ -284,6 +284,7 @@ def test_wait_times_out(kube_cli, admin, namespace):
 
 
 def test_conflict_with_another_manager_applies_nothing(kube_cli, admin, namespace, ckpt_spec):
+    # A PVC of that name someone else made is not ours: refused before any change.
     theirs = {
         "metadata": {"name": "j-checkpoints"},
         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "5Gi"}}},
@@ -294,6 +295,25 @@ def test_conflict_with_another_manager_applies_nothing(kube_cli, admin, namespac
     out = kube_cli(*up_args(namespace, "j", "-f", str(ckpt_spec), "--no-wait"))
     assert out.returncode == 1
     last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: dry run of PersistentVolumeClaim j-checkpoints: conflict:")
-    assert "someone-else" in last
+    assert last.startswith(f"error: PersistentVolumeClaim {namespace}/j-checkpoints exists and")
+    assert "no ddpdeploy labels" in last and "--adopt-pvc" in last
     assert stored(admin, namespace) == {"pvc": ["j-checkpoints"], "job": []}
+    # Our own NetworkPolicy with a field another manager took: the dry run's conflict stops
+    # the replace before the old job is touched.
+    assert kube_cli(*up_args(namespace, "k", "--no-wait")).returncode == 0
+    first = get_job(admin, namespace, "k")
+    policy = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "k", "namespace": namespace},
+        "spec": {"podSelector": {"matchLabels": {"x": "y"}}},
+    }
+    res(admin, "networking.k8s.io/v1", "NetworkPolicy").server_side_apply(
+        body=policy, namespace=namespace, field_manager="someone-else", force_conflicts=True
+    )
+    out = kube_cli(*up_args(namespace, "k", "--no-wait", "--replace"))
+    assert out.returncode == 1
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: dry run of NetworkPolicy k: conflict:")
+    assert "someone-else" in last
+    assert get_job(admin, namespace, "k")["metadata"]["uid"] == first["metadata"]["uid"]

@@ -1,7 +1,7 @@
 """JobSpec -> a batch/v1 Indexed Job and the headless Service its pods live under. Pure.
 
 No operator: the pod from render/pod.py carries the whole torchrun env (the layout in
-targets/indexed_job.py), its node rank comes from the completion index.
+targets/indexed_job/__init__.py), its node rank comes from the completion index.
 """
 
 from __future__ import annotations

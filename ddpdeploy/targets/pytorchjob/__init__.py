@@ -1,28 +1,41 @@
-"""Kubeflow PyTorchJob (kubeflow.org/v1): the training operator's layout and env.
+"""Kubeflow PyTorchJob (kubeflow.org/v1): the training operator's layout, env and job.
 
 The operator (v1.9.x, pkg/controller.v1/pytorch/envvar.go and elastic.go) names pods
 `<job>-master-0` and `<job>-worker-<i>`, gives each a headless Service of the same name,
 and injects the rendezvous env; `platform_env` reproduces that injection for targets with
-no operator.
+no operator. The object itself is built in objects.py.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ddpdeploy.targets.base import Layout, Node, gpus_of
+from ddpdeploy.contract import LaunchContract, Node
+from ddpdeploy.rules import TARGET_RULES
+from ddpdeploy.targets.base import Layout, gpus_of
+from ddpdeploy.targets.pytorchjob.objects import pytorchjob
 
 if TYPE_CHECKING:
-    from ddpdeploy.contract import LaunchContract
     from ddpdeploy.spec import JobSpec
+
+Obj = dict[str, Any]
+
+# Labels the training operator (v1.9) puts on each replica's pod.
+REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
+REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
 
 
 class PyTorchJob(Layout):
     name = "pytorchjob"
+    rules = TARGET_RULES[name]
     api_version = "kubeflow.org/v1"
     kind = "PyTorchJob"
     pod_label = "training.kubeflow.org/job-name"
     succeeded = "Succeeded"
+    ours_without_label = True
+    pods_named_like_hosts = True  # the operator names each pod like its hostname
+    replica_names = ("master", "worker")
+    can_scale = True  # elastic: the operator resizes the Worker replicas in MIN:MAX
 
     install_hint = (
         "install the Kubeflow training operator (v1.9): kubectl apply --server-side -k "
@@ -32,10 +45,23 @@ class PyTorchJob(Layout):
     def node_hostname(self, job_name: str, index: int, replica: str = "") -> str:
         return f"{job_name}-{(replica or 'master').lower()}-{index}"
 
-    def rank0_hostname(self, obj: dict[str, Any]) -> str | None:
+    def rank0_hostname(self, obj: Obj) -> str | None:
         if "Master" in ((obj.get("spec") or {}).get("pytorchReplicaSpecs") or {}):
             return self.node_hostname(obj["metadata"]["name"], 0, "master")
         return None  # elastic: c10d puts rank 0 on any pod
+
+    def logs_hostname(self, job_name: str, replica: str | None, index: int | None) -> str | None:
+        if replica is None:
+            return None
+        return self.node_hostname(job_name, index or 0, replica)
+
+    def pod_place(self, pod: Obj) -> tuple[str, int]:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        replica = labels.get(REPLICA_TYPE_LABEL, "").lower()
+        if not replica:
+            return super().pod_place(pod)
+        index = labels.get(REPLICA_INDEX_LABEL) or "0"
+        return replica, int(index) if str(index).isdigit() else 0
 
     def replicas(self, spec: JobSpec) -> dict[str, int]:
         if spec.elastic:
@@ -50,9 +76,6 @@ class PyTorchJob(Layout):
                 host = self.node_hostname(spec.name, i, replica)
                 out.append(Node(host, host, len(out), i, replica))
         return out
-
-    def longest_hostname(self, spec: JobSpec) -> str:
-        return f"{spec.name}-worker-{spec.max_nodes - 1}"
 
     def rdzv_address(self, spec: JobSpec) -> str:
         return f"{spec.name}-worker-0" if spec.elastic else f"{spec.name}-master-0"
@@ -85,15 +108,19 @@ class PyTorchJob(Layout):
             env["PET_MAX_RESTARTS"] = str(rdzv_spec.max_restarts)
         return env
 
-    def objects(self, spec: JobSpec, contract: LaunchContract) -> list[dict[str, Any]]:
-        from ddpdeploy.render.k8s import pytorchjob
+    def objects(self, spec: JobSpec, contract: LaunchContract) -> list[Obj]:
+        return [pytorchjob(spec, contract, self.replicas(spec))]
 
-        return [pytorchjob(spec, contract)]
-
-    def pod_templates(self, obj: dict[str, Any]) -> list[dict[str, Any]]:
+    def pod_templates(self, obj: Obj) -> list[Obj]:
         replicas = ((obj.get("spec") or {}).get("pytorchReplicaSpecs") or {}).values()
         return [(r.get("template") or {}).get("spec") or {} for r in replicas]
 
-    def job_size(self, obj: dict[str, Any]) -> tuple[int, int]:
+    def job_size(self, obj: Obj) -> tuple[int, int]:
         replicas = ((obj.get("spec") or {}).get("pytorchReplicaSpecs") or {}).values()
         return sum(int(r.get("replicas") or 0) for r in replicas), gpus_of(self.pod_templates(obj))
+
+    def elastic_range(self, obj: Obj) -> tuple[int, int] | None:
+        policy = (obj.get("spec") or {}).get("elasticPolicy")
+        if not policy:
+            return None
+        return int(policy.get("minReplicas") or 1), int(policy.get("maxReplicas") or 1)

@@ -1,37 +1,24 @@
-"""JobSpec -> Kubernetes objects (plain dicts): the job's target objects and its PVC.
+"""JobSpec -> the kubeflow.org/v1 PyTorchJob (a plain dict). Pure.
 
-`render_objects` is the entry for every target (ddpdeploy.targets); the PyTorchJob itself
-is built here, the others in render/trainjob.py and render/indexed_job.py.
-
-Pure: no network, no clock, no randomness; same spec, same objects. The container command
-and env come from the launch contract; the operator injects the per-pod rendezvous env.
+The pod comes from render/pod.py like every target's; the container command and env from
+the launch contract; the operator injects the per-pod rendezvous env.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ddpdeploy.contract import LaunchContract, launch_contract
-from ddpdeploy.render.pod import (
-    checkpoint_pvc,
-    pod_template,
-    require_image,
-    selector_labels,
-    workload_metadata,
-)
-from ddpdeploy.render.policy import beside_job
+from ddpdeploy.contract import LaunchContract
+from ddpdeploy.render.pod import pod_template, require_image, workload_metadata
 from ddpdeploy.spec import JobSpec
-from ddpdeploy.targets.pytorchjob import PyTorchJob
 
 Obj = dict[str, Any]
 
 
-def pytorchjob(spec: JobSpec, contract: LaunchContract | None = None) -> Obj:
-    """The kubeflow.org/v1 PyTorchJob for ``spec``."""
+def pytorchjob(spec: JobSpec, contract: LaunchContract, replicas: dict[str, int]) -> Obj:
+    """The kubeflow.org/v1 PyTorchJob for ``spec``, with the layout's replica counts."""
     require_image(spec)
-    contract = contract or launch_contract(spec)
     template = pod_template(spec, contract)
-    replicas = PyTorchJob().replicas(spec)
     replica_specs = {
         replica: {"replicas": count, "restartPolicy": "OnFailure", "template": template}
         for replica, count in replicas.items()
@@ -77,12 +64,3 @@ def _scheduling_policy(spec: JobSpec) -> Obj:
     if spec.queued:
         out["suspend"] = True  # Kueue unsuspends the job when its queue admits it
     return out
-
-
-def render_objects(spec: JobSpec) -> list[Obj]:
-    """Every object the job needs on its target, dependencies (the PVC, the policy, a
-    Service) first."""
-    contract = launch_contract(spec)
-    pvc = checkpoint_pvc(spec)
-    policies = beside_job(spec, selector_labels(spec))
-    return [*([pvc] if pvc else []), *policies, *contract.layout.objects(spec, contract)]

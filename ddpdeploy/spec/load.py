@@ -1,4 +1,6 @@
-"""Reading a spec file: bounded, strict YAML, and scalars kept as the user typed them.
+"""Loading a JobSpec: reading the file, merging overrides and args, one-line errors.
+
+Reading is bounded, strict YAML with scalars kept as the user typed them.
 
 PyYAML reads YAML 1.1, where `1.10`, `012`, `0x1F`, `1:30` and `on` are numbers or booleans
 (1.1, 10, 31, 90, true). In a field that holds text (args, env values, labels, …) that would
@@ -9,18 +11,25 @@ it is a count (spelled in plain decimal, else refused), the value elsewhere.
 
 from __future__ import annotations
 
+import os
 import re
 import types
 import typing
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Union
 
 import yaml
+from pydantic import ValidationError
+from pydantic.alias_generators import to_camel
 
 from ddpdeploy.adapters.files import read_regular
 from ddpdeploy.errors import UserError
+from ddpdeploy.spec.fields import show
+from ddpdeploy.spec.model import JobSpec
 
+DEFAULT_FILE = "ddpdeploy.yaml"
 MAX_BYTES = 1024 * 1024  # a job spec is a few hundred bytes; anything near this is a mistake
 MAX_DEPTH = 32  # the deepest real spec nests 4 levels (tolerations: - key:)
 _DECIMAL = r"[-+]?(0|[1-9][0-9]*)"
@@ -200,3 +209,160 @@ def _scalar(node: Plain, kind: Any, where: str) -> Any:
     if kind == BOOL and node.text not in ("true", "false"):
         raise SpecSyntaxError(f"{where}: write true or false, not {node.text[:40]!r}", node.line)
     return node.value
+
+
+def read_spec_file(path: Path, label: str = "-f/--file") -> dict[str, Any]:
+    """The spec document in ``path``: strict YAML, string fields as typed, as a plain dict.
+
+    ``label`` names where the path came from in errors (the flag, or the default file)."""
+    try:
+        text = read_text(path, label)
+    except FileNotFoundError:
+        raise UserError(
+            f"{label}: {path} not found; create one with `ddpdeploy init` or pass -f PATH"
+        ) from None
+    try:
+        data = resolve(parse(text), JobSpec)
+    except SpecSyntaxError as exc:
+        where = f"{path}:{exc.line}" if exc.line else str(path)
+        raise UserError(f"{where}: {exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise UserError(f"{where}: YAML syntax error: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: the top level must be a mapping of fields (name: …, nodes: …)")
+    return data
+
+
+def _section(doc: dict[str, Any], key: str, source: str, hint: str) -> dict[str, Any]:
+    """A copy of the mapping at ``doc[key]`` that flags or args are merged into."""
+    value = doc.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise UserError(f"{source}: {key} must be a mapping, e.g. {hint} (got {show(value)})")
+    return dict(value)
+
+
+_HINTS = {
+    "rendezvous": "{mode: static}",
+    "command": "{script: train.py, args: [--lr, '0.1']}",
+    "scheduling": "{scheduler: volcano}",
+    "network": "{policy: true}",
+    "security": "{readOnlyRootFilesystem: true}",
+}
+
+
+def _default_document() -> tuple[dict[str, Any], str]:
+    # lexists: a directory, a dangling link or a loop named ddpdeploy.yaml is refused, not
+    # silently skipped.
+    if os.path.lexists(DEFAULT_FILE):
+        return read_spec_file(Path(DEFAULT_FILE), f"./{DEFAULT_FILE}"), DEFAULT_FILE
+    return {}, "defaults"
+
+
+@dataclass(frozen=True)
+class Override:
+    """One value set over the file's (a CLI flag's): ``label`` names it in errors, ``path``
+    is where it goes in the document (a section's mapping when ``convert`` returns one)."""
+
+    label: str
+    path: tuple[str, ...]
+    value: Any
+    convert: Callable[[Any], Any] | None = None  # applied when merged (may raise UserError)
+
+
+def load_spec(
+    path: Path | None = None,
+    overrides: Sequence[Override] = (),
+    extra_args: list[str] | None = None,
+) -> JobSpec:
+    """File (if any), then overrides (they win), then args after ``--``: one validated JobSpec.
+
+    With no path, ``./ddpdeploy.yaml`` is read when it exists, else the defaults apply.
+    Overrides come from the CLI's flags (options.py, which knows their spellings).
+    """
+    if path is not None:
+        doc, source = read_spec_file(path), str(path)
+    else:
+        doc, source = _default_document()
+    for override in overrides:
+        key = override.path[0]
+        value = override.convert(override.value) if override.convert else override.value
+        if len(override.path) == 1 and not isinstance(value, dict):
+            doc[key] = value
+            continue
+        section = _section(doc, key, source, _HINTS[key])
+        if len(override.path) == 1:
+            section.update(value)  # a flag that sets several fields of one section
+        else:
+            section[override.path[1]] = value
+        doc[key] = section
+    if extra_args:
+        command = _section(doc, "command", source, _HINTS["command"])
+        args = command.get("args") or []
+        if not isinstance(args, list):
+            raise UserError(f"{source}: command.args must be a list, e.g. [--lr, '0.1']")
+        command["args"] = [*args, *extra_args]
+        doc["command"] = command
+    try:
+        return JobSpec.model_validate(doc)
+    except ValidationError as exc:
+        raise UserError(_one_line(exc, source, overrides)) from None
+
+
+def spec_with(spec: JobSpec, **changes: Any) -> JobSpec:
+    """``spec`` with ``changes`` (snake_case fields), validated again as a whole like a spec
+    from a file (``model_copy(update=...)`` would skip every check: name budgets, ranges).
+    An invalid result is one UserError line naming the field."""
+    doc = spec.model_dump(mode="json", by_alias=True)
+    doc.update({to_camel(k): v for k, v in changes.items()})
+    try:
+        return JobSpec.model_validate(doc)
+    except ValidationError as exc:
+        raise UserError(_one_line(exc, "defaults", ())) from None
+
+
+def _one_line(exc: ValidationError, source: str, overrides: Sequence[Override]) -> str:
+    """The first error as one line, naming the override (flag) when one set that field."""
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    # A key with a newline or other control character is shown quoted: one line stays one.
+    loc = [str(p) if str(p).isprintable() else show(str(p)) for p in first["loc"]]
+    prefix = "" if source == "defaults" else f"{source}: "
+    where = f"{prefix}{'.'.join(loc)}" if loc else source
+    for override in overrides:
+        # The error sits on the flag's field, inside it, or on the model holding it.
+        n = min(len(loc), len(override.path))
+        if loc and tuple(loc[:n]) == override.path[:n]:
+            where = override.label
+            break
+    message = first["msg"]
+    if first["type"] == "extra_forbidden":
+        message = (
+            f"unknown field {show(loc[-1])}; `ddpdeploy init` writes a file listing every field"
+        )
+        camel = to_camel(loc[-1])
+        if camel != loc[-1]:
+            message = (
+                f"unknown field {show(loc[-1])}; keys are camelCase like Kubernetes': {show(camel)}"
+            )
+        where = f"{prefix}{'.'.join(loc[:-1]) or '(top level)'}"
+    elif first["type"] in ("model_type", "model_attributes_type", "dict_type"):
+        message = f"must be a mapping of fields (got {show(first['input'])})"
+    elif message.startswith("Value error, "):
+        message = message[len("Value error, ") :]
+    else:
+        message = message.replace("Input should be", "must be")
+        if "input" in first and not isinstance(first["input"], dict | list):
+            message += f" (got {show(first['input'])})"
+    if first["type"] == "string_type":
+        message += "; quote it in YAML"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    if where == "defaults":
+        return f"{message}{more}"
+    return f"{where}: {message}{more}"

@@ -5,26 +5,25 @@ one replicated Job `node` whose pods are `<job>-node-0-<i>` under a headless Ser
 `<job>`. Trainer's torch plugin injects PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK (the
 completion index), PET_MASTER_ADDR (`<job>-node-0-0.<job>`) and PET_MASTER_PORT (29400, the
 runtime's port); `platform_env` reproduces that for targets with no Trainer. Trainer v2 has
-no elastic training.
+no elastic training. The object itself is built in objects.py.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ddpdeploy.spec import DEFAULT_PORT
-from ddpdeploy.targets.base import Layout, Node, gpus_of, refuse_elastic
+from ddpdeploy.contract import LaunchContract, Node
+from ddpdeploy.rules import TARGET_RULES, TRAINER_PORT
+from ddpdeploy.targets.base import Layout, gpus_of
+from ddpdeploy.targets.trainjob.objects import REPLICATED_JOB, trainjob
 
 if TYPE_CHECKING:
-    from ddpdeploy.contract import LaunchContract
     from ddpdeploy.spec import JobSpec
-
-TRAINER_PORT = 29400  # Trainer v2's PET_MASTER_PORT and container port; not configurable
-REPLICATED_JOB = "node"  # the torch runtimes' replicated Job, and its training container
 
 
 class TrainJob(Layout):
     name = "trainjob"
+    rules = TARGET_RULES[name]
     api_version = "trainer.kubeflow.org/v1alpha1"
     kind = "TrainJob"
     container = REPLICATED_JOB
@@ -44,27 +43,8 @@ class TrainJob(Layout):
         hosts = [self.node_hostname(spec.name, i) for i in range(spec.nodes)]
         return [Node(h, f"{h}.{spec.name}", i, i) for i, h in enumerate(hosts)]
 
-    def longest_hostname(self, spec: JobSpec) -> str:
-        return f"{spec.name}-{REPLICATED_JOB}-0-{spec.nodes - 1}"
-
     def port(self, spec: JobSpec) -> int:
         return TRAINER_PORT
-
-    def check(self, spec: JobSpec) -> None:
-        super().check(spec)
-        refuse_elastic(spec, self.name, "Kubeflow Trainer v2 has no elastic training")
-        if spec.rendezvous.port not in (DEFAULT_PORT, TRAINER_PORT):  # by value: see spec.py
-            raise ValueError(
-                f"target trainjob: rendezvous.port is fixed at {TRAINER_PORT} by Trainer v2; "
-                "remove rendezvous.port"
-            )
-        policy = spec.run_policy.model_dump(by_alias=True, exclude_none=True)
-        policy.pop("activeDeadlineSeconds", None)
-        if policy:
-            raise ValueError(
-                f"target trainjob: runPolicy.{next(iter(policy))} has no TrainJob field (the "
-                "runtime's JobSet decides it); remove it or use --target pytorchjob"
-            )
 
     def pod_env(self, contract: LaunchContract, rdzv: str) -> dict[str, str]:
         return {"PYTHONUNBUFFERED": "1"}  # the operator's default, which Trainer does not set
@@ -79,8 +59,6 @@ class TrainJob(Layout):
         }
 
     def objects(self, spec: JobSpec, contract: LaunchContract) -> list[dict[str, Any]]:
-        from ddpdeploy.render.trainjob import trainjob
-
         return [trainjob(spec, contract)]
 
     def pod_templates(self, obj: dict[str, Any]) -> list[dict[str, Any]]:

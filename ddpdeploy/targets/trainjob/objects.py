@@ -14,9 +14,10 @@ from ddpdeploy.contract import LaunchContract
 from ddpdeploy.errors import UserError
 from ddpdeploy.render.pod import pod_template, require_image, workload_metadata
 from ddpdeploy.spec import JobSpec
-from ddpdeploy.targets.trainjob import REPLICATED_JOB
 
 Obj = dict[str, Any]
+
+REPLICATED_JOB = "node"  # the torch runtimes' replicated Job, and its training container
 
 PATCH_MANAGER = "ddpdeploy"
 # Pod fields a runtime patch may set (the CRD's trainingRuntimeSpec ... template.spec).

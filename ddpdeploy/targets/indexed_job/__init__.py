@@ -5,22 +5,26 @@ the headless Service `<job>`, so peers reach node i at `<job>-<i>.<job>`. Nothin
 the rendezvous env, so the pod carries it itself: the node rank from the completion index
 (downward API), the master at `<job>-0.<job>`, PET_NNODES, PET_NPROC_PER_NODE and
 PET_MASTER_PORT. Elastic rendezvous is refused: a Job's parallelism is fixed, and replacing
-or adding nodes between min and max is what the operator's elastic support is for.
+or adding nodes between min and max is what the operator's elastic support is for. The
+objects themselves are built in objects.py.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ddpdeploy.targets.base import COMPLETION_INDEX, Layout, Node, gpus_of, refuse_elastic
+from ddpdeploy.contract import COMPLETION_INDEX, LaunchContract, Node
+from ddpdeploy.rules import TARGET_RULES
+from ddpdeploy.targets.base import Layout, gpus_of
+from ddpdeploy.targets.indexed_job.objects import objects as job_objects
 
 if TYPE_CHECKING:
-    from ddpdeploy.contract import LaunchContract
     from ddpdeploy.spec import JobSpec
 
 
 class IndexedJob(Layout):
     name = "indexed-job"
+    rules = TARGET_RULES[name]
     api_version = "batch/v1"
     kind = "Job"
     pod_label = "batch.kubernetes.io/job-name"  # set by the Job controller (1.27+)
@@ -36,18 +40,6 @@ class IndexedJob(Layout):
         hosts = [self.node_hostname(spec.name, i) for i in range(spec.nodes)]
         return [Node(h, f"{h}.{spec.name}", i, i) for i, h in enumerate(hosts)]
 
-    def longest_hostname(self, spec: JobSpec) -> str:
-        return f"{spec.name}-{spec.nodes - 1}"
-
-    def check(self, spec: JobSpec) -> None:
-        super().check(spec)
-        refuse_elastic(spec, self.name, "a Job's parallelism is fixed, so it cannot be elastic")
-        if spec.run_policy.clean_pod_policy is not None:
-            raise ValueError(
-                "target indexed-job: runPolicy.cleanPodPolicy has no Job field (a Job keeps "
-                "its pods until runPolicy.ttlSecondsAfterFinished); remove it"
-            )
-
     def pod_env(self, contract: LaunchContract, rdzv: str) -> dict[str, str]:
         return {
             "PYTHONUNBUFFERED": "1",
@@ -61,9 +53,7 @@ class IndexedJob(Layout):
         return {"PET_NODE_RANK": COMPLETION_INDEX}
 
     def objects(self, spec: JobSpec, contract: LaunchContract) -> list[dict[str, Any]]:
-        from ddpdeploy.render.indexed_job import objects
-
-        return objects(spec, contract)
+        return job_objects(spec, contract)
 
     def pod_templates(self, obj: dict[str, Any]) -> list[dict[str, Any]]:
         return [((obj.get("spec") or {}).get("template") or {}).get("spec") or {}]

@@ -1,0 +1,148 @@
+"""Reading torchrun's console, line by line: pure (no I/O), so any reader of torchrun's
+output (a smoke run, a pod's log) uses the same functions.
+
+Rank prefixes. With `RANK_OUTPUT_ENV` in the agent's env, torchrun tees every worker line
+to the console prefixed with its global rank (`[rank3]:...`); `split_rank` takes it apart.
+Lines without the prefix are the agent's own (its warnings, its failure summary).
+
+The event protocol (optional). A job may print, from global rank 0 on stdout, one JSON
+object per line with an ``"event"`` key; the built-in trainer does, any script may (by hand
+or through the helpers). A job that prints none is still judged the same way: a smoke run
+succeeds when every node's agent exits 0. The events only add to the report:
+
+- ``{"event": "start", "total_steps": 100, "world_size": 4, "restart_count": 0,
+  "resumed": false, ...}``: the workers (re)started; ``total_steps`` sets the progress
+  bar's length. Shown as a note naming the node.
+- ``{"event": "step", "step": 10, "loss": 0.52}``: progress (``loss`` optional) and the
+  steps/s of the report; a ``--kill-at STEP`` run kills at this step.
+- ``{"event": "checkpoint", "step": 10, "path": "..."}``: a checkpoint is durable; shown as
+  a note; ``--kill-at checkpoint`` kills after the first one.
+- ``{"event": "done", "step": 100, "weights_sha256": "..."}``: the last step and the final
+  weights' checksum, which the report shows and ``--kill-at`` compares with a clean run.
+
+Any other fields are kept and ignored. Event lines are consumed as events: they are not
+echoed as the job's output. Anything else a rank prints (stdout or stderr) is the job's own
+output.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+# torchrun options, read from the agent's env: tee each worker's stdout/stderr to the
+# console (and to files under PET_LOG_DIR), each line prefixed with the global rank.
+RANK_OUTPUT_ENV = {"PET_TEE": "3", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:"}
+EVENTS = ("start", "step", "checkpoint", "done")
+
+_RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:")
+# torchrun's error summary, one block per failed worker ("rank : 3 (local_rank: 1)").
+_SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
+_SUMMARY_CODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+_ROOT_CAUSE = "Root Cause (first observed failure)"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One protocol line: its kind (``start``, ``step``, ``checkpoint``, ``done``) and all
+    its fields (``event`` included)."""
+
+    kind: str
+    fields: dict[str, Any]
+
+    @property
+    def step(self) -> int | None:
+        value = self.fields.get("step")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def split_rank(text: str) -> tuple[int | None, str]:
+    """A console line as (global rank of the worker that wrote it or None, its text)."""
+    match = _RANK_PREFIX.match(text)
+    if match is None:
+        return None, text
+    return int(match[1]), text[match.end() :]
+
+
+def parse_event(text: str) -> Event | None:
+    """The protocol event on this line (rank prefix already split off), or None for any
+    other line (including JSON that is not one of the protocol's events)."""
+    if not text.startswith("{"):
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or value.get("event") not in EVENTS:
+        return None
+    return Event(value["event"], value)
+
+
+# ---- failures ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    node: str
+    rank: int
+    local_rank: int
+    code: int
+    root: bool  # torchrun's own pick ("Root Cause"), from 1 s timestamps
+
+
+def summary_failures(node: str, tail: list[str]) -> list[WorkerFailure]:
+    """The failed workers listed in torchrun's error summary in ``tail`` (agent lines only)."""
+    out: list[WorkerFailure] = []
+    pending: tuple[int, int] | None = None
+    root = False
+    for text in tail:
+        if _RANK_PREFIX.match(text):
+            continue  # a worker's line, not the agent's summary
+        if _ROOT_CAUSE in text:
+            root = True
+        elif match := _SUMMARY_RANK.match(text):
+            pending = (int(match[1]), int(match[2]))
+        elif pending and (match := _SUMMARY_CODE.match(text)):
+            out.append(WorkerFailure(node, *pending, int(match[1]), root))
+            pending = None
+    return out
+
+
+def root_cause(
+    failures: list[WorkerFailure], last_output: dict[tuple[str, int], float]
+) -> WorkerFailure:
+    """The worker that failed first. Its peers fail only after it exited (gloo: "connection
+    closed"), so their last output comes after its own; torchrun SIGTERMs the rest of a node
+    and lists those too, so they count only when nothing else failed.
+
+    ``last_output``: (node, local rank) -> wall-clock time of that worker's last output, where
+    known; finer than torchrun's 1 s stamps."""
+    own = [f for f in failures if f.code != -signal.SIGTERM] or failures
+    return min(
+        own, key=lambda f: (last_output.get((f.node, f.local_rank), float("inf")), not f.root)
+    )
+
+
+def agent_lines(tail: list[str]) -> list[str]:
+    """A node's console without torchrun's own traceback and summary, which follow the
+    workers' lines and only repeat the rank."""
+    cut = [
+        i
+        for i, t in enumerate(tail)
+        if t.startswith("Traceback (most recent call")
+        and any("ChildFailedError" in u for u in tail[i:])
+    ]
+    return tail[: cut[-1]] if cut else tail
+
+
+def code_text(code: int) -> str:
+    """An exit code as torchrun reports it: negative for a signal, named."""
+    if code < 0:
+        try:
+            return f"{code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return str(code)
+    return str(code)

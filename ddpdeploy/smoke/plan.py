@@ -1,0 +1,127 @@
+"""The run plan of a smoke run: the job as it runs here, and what every node's agent gets.
+
+Pure: from a spec, the job a smoke run starts (CPU, gloo, the run's extra arguments, a
+chaos run's restarts), the run-only env the launch contract adds for it, and for local
+processes each node's argv and env on the job's target (its layout's names, node ranks and
+injected env), with node addresses mapped to 127.0.0.1: the same container command the
+cluster runs, with the in-image paths swapped for this checkout's and this interpreter's
+torchrun as the launcher.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from ddpdeploy.contract import LaunchContract
+from ddpdeploy.errors import UserError
+from ddpdeploy.render.local import cpu_spec, respec
+from ddpdeploy.smoke.events import RANK_OUTPUT_ENV
+from ddpdeploy.smoke.runner import KillAt
+from ddpdeploy.smoke.target import Node
+from ddpdeploy.spec import JobSpec
+from ddpdeploy.targets import launch_contract
+
+LOOPBACK = "127.0.0.1"
+CHECKPOINT_ENV = "DDPDEPLOY_CHECKPOINT_DIR"  # where the job's checkpoint folder is
+
+
+@dataclass(frozen=True)
+class LocalNode:
+    hostname: str
+    rank: int | None  # static node rank; None when the rendezvous assigns it
+    argv: list[str]
+    env: dict[str, str]
+
+
+def nodes_of(contract: LaunchContract) -> list[Node]:
+    """The job's nodes in order, with their static node rank (None under c10d)."""
+    return [Node(n.hostname, _rank(contract.node_env(n))) for n in contract.nodes]
+
+
+def _rank(env: dict[str, str]) -> int | None:
+    rank = env.get("PET_NODE_RANK")
+    return int(rank) if rank is not None else None
+
+
+def with_args(spec: JobSpec, *args: str) -> JobSpec:
+    """The job with ``args`` appended to its command's arguments (validated)."""
+    command = spec.command.model_dump(by_alias=True, mode="json", exclude_unset=True)
+    return respec(spec, {"command": {**command, "args": [*spec.command.args, *args]}})
+
+
+def with_steps(spec: JobSpec, steps: int | None) -> JobSpec:
+    """`--steps N`: the built-in trainer's flag; a script's own arguments go after `--`."""
+    if steps is None:
+        return spec
+    if not spec.command.builtin:
+        entry = "command.script" if spec.command.script else "command.module"
+        raise UserError(
+            f"--steps: sets the built-in trainer's steps, and {entry} runs your own code; "
+            "pass its arguments after `--` (e.g. ddpdeploy smoke -- --epochs 2)"
+        )
+    return with_args(spec, "--steps", str(steps))
+
+
+def chaos_spec(spec: JobSpec, kill_at: KillAt) -> tuple[JobSpec, int]:
+    """The job for a --kill-at run, and the torchrun restarts it gets.
+
+    torchrun restarts workers only with max restarts > 0: the spec's own value for elastic
+    jobs that set one; else 1 for this run (static jobs restart by pod on the cluster, and
+    torchrun's default is 0). The built-in trainer checkpoints before the kill so the
+    restarted workers resume rather than start over."""
+    restarts = spec.rendezvous.max_restarts
+    if restarts == 0:
+        raise UserError(
+            "--kill-at: rendezvous.maxRestarts is 0, so torchrun would not restart the "
+            "workers; set --max-restarts 1 or more"
+        )
+    if spec.command.builtin:
+        if spec.checkpoint is None:
+            spec = respec(spec, {"checkpoint": {"claimName": "smoke"}})
+        if not any(a.startswith("--checkpoint-every") for a in spec.command.args):
+            every = max(1, kill_at.step // 2) if kill_at.step is not None else 1
+            spec = with_args(spec, "--checkpoint-every", str(every))
+    return spec, restarts or 1
+
+
+def run_env(restarts: int | None = None, checkpoint_dir: str | None = None) -> dict[str, str]:
+    """Env for this run only: torchrun's rank-prefixed output (which the runner reads), a
+    chaos run's restarts, and where this run's checkpoint folder is."""
+    env = dict(RANK_OUTPUT_ENV)
+    if restarts is not None:
+        env["PET_MAX_RESTARTS"] = str(restarts)
+    if checkpoint_dir is not None:
+        env[CHECKPOINT_ENV] = checkpoint_dir
+    return env
+
+
+def local_nodes(
+    contract: LaunchContract,
+    trainer_path: str,
+    checkpoint_dir: str | None = None,
+    python: str = sys.executable,
+) -> list[LocalNode]:
+    hosts = {n.address: LOOPBACK for n in contract.nodes}
+    # This interpreter's torchrun, so the smoke run uses the torch it was installed with.
+    launcher = [python, "-m", "torch.distributed.run"]
+    argv = contract.container_command(trainer_path, checkpoint_dir, launcher)
+    out = []
+    for node in contract.nodes:
+        env = contract.node_env(node, hosts)
+        out.append(LocalNode(node.hostname, _rank(env), argv, env))
+    return out
+
+
+def plan(
+    spec: JobSpec,
+    port: int,
+    trainer_path: str,
+    checkpoint_dir: str | None = None,
+    max_restarts: int | None = None,
+) -> list[LocalNode]:
+    """Every node of ``spec`` as a local torchrun agent. ``max_restarts`` overrides the
+    contract's torchrun restarts for this run only (chaos runs need at least one)."""
+    env = run_env(max_restarts, checkpoint_dir)
+    contract = launch_contract(cpu_spec(spec), port, run_env=env)
+    return local_nodes(contract, trainer_path, checkpoint_dir)

@@ -1,0 +1,400 @@
+"""The smoke runner: one run loop for every smoke target (local processes, compose).
+
+The verdict is torchrun's: a run succeeds when every node's agent exits 0, whatever the
+command; it fails naming the root-cause rank with its own last lines. The job's optional
+event lines (see `ddpdeploy.smoke.events`) add progress, steps/s and the final weights'
+checksum; the `--kill-at` chaos run kills one worker and times the recovery.
+
+The runner shows nothing itself: it reports to a `View` the command passes in (progress,
+the job's own output lines, notes), and returns an `Outcome` the command prints.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, suppress
+from dataclasses import dataclass, field
+from math import inf
+from pathlib import Path
+from typing import Protocol
+
+from ddpdeploy.errors import OperationError, UserError
+from ddpdeploy.smoke.events import (
+    Event,
+    agent_lines,
+    code_text,
+    parse_event,
+    root_cause,
+    split_rank,
+    summary_failures,
+)
+from ddpdeploy.smoke.target import Line, Node, NoWorker, SmokeTarget
+
+SETTLE_S = 5.0  # after the first failure, how long the other nodes get to report theirs
+TAIL_LINES = 12
+TICK_S = 1.0  # how often the progress line's clock moves when the job prints no steps
+
+
+class RunView(Protocol):
+    """What one run shows while it runs."""
+
+    def update(
+        self, *, completed: int | None = None, total: int | None = None, info: str | None = None
+    ) -> None: ...
+
+    def output(self, text: str) -> None:
+        """One line the job printed (rank-prefixed when more than one rank is shown)."""
+
+    def note(self, text: str) -> None:
+        """The runner's own word: a start or checkpoint event, the chaos kill."""
+
+
+class View(Protocol):
+    def run(self, label: str, total: int | None) -> AbstractContextManager[RunView]: ...
+
+
+# ---- which ranks' output to show ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """The global ranks whose output is shown live: a set, or every rank (None)."""
+
+    only: frozenset[int] | None = frozenset({0})
+
+    @classmethod
+    def parse(cls, text: str) -> Ranks:
+        """``all`` or a comma-separated list of global ranks (``0,3``)."""
+        text = text.strip()
+        if text == "all":
+            return cls(None)
+        if not re.fullmatch(r"\d+(\s*,\s*\d+)*", text):
+            raise UserError(f"--ranks: {text!r} is not `all` or a list of ranks such as 0,3")
+        return cls(frozenset(int(r) for r in text.split(",")))
+
+    def shows(self, rank: int) -> bool:
+        return self.only is None or rank in self.only
+
+    def prefixed(self, world_size: int) -> bool:
+        """Prefix each line with its rank when more than one rank is shown."""
+        return world_size > 1 if self.only is None else len(self.only) > 1
+
+
+# ---- the --kill-at chaos step -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KillAt:
+    """When to kill: at a step event, after some seconds of the run, or after the first
+    checkpoint (a `checkpoint` event or a new file in the checkpoint folder)."""
+
+    step: int | None = None
+    seconds: float | None = None
+    checkpoint: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> KillAt:
+        text = text.strip()
+        if text == "checkpoint":
+            return cls(checkpoint=True)
+        if re.fullmatch(r"\d+", text) and int(text) >= 1:
+            return cls(step=int(text))
+        if (match := re.fullmatch(r"(\d+(?:\.\d+)?)s", text)) and float(match[1]) > 0:
+            return cls(seconds=float(match[1]))
+        raise UserError(f"--kill-at: {text!r} is not a step (8), a time (20s) or `checkpoint`")
+
+    def __str__(self) -> str:
+        if self.step is not None:
+            return f"step {self.step}"
+        if self.seconds is not None:
+            return f"{self.seconds:g} s"
+        return "the first checkpoint"
+
+
+@dataclass
+class Kill:
+    """What was killed when, and when training came back."""
+
+    at_: KillAt
+    node: str = ""
+    what: str = ""
+    at: float = 0.0
+    when: str = ""  # "step 8", "12 s", "checkpoint step 5"
+    restarted: bool = False
+    recovered_at: float | None = None
+    recovered_step: int | None = None
+
+
+@dataclass
+class Outcome:
+    """A run that succeeded: every agent exited 0."""
+
+    wall: float
+    exit_codes: dict[str, int | None]
+    done: dict[str, object] | None = None  # the `done` event, when the job printed one
+    last_step: int | None = None
+    train_time: float = 0.0  # from the first step event to the end
+    kill: Kill | None = None
+
+    @property
+    def steps(self) -> int | None:
+        step = (self.done or {}).get("step")
+        return step if isinstance(step, int) else self.last_step
+
+    @property
+    def weights_sha256(self) -> str | None:
+        value = (self.done or {}).get("weights_sha256")
+        return value if isinstance(value, str) else None
+
+    @property
+    def steps_per_s(self) -> float | None:
+        if self.steps is None or self.train_time <= 0:
+            return None
+        return self.steps / self.train_time
+
+
+@dataclass
+class _Run:
+    """One run of a target: consumes its lines, feeds the view, names failures."""
+
+    target: SmokeTarget
+    view: RunView
+    ranks: Ranks
+    world_size: int
+    kill: Kill | None = None
+    checkpoint_dir: Path | None = None
+    done: Event | None = None
+    last_step: int | None = None
+    first_step_at: float | None = None
+    started: float = field(default_factory=time.monotonic)
+    ticked: float = 0.0
+    rank_tails: dict[int, deque[str]] = field(default_factory=dict)
+    rank_seen: dict[int, float] = field(default_factory=dict)  # wall clock of a rank's last line
+    rank0_node: str | None = None
+    known_files: frozenset[str] = frozenset()
+
+    def loop(self, timeout: float) -> Outcome:
+        self.known_files = self._checkpoint_files()
+        for line in self.target.events():
+            if line is not None:
+                self.take(line)
+            self.tick()
+            failed = self.target.failed()
+            if failed is not None:
+                self.settle()
+                raise OperationError(self.failure(failed))
+            if self.target.finished():
+                for rest in self.target.drain():
+                    self.take(rest)
+                break
+            if time.monotonic() - self.started > timeout:
+                raise OperationError(f"--timeout: the job did not finish within {timeout:g}s")
+        end = time.monotonic()
+        if self.done is None and self.last_step is None:
+            self.view.update(info=f"finished, {end - self.started:.0f} s")
+        return Outcome(
+            wall=end - self.started,
+            exit_codes=self.target.exit_codes(),
+            done=self.done.fields if self.done else None,
+            last_step=self.last_step,
+            train_time=end - (self.first_step_at or self.started),
+            kill=self.kill,
+        )
+
+    def tick(self) -> None:
+        """Move the clock of a job that prints no steps; time and checkpoint kills."""
+        now = time.monotonic()
+        if now - self.ticked < TICK_S:
+            return
+        self.ticked = now
+        elapsed = now - self.started
+        if self.last_step is None and self.done is None:
+            self.view.update(info=f"running, {elapsed:.0f} s")
+        kill = self.kill
+        if kill is None or kill.at:
+            return
+        if kill.at_.seconds is not None and elapsed >= kill.at_.seconds:
+            with suppress(NoWorker):  # not started yet: the next tick tries again
+                self.strike(f"{elapsed:.0f} s")
+        elif kill.at_.checkpoint and self._checkpoint_files() - self.known_files:
+            self.strike("a new file in the checkpoint folder")
+
+    def _checkpoint_files(self) -> frozenset[str]:
+        if self.checkpoint_dir is None:
+            return frozenset()
+        try:
+            return frozenset(p.name for p in self.checkpoint_dir.iterdir())
+        except OSError:
+            return frozenset()
+
+    def take(self, line: Line) -> None:
+        rank, text = split_rank(line.text)
+        if rank is not None:
+            self.rank_tails.setdefault(rank, deque(maxlen=100)).append(text)
+            self.rank_seen[rank] = time.time()
+            if rank == 0:
+                self.rank0_node = line.node
+        event = parse_event(text) if line.stream == "stdout" and rank in (0, None) else None
+        if event is not None:
+            self.on_event(line.node, text, event)
+        elif rank is not None and self.ranks.shows(rank):
+            prefix = f"[rank{rank}] " if self.ranks.prefixed(self.world_size) else ""
+            self.view.output(prefix + text)
+
+    def on_event(self, node: str, text: str, event: Event) -> None:
+        step = event.step
+        if event.kind == "step" and step is not None:
+            self.first_step_at = self.first_step_at or time.monotonic()
+            self.last_step = step
+            loss = event.fields.get("loss")
+            info = f"loss {loss:.4f}" if isinstance(loss, int | float) else "running"
+            self.view.update(completed=step, info=info)
+            self.chaos_step(step)
+        elif event.kind == "done":
+            self.done = event
+            # The kill can land after the last step (rank 0's lines arrive in batches): the
+            # restarted workers resume at the end and only say "done". That is recovery too.
+            self.recovered(step)
+            self.view.update(completed=step, info="done")
+        elif event.kind in ("start", "checkpoint"):
+            total = event.fields.get("total_steps")
+            if isinstance(total, int) and total > 0:
+                self.view.update(total=total)
+            if event.kind == "start" and self.kill is not None and self.kill.at:
+                self.kill.restarted = True
+            self.view.note(f"{node}: {text}")
+            kill = self.kill
+            if event.kind == "checkpoint" and kill and kill.at_.checkpoint and not kill.at:
+                self.strike(f"checkpoint step {step}" if step is not None else "checkpoint")
+
+    def chaos_step(self, step: int) -> None:
+        kill = self.kill
+        if kill is None:
+            return
+        if not kill.at and kill.at_.step is not None and step >= kill.at_.step:
+            self.strike(f"step {step}")
+        else:
+            self.recovered(step)
+
+    def strike(self, when: str) -> None:
+        """Kill one worker of a node without rank 0 (when known); time the recovery."""
+        kill = self.kill
+        assert kill is not None
+        names = [n.name for n in self.target.nodes]
+        others = [n for n in names if n != self.rank0_node] or names
+        kill.node = others[-1]
+        kill.what = self.target.kill_worker(kill.node)
+        kill.at, kill.when = time.monotonic(), when
+        self.view.note(f"kill-at: SIGKILL {kill.what} of {kill.node}, {when}")
+
+    def recovered(self, step: int | None) -> None:
+        """The first step (or the end) the restarted workers report ends the recovery."""
+        kill = self.kill
+        if kill is not None and kill.restarted and kill.recovered_at is None:
+            kill.recovered_at, kill.recovered_step = time.monotonic(), step
+
+    def settle(self) -> None:
+        """Let the other nodes end and report too (bounded), reading their lines."""
+        deadline = time.monotonic() + SETTLE_S
+        for line in self.target.events(poll=0.1):
+            if line is not None:
+                self.take(line)
+            running = [c for c in self.target.exit_codes().values() if c is None]
+            if not running or time.monotonic() > deadline:
+                break
+        for rest in self.target.drain(timeout=0.5):
+            self.take(rest)
+
+    def failure(self, first: str) -> str:
+        """The root-cause worker: which node and rank, its exit code and its own last lines."""
+        nodes = {n.name: n for n in self.target.nodes}
+        failures = [f for n in nodes for f in summary_failures(n, self.target.tail(n))]
+        if failures:
+            times = {
+                (n, local): at for n in nodes for local, at in self.target.last_output_at(n).items()
+            }
+            if any((f.node, f.local_rank) not in times for f in failures):
+                # The target cannot tell (compose): when each rank's last line reached us.
+                times = {(f.node, f.local_rank): self.rank_seen.get(f.rank, inf) for f in failures}
+            cause = root_cause(failures, times)
+            lines = list(self.rank_tails.get(cause.rank, ()))
+            node, rank, code = nodes[cause.node], cause.rank, cause.code
+        else:  # the agent itself died (e.g. SIGKILL): no summary, no worker to name
+            node, rank, lines = nodes[first], None, []
+            code = self.target.exit_codes()[first] or 1
+        lines = lines or agent_lines(self.target.tail(node.name))
+        shown = "\n".join(f"  {t}" for t in lines[-TAIL_LINES:])
+        return f"{_where(node, rank)} exited with code {code_text(code)}; its last lines:\n{shown}"
+
+
+def _where(node: Node, rank: int | None) -> str:
+    parts = [] if node.rank is None else [f"node rank {node.rank}"]
+    if rank is not None:
+        parts.append(f"global rank {rank}")
+    return f"node {node.name}" + (f" ({', '.join(parts)})" if parts else "")
+
+
+# ---- the command's entry points ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    world_size: int
+    steps: int | None = None  # the built-in trainer's --steps, when given: the bar's length
+    timeout: float = 900
+    ranks: Ranks = field(default_factory=Ranks)
+    kill_at: KillAt | None = None
+    checkpoint_dir: Callable[[], Path | None] = lambda: None  # the run's folder, once started
+
+
+def run_once(
+    start: Callable[[], SmokeTarget],
+    view: View,
+    label: str,
+    options: RunOptions,
+    kill: bool = False,
+) -> Outcome:
+    """Start a target, follow it to the end, always tear it down."""
+    with view.run(label, options.steps) as shown, start() as target:
+        run = _Run(
+            target,
+            shown,
+            options.ranks,
+            options.world_size,
+            Kill(options.kill_at) if kill and options.kill_at else None,
+            options.checkpoint_dir(),
+        )
+        outcome = run.loop(options.timeout)
+    if outcome.kill is not None and not outcome.kill.at:
+        raise OperationError(
+            f"--kill-at: the job ended before {outcome.kill.at_}, so nothing was killed; "
+            "choose an earlier point"
+        )
+    return outcome
+
+
+def smoke(
+    start: Callable[[], SmokeTarget], view: View, options: RunOptions
+) -> Iterator[tuple[str, Outcome]]:
+    """The smoke run: ("run", outcome). With ``kill_at``: ("clean", outcome) of a clean run
+    first, then ("kill", outcome) of the same job with one worker SIGKILLed."""
+    kill_at = options.kill_at
+    last = options.steps
+    if last is not None and kill_at and kill_at.step is not None and kill_at.step >= last:
+        raise UserError(f"--kill-at: step {kill_at.step} is not before the last step ({last})")
+    if kill_at is None:
+        yield "run", run_once(start, view, "job", options)
+        return
+    yield "clean", run_once(start, view, "clean run", options)
+    yield "kill", run_once(start, view, f"kill at {kill_at}", options, kill=True)
+
+
+def same_weights(chaos: Outcome, clean: Outcome) -> bool | None:
+    """Whether a --kill-at run ended with the clean run's weights; None when the job prints
+    no `done` event with `weights_sha256` to compare."""
+    if chaos.weights_sha256 is None or clean.weights_sha256 is None:
+        return None
+    return chaos.weights_sha256 == clean.weights_sha256

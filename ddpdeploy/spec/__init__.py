@@ -1,0 +1,62 @@
+"""JobSpec: the one validated description of a training job that every command speaks.
+
+Loaded from ``ddpdeploy.yaml`` (camelCase keys, like Kubernetes) and overridden by CLI flags
+(options.py knows their spellings). Validation errors become one line naming the field (or
+the flag) and what is allowed. fields.py holds the field grammars, model.py the model, and
+load.py reading, merging and the error lines.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Model classes build their validators at definition; pydantic then scans every installed
+# distribution's entry points for plugins, a large share of `ddpdeploy render`'s start-up.
+# ddpdeploy uses none, so the scan is skipped while the modules below define them, and the
+# user's setting is restored afterwards (children such as torchrun inherit it unchanged).
+_USER_PLUGINS = os.environ.get("PYDANTIC_DISABLE_PLUGINS")
+os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
+try:
+    from ddpdeploy.rules import RESERVED_ENV
+    from ddpdeploy.spec.fields import (
+        HOME_DIR,
+        INT32_MAX,
+        TMP_DIR,
+        ImageRef,
+        is_reserved_env,
+        quantity,
+    )
+    from ddpdeploy.spec.load import DEFAULT_FILE, Override, load_spec, spec_with
+    from ddpdeploy.spec.model import (
+        IMAGE_UID,
+        NCCL_FIELDS,
+        SCHEMA_FILE,
+        Checkpoint,
+        JobSpec,
+        json_schema,
+    )
+finally:
+    if _USER_PLUGINS is None:
+        os.environ.pop("PYDANTIC_DISABLE_PLUGINS", None)
+    else:
+        os.environ["PYDANTIC_DISABLE_PLUGINS"] = _USER_PLUGINS
+
+__all__ = [
+    "DEFAULT_FILE",
+    "HOME_DIR",
+    "IMAGE_UID",
+    "INT32_MAX",
+    "NCCL_FIELDS",
+    "RESERVED_ENV",
+    "SCHEMA_FILE",
+    "TMP_DIR",
+    "Checkpoint",
+    "ImageRef",
+    "JobSpec",
+    "Override",
+    "is_reserved_env",
+    "json_schema",
+    "load_spec",
+    "quantity",
+    "spec_with",
+]

@@ -1,0 +1,327 @@
+"""The spec's field grammars: Kubernetes names, quantities, images, env, labels and paths.
+
+Each grammar is a validator plus the JSON Schema it shows editors, composed into the
+annotated types the model (model.py) declares its fields with. Messages are one line that
+names what is wrong and what is allowed. One quantity parser (``quantity``) serves the
+whole package.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Callable
+from decimal import Context, Decimal
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator, Field
+
+from ddpdeploy.rules import MAX_DNS_LABEL, RESERVED_ENV, RESERVED_ENV_PREFIXES
+
+MAX_DNS_SUBDOMAIN = 253
+INT32_MAX = 2**31 - 1  # replicas, counts and most seconds fields are int32 in the API
+INT64_MAX = 2**63 - 1  # activeDeadlineSeconds, terminationGracePeriodSeconds, tolerationSeconds
+# Kubernetes caps all annotations of an object at 256 KiB; ddpdeploy adds a few of its own.
+MAX_USER_ANNOTATIONS = 256 * 1024 - 1024
+MAX_IMAGE_NAME = 255  # the registry's limit on [domain/]path
+SHM_PATH = "/dev/shm"
+# Writable emptyDirs under a read-only root: temp files, and HOME for every cache below it.
+TMP_DIR = "/tmp"
+HOME_DIR = "/home/ddp"  # the image user's home in docker/Dockerfile
+WRITABLE_DIRS = (TMP_DIR, HOME_DIR)
+
+
+def is_reserved_env(name: str) -> bool:
+    """True for env names the launch contract owns (see RESERVED_ENV)."""
+    return name in RESERVED_ENV or name.startswith(RESERVED_ENV_PREFIXES)
+
+
+# Patterns as strings, matched whole (re.fullmatch: `$` would let a trailing newline through);
+# `re` compiles (and caches) only those a run uses, at first use.
+_DNS1035 = r"[a-z]([-a-z0-9]*[a-z0-9])?"
+_DNS1123 = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_SUBDOMAIN = rf"{_DNS1123}(\.{_DNS1123})*"
+# Kubernetes resource.Quantity, as the apiserver's own pattern accepts it.
+_NUMBER = r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+_QUANTITY = rf"[+]?(?P<number>{_NUMBER})(?P<suffix>([KMGTPE]i)|[numkMGTPE]|([eE][+-]?{_NUMBER}))?"
+# Image reference grammar of the distribution project: [domain[:port]/]path[:tag][@digest].
+_DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = rf"{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::[0-9]+)?"
+_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE = (
+    rf"(?P<name>(?:{_DOMAIN}/)?{_PATH_PART}(?:/{_PATH_PART})*)"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(?:@(?P<algorithm>[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*):(?P<hex>[^:@/]+))?"
+)
+_DIGEST_HEX = {"sha256": 64, "sha384": 96, "sha512": 128}
+_ENV_NAME = r"[-._a-zA-Z][-._a-zA-Z0-9]*"
+_LABEL_VALUE = r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?"
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+MODULE = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
+_QUANTITY_HINT = "use a number with an optional suffix, e.g. 500m, 4, 16Gi, 512Mi"
+
+
+def show(value: Any) -> str:
+    """repr for one-line messages, cut short: a value can be a megabyte long."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int with more digits than Python will print
+        return "a number too long to print"
+    return text if len(text) <= 80 else f"{text[:60]}…({len(text)} characters)"
+
+
+def _dns_name(pattern: str, limit: int, rule: str) -> Callable[[str], str]:
+    def check(value: str) -> str:
+        if len(value) > limit or not re.fullmatch(pattern, value):
+            raise ValueError(f"must be a {rule}, at most {limit} characters")
+        return value
+
+    return check
+
+
+_dns1035 = _dns_name(
+    _DNS1035,
+    MAX_DNS_LABEL,
+    "DNS-1035 label: lowercase letters, digits and '-', starting with a letter, ending with "
+    "a letter or digit",
+)
+_dns1123 = _dns_name(
+    _DNS1123,
+    MAX_DNS_LABEL,
+    "DNS-1123 label: lowercase letters, digits and '-', starting and ending with a letter or digit",
+)
+_subdomain = _dns_name(
+    _SUBDOMAIN,
+    MAX_DNS_SUBDOMAIN,
+    "DNS-1123 subdomain: lowercase letters, digits, '-' and '.', starting and ending with a "
+    "letter or digit",
+)
+
+# Quantity suffixes -> multipliers, exact (Decimal): `scale` and compose need whole bytes.
+_MULTIPLIERS = {
+    "": Decimal(1),
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "k": Decimal("1e3"),
+    "M": Decimal("1e6"),
+    "G": Decimal("1e9"),
+    "T": Decimal("1e12"),
+    "P": Decimal("1e15"),
+    "E": Decimal("1e18"),
+    **{s + "i": Decimal(1024) ** (i + 1) for i, s in enumerate("KMGTPE")},
+}
+# Exponents as long as the grammar allows: overflow is Infinity and underflow 0, no error.
+_EXACT = Context(prec=60, Emax=999_999_999, Emin=-999_999_999, traps=[])
+
+
+def quantity(value: Any) -> tuple[str, Decimal, str]:
+    """A Kubernetes quantity -> (its text, its amount in base units, its suffix); ValueError
+    when ``value`` is none. The one quantity parser of the package."""
+    text = str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+    match = re.fullmatch(_QUANTITY, text) if isinstance(text, str) else None
+    if not match:
+        raise ValueError(f"{show(value)} is not a Kubernetes quantity: {_QUANTITY_HINT}")
+    suffix = match["suffix"] or ""
+    if suffix[:1] in ("e", "E"):
+        amount = _EXACT.create_decimal(match["number"] + suffix)
+    else:
+        amount = _EXACT.multiply(Decimal(match["number"]), _MULTIPLIERS[suffix])
+    return text, amount, suffix
+
+
+def _positive(value: Any) -> tuple[str, Decimal, str]:
+    text, amount, suffix = quantity(value)
+    if amount <= 0:
+        raise ValueError(f"{show(text)} must be greater than zero")
+    return text, amount, suffix
+
+
+def _cpu(value: Any) -> str:
+    text, amount, _ = _positive(value)
+    if amount < Decimal("1e-3"):
+        raise ValueError(f"{show(text)} is below the smallest CPU unit, 1m")
+    return text
+
+
+def _bytes(value: Any) -> str:
+    text, amount, suffix = _positive(value)
+    if suffix in ("", "n", "u", "m"):
+        # `memory: 16` is 16 bytes and `16m` is 0.016 bytes: a unit was surely forgotten.
+        number = text.rstrip("num") if len(text) < 20 else "16"
+        raise ValueError(f"{show(text)} is {float(amount):g} bytes; give a unit, e.g. {number}Gi")
+    return text
+
+
+def _image(value: str) -> str:
+    match = re.fullmatch(_IMAGE, value)
+    if not match:
+        raise ValueError(
+            f"{show(value)} is not an image reference: use "
+            "[registry[:port]/]repo[:tag][@sha256:…] with a lowercase repository, "
+            "e.g. ghcr.io/team/train:v1"
+        )
+    if len(match["name"]) > MAX_IMAGE_NAME:
+        raise ValueError(
+            f"image name {match['name'][:40]!r}… is longer than {MAX_IMAGE_NAME} characters"
+        )
+    if match["algorithm"]:
+        size = _DIGEST_HEX.get(match["algorithm"])
+        if size is None or not re.fullmatch(rf"[a-f0-9]{{{size}}}", match["hex"]):
+            raise ValueError(
+                f"digest {match['algorithm']}:{match['hex'][:16]}… is invalid: use sha256 with "
+                "64 lowercase hex digits (or sha384: 96, sha512: 128)"
+            )
+    return value
+
+
+def _scalar_to_str(value: Any) -> Any:
+    # Files keep scalars as typed (load.py); this is for documents built in Python.
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    return value
+
+
+def no_expansion(value: str) -> str:
+    # The kubelet expands $(VAR) and turns $$ into $ in args and env; local runs do not.
+    if "$(" in value or "$$" in value:
+        raise ValueError(
+            f"{show(value)} contains '$(' or '$$', which Kubernetes expands but local runs do "
+            "not; ddpdeploy passes text unchanged everywhere, so write it without them"
+        )
+    if "\0" in value:
+        raise ValueError(f"{show(value)} contains a NUL character")
+    return value
+
+
+def check_env(env: dict[str, str]) -> dict[str, str]:
+    for key in env:
+        if not re.fullmatch(_ENV_NAME, key):
+            raise ValueError(
+                f"env name {show(key)} is invalid: use letters, digits, '_', '-', '.', "
+                "not starting with a digit"
+            )
+        if is_reserved_env(key):
+            raise ValueError(
+                f"{key} is set by ddpdeploy's launch contract (torchrun/operator topology); "
+                "use the matching field or flag (--nodes, --procs, --elastic, …) instead"
+            )
+    return env
+
+
+def qualified_name(key: str, what: str, example: str) -> None:
+    prefix, _, name = key.rpartition("/")
+    valid = re.fullmatch(_LABEL_NAME, name) and len(name) <= MAX_DNS_LABEL
+    if "/" in key:
+        valid = valid and len(prefix) <= MAX_DNS_SUBDOMAIN and re.fullmatch(_SUBDOMAIN, prefix)
+    if not valid:
+        raise ValueError(
+            f"{what} {show(key)} is not a qualified name: [DNS subdomain of at most "
+            f"{MAX_DNS_SUBDOMAIN} characters/]name of at most {MAX_DNS_LABEL} letters, digits, "
+            f"'-', '_', '.' (e.g. {example})"
+        )
+
+
+def label_value(value: str, what: str) -> None:
+    if len(value) > MAX_DNS_LABEL or not re.fullmatch(_LABEL_VALUE, value):
+        raise ValueError(
+            f"{what} {show(value)} is invalid: at most 63 letters, digits, '-', '_', '.', "
+            "starting and ending with a letter or digit"
+        )
+
+
+def _labels(labels: dict[str, str]) -> dict[str, str]:
+    for key, value in labels.items():
+        qualified_name(key, "label key", "team or example.com/team")
+        label_value(value, "label value")
+    return labels
+
+
+def _annotations(annotations: dict[str, str]) -> dict[str, str]:
+    for key in annotations:
+        qualified_name(key, "annotation key", "example.com/note")
+    total = sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items())
+    if total > MAX_USER_ANNOTATIONS:
+        raise ValueError(
+            f"annotations total {total} bytes; Kubernetes allows 256 KiB per object and "
+            f"ddpdeploy adds its own: keep them within {MAX_USER_ANNOTATIONS} bytes"
+        )
+    return annotations
+
+
+def mount_path(value: str) -> str:
+    parts = value.split("/")
+    if not value.startswith("/") or ".." in parts or any(ord(c) < 32 for c in value):
+        raise ValueError(f"mountPath must be an absolute path without '..' (got {show(value)})")
+    if posixpath.normpath(value) == "/":
+        raise ValueError("mountPath '/' would hide the image's whole file system")
+    return value
+
+
+def _scalar_schema(schema: dict[str, Any]) -> None:
+    # In YAML, `OMP_NUM_THREADS: 4` is a number; ddpdeploy reads it as the text "4".
+    schema.pop("type", None)
+    schema["type"] = ["string", "number", "boolean"]
+
+
+def _quantity_schema(schema: dict[str, Any]) -> None:
+    schema.pop("type", None)
+    schema["anyOf"] = [{"type": "string", "pattern": _ecma(_QUANTITY)}, {"type": "number"}]
+
+
+def _ecma(pattern: str) -> str:
+    # JSON Schema regexes are ECMA-262: anchored by hand, and no named groups.
+    return "^(?:" + re.sub(r"\?P<\w+>", "", pattern) + ")$"
+
+
+def json_pattern(pattern: str) -> Callable[[dict[str, Any]], None]:
+    def update(schema: dict[str, Any]) -> None:
+        schema["pattern"] = _ecma(pattern)
+
+    return update
+
+
+def _int(low: int, high: int) -> Any:
+    # strict: `nodes: true` or `nodes: 2.0` is refused instead of read as 1 or 2.
+    return Annotated[int, Field(strict=True, ge=low, le=high)]
+
+
+DnsName = Annotated[str, AfterValidator(_dns1035), Field(json_schema_extra=json_pattern(_DNS1035))]
+Namespace = Annotated[
+    str, AfterValidator(_dns1123), Field(json_schema_extra=json_pattern(_DNS1123))
+]
+Subdomain = Annotated[
+    str, AfterValidator(_subdomain), Field(json_schema_extra=json_pattern(_SUBDOMAIN))
+]
+CpuQuantity = Annotated[str, BeforeValidator(_cpu), Field(json_schema_extra=_quantity_schema)]
+ByteQuantity = Annotated[str, BeforeValidator(_bytes), Field(json_schema_extra=_quantity_schema)]
+ImageRef = Annotated[str, AfterValidator(_image), Field(json_schema_extra=json_pattern(_IMAGE))]
+Str = Annotated[str, BeforeValidator(_scalar_to_str), Field(json_schema_extra=_scalar_schema)]
+ArgStr = Annotated[Str, AfterValidator(no_expansion)]
+EnvMap = Annotated[dict[str, ArgStr], AfterValidator(check_env)]
+LabelMap = Annotated[dict[str, Str], AfterValidator(_labels)]
+AnnotationMap = Annotated[dict[str, Str], AfterValidator(_annotations)]
+Int32 = _int(0, INT32_MAX)
+Count = _int(1, INT32_MAX)
+
+
+def secret_key(value: str) -> str:
+    if len(value) > MAX_DNS_SUBDOMAIN or not re.fullmatch(r"[-._a-zA-Z0-9]+", value):
+        raise ValueError(
+            f"secret key {show(value)} is invalid: letters, digits, '-', '_', '.', at most "
+            f"{MAX_DNS_SUBDOMAIN} characters"
+        )
+    return value
+
+
+def extended_resource(value: str) -> str:
+    qualified_name(value, "resource", "rdma/hca_shared_devices_a")
+    domain = value.partition("/")[0]
+    if "/" not in value or domain == "kubernetes.io" or domain.endswith(".kubernetes.io"):
+        raise ValueError(
+            f"resource {show(value)} must be a device plugin's domain-qualified name, e.g. "
+            "rdma/hca_shared_devices_a or nvidia.com/hostdev"
+        )
+    return value

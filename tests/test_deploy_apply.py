@@ -1,0 +1,173 @@
+"""The apply path of `up` against an in-memory stand-in for the Kube adapter: create-only,
+take-back that reports the first error, ownership refusals, and a replace that an
+interrupt cannot stop half-way."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from fakekube import FakeKube
+
+from ddpdeploy import deploy
+from ddpdeploy.clusterplan import with_saved_spec
+from ddpdeploy.errors import OperationError
+from ddpdeploy.kubeopts import catch_signals
+from ddpdeploy.spec import JobSpec
+from ddpdeploy.targets import render_objects
+
+
+def objects(name: str = "j", image: str = "r.invalid/t:1"):
+    doc = {"image": image, "name": name, "namespace": "ns", "checkpoint": {"size": "1Gi"}}
+    spec = JobSpec.model_validate(doc)
+    return spec, with_saved_spec(render_objects(spec), spec)
+
+
+@pytest.fixture
+def kube() -> FakeKube:
+    fake = FakeKube()
+    fake.add({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ns"}})
+    return fake
+
+
+def up(kube: FakeKube, replace: bool = False, image: str = "r.invalid/t:1") -> list[str]:
+    said: list[str] = []
+    spec, objs = objects(image=image)
+    plan = deploy.preflight(kube, spec, objs, create_namespace=False)
+    deploy.apply(kube, plan, replace, said.append)
+    return said
+
+
+def ours(kube: FakeKube) -> list[tuple[str, str]]:
+    return [k for k in kube.kinds() if k[0] != "Namespace"]
+
+
+ALL = [("NetworkPolicy", "j"), ("PersistentVolumeClaim", "j-checkpoints"), ("PyTorchJob", "j")]
+
+
+def test_a_new_job_is_created_create_only(kube):
+    said = up(kube)
+    assert ours(kube) == ALL
+    assert said == [
+        "created PersistentVolumeClaim ns/j-checkpoints",
+        "created NetworkPolicy ns/j",
+        "created PyTorchJob ns/j",
+    ]
+    assert [c for c in kube.calls if c[0] == "create"] == [
+        ("create", "PersistentVolumeClaim", "j-checkpoints"),
+        ("create", "NetworkPolicy", "j"),
+        ("create", "PyTorchJob", "j"),
+    ]
+
+
+def test_the_apis_conflict_decides_a_race_and_the_loser_takes_nothing_back(kube):
+    spec, objs = objects()
+    plan = deploy.preflight(kube, spec, objs, create_namespace=False)
+    up(kube, image="r.invalid/winner:1")  # another `up` gets there between read and create
+    with pytest.raises(OperationError, match="just created by someone else") as err:
+        deploy.apply(kube, plan, False, lambda _: None)
+    assert "took back" not in str(err.value)
+    assert ours(kube) == ALL
+    job = kube.get("kubeflow.org/v1", "PyTorchJob", "j", "ns")
+    assert "winner" in job["metadata"]["annotations"]["ddpdeploy.dev/spec"]
+
+
+def test_take_back_reports_the_first_error_then_what_it_removed(kube):
+    def refuse() -> None:
+        raise OperationError("creating PyTorchJob j: the API server refused it: nope")
+
+    def also_fail() -> None:
+        raise OperationError("deleting NetworkPolicy j: Read timed out")
+
+    kube.hooks[("create", "PyTorchJob")] = refuse
+    kube.hooks[("delete", "NetworkPolicy")] = also_fail
+    with pytest.raises(OperationError) as err:
+        up(kube)
+    text = str(err.value)
+    assert text.startswith("creating PyTorchJob j: the API server refused it: nope; took back")
+    assert "deleted PersistentVolumeClaim ns/j-checkpoints" in text
+    assert "could NOT delete NetworkPolicy ns/j (deleting NetworkPolicy j: Read timed out)" in text
+    assert ours(kube) == [("NetworkPolicy", "j")]
+
+
+def test_a_failed_say_takes_everything_back(kube):
+    def full(text: str) -> None:
+        raise OSError(28, "No space left on device")
+
+    spec, objs = objects()
+    plan = deploy.preflight(kube, spec, objs, create_namespace=False)
+    with pytest.raises(OSError):
+        deploy.apply(kube, plan, False, full)
+    assert ours(kube) == []
+
+
+def test_foreign_objects_are_refused_before_any_change(kube):
+    spec, objs = objects()
+    theirs = {**objs[1], "metadata": {**objs[1]["metadata"], "labels": {"owner": "me"}}}
+    kube.add(theirs)  # a NetworkPolicy j of someone else's
+    with pytest.raises(OperationError, match="NetworkPolicy ns/j exists and is not ours"):
+        deploy.preflight(kube, spec, objs, create_namespace=False)
+    assert [c for c in kube.calls if c[0] in ("create", "apply", "delete")] == []
+
+
+@pytest.fixture
+def signals():
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    catch_signals()
+    yield
+    for sig, handler in old.items():
+        signal.signal(sig, handler)
+
+
+def test_an_interrupt_during_a_replace_still_creates_the_new_job(kube, signals):
+    up(kube)
+    old = kube.get("kubeflow.org/v1", "PyTorchJob", "j", "ns")["metadata"]["uid"]
+    kube.hooks[("delete", "PyTorchJob")] = lambda: os.kill(os.getpid(), signal.SIGINT)
+    with pytest.raises(OperationError) as err:
+        up(kube, replace=True)
+    assert err.value.exit_code == 130
+    assert (
+        str(err.value)
+        == "interrupted (SIGINT): PyTorchJob ns/j was replaced (the change is complete)"
+    )
+    assert kube.get("kubeflow.org/v1", "PyTorchJob", "j", "ns")["metadata"]["uid"] != old
+
+
+def test_an_interrupt_before_the_job_takes_back_what_was_created(kube, signals):
+    kube.hooks[("create", "PyTorchJob")] = lambda: os.kill(os.getpid(), signal.SIGTERM)
+    with pytest.raises(OperationError) as err:
+        up(kube)
+    assert err.value.exit_code == 143
+    assert str(err.value).startswith("interrupted (SIGTERM): PyTorchJob ns/j was not created; ")
+    assert "deleted NetworkPolicy ns/j, PersistentVolumeClaim ns/j-checkpoints" in str(err.value)
+    assert ours(kube) == []
+
+
+def test_a_pvc_deleted_while_up_runs_takes_the_job_back(kube):
+    # `down --purge` at the same moment: the claim goes Terminating after our create.
+    def purge() -> None:
+        pvc = kube.objects[("PersistentVolumeClaim", "ns", "j-checkpoints")]
+        pvc["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+
+    kube.hooks[("create", "PyTorchJob")] = purge
+    with pytest.raises(OperationError) as err:
+        up(kube)
+    text = str(err.value)
+    assert text.startswith("PersistentVolumeClaim ns/j-checkpoints was deleted while `up` ran")
+    assert "deleted PyTorchJob ns/j" in text
+    assert ("PyTorchJob", "j") not in ours(kube)
+
+
+def test_the_winner_of_a_race_sets_what_the_loser_created_beside_the_job(kube):
+    spec, objs = objects(image="r.invalid/winner:1")
+    plan = deploy.preflight(kube, spec, objs, create_namespace=False)
+    _, loser_objs = objects(image="r.invalid/loser:1")
+    # The loser creates the PVC and NetworkPolicy first, then loses the job to us.
+    for obj in loser_objs[:-1]:
+        kube.add(obj)
+    said: list[str] = []
+    deploy.apply(kube, plan, False, said.append)
+    assert said[0] == "created PyTorchJob ns/j"
+    pvc = kube.get("v1", "PersistentVolumeClaim", "j-checkpoints", "ns")
+    assert "winner" in pvc["metadata"]["annotations"]["ddpdeploy.dev/spec"]

@@ -1,0 +1,223 @@
+"""A user's own torchrun script through `smoke --local`: the verdict is torchrun's (every
+agent exits 0), the script's own output is shown live with rank prefixes, failures name the
+root-cause rank, and the refusals are one line each. The scripts live in tests/scripts."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_smoke_local import leftovers, marker, smoke, start_smoke, workers
+
+pytest.importorskip("torch")
+
+__all__ = ["marker"]  # the fixture, re-used from test_smoke_local
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def workspace(tmp_path: Path, spec: str) -> Path:
+    """A workspace with the test scripts and a job spec."""
+    shutil.copytree(SCRIPTS, tmp_path / "ws")
+    (tmp_path / "ws" / "ddpdeploy.yaml").write_text(spec)
+    return tmp_path / "ws"
+
+
+@pytest.mark.slow
+def test_argparse_script_with_positional_args_succeeds_and_shows_rank0(tmp_path, marker):
+    ws = workspace(tmp_path, "nodes: 2\nprocs: 2\ncommand: {script: positional.py}\n")
+    res = smoke(ws, marker, "--", "2", "hello")
+    assert res.returncode == 0, res.stderr
+    # Rank 0's own lines, unprefixed (one rank shown); no other rank's.
+    assert re.search(r"^hello epoch 1 sum 10 from rank 0$", res.stderr, re.M), res.stderr
+    assert "from rank 1" not in res.stderr and "from rank 3" not in res.stderr
+    assert "trainer" not in res.stderr
+    assert re.search(r"^wall time +\d+\.\d s$", res.stdout, re.M)
+    codes = re.findall(r"^exit code +(\d+)  (\S+)$", res.stdout, re.M)
+    assert codes == [("0", "ddp-train-master-0"), ("0", "ddp-train-worker-0")], res.stdout
+    assert "weights_sha256" not in res.stdout and "steps" not in res.stdout
+    assert leftovers(marker) == []
+
+
+@pytest.mark.slow
+def test_every_ranks_output_is_prefixed_with_its_rank(tmp_path, marker):
+    ws = workspace(tmp_path, "nodes: 2\nprocs: 2\ncommand: {script: positional.py}\n")
+    res = smoke(ws, marker, "--ranks", "all", "--", "1", "hi")
+    assert res.returncode == 0, res.stderr
+    for rank in range(4):
+        line = rf"^\[rank{rank}\] hi epoch 0 sum 10 from rank {rank}$"
+        assert re.search(line, res.stderr, re.M), res.stderr
+    picked = smoke(ws, marker, "--ranks", "1,3", "--", "1", "hi")
+    assert picked.returncode == 0, picked.stderr
+    assert re.search(r"^\[rank3\] hi epoch 0 sum 10 from rank 3$", picked.stderr, re.M)
+    assert "from rank 0" not in picked.stderr and "from rank 2" not in picked.stderr
+
+
+@pytest.mark.slow
+def test_module_entry_runs_with_dash_m(tmp_path, marker):
+    ws = workspace(tmp_path, "nodes: 2\ncommand: {module: pkg.train}\n")
+    res = smoke(ws, marker, "--ranks", "all")
+    assert res.returncode == 0, res.stderr
+    assert re.search(r"^\[rank1\] module entry on rank 1 of 2$", res.stderr, re.M), res.stderr
+
+
+@pytest.mark.slow
+def test_plain_text_script_is_green_and_shown(tmp_path, marker):
+    ws = workspace(tmp_path, "nodes: 1\nprocs: 2\ncommand: {script: plain.py}\n")
+    res = smoke(ws, marker)
+    assert res.returncode == 0, res.stderr
+    assert re.search(r"^epoch 2 loss \d+\.\d{4}$", res.stderr, re.M), res.stderr
+    assert re.search(r"^snapshot saved$", res.stderr, re.M)
+    assert "exit code       0  ddp-train-master-0" in res.stdout
+
+
+@pytest.mark.slow
+def test_stderr_only_script_is_not_swallowed(tmp_path, marker):
+    ws = workspace(tmp_path, "nodes: 2\ncommand: {script: stderr_only.py}\n")
+    res = smoke(ws, marker, "--ranks", "all")
+    assert res.returncode == 0, res.stderr
+    assert re.search(r"^\[rank0\] stderr line from rank 0$", res.stderr, re.M), res.stderr
+    assert re.search(r"^\[rank1\] stderr line from rank 1$", res.stderr, re.M)
+
+
+@pytest.mark.slow
+def test_exit_3_on_rank_2_is_named_as_the_root_cause(tmp_path, marker):
+    ws = workspace(tmp_path, "nodes: 2\nprocs: 2\ncommand: {script: exit3_on_rank2.py}\n")
+    res = smoke(ws, marker)
+    assert res.returncode == 1, res.stderr
+    error = res.stderr[res.stderr.index("error: ") :]
+    assert error.startswith(
+        "error: node ddp-train-worker-0 (node rank 1, global rank 2) exited with code 3;"
+    ), error
+    assert "rank two: giving up with code 3" in error
+    assert leftovers(marker) == []
+
+
+def test_steps_with_a_script_is_refused_pointing_to_dash_dash(tmp_path, marker):
+    ws = workspace(tmp_path, "command: {script: plain.py}\n")
+    res = smoke(ws, marker, "--steps", "5")
+    assert res.returncode == 2
+    assert res.stderr.count("\n") == 1, res.stderr
+    assert res.stderr.startswith("error: --steps: ") and "after `--`" in res.stderr
+
+
+def test_missing_script_is_refused_before_anything_starts(tmp_path, marker):
+    (tmp_path / "ddpdeploy.yaml").write_text("command: {script: nope/train.py}\n")
+    res = smoke(tmp_path, marker)
+    assert res.returncode == 2
+    assert res.stderr.count("\n") == 1, res.stderr
+    assert res.stderr.startswith("error: command.script: nope/train.py is not a file")
+    assert leftovers(marker) == []
+
+
+def test_bad_ranks_and_kill_at_are_one_line(tmp_path, marker):
+    for flag, value in (("--ranks", "zero"), ("--kill-at", "soon")):
+        res = smoke(tmp_path, marker, flag, value)
+        assert res.returncode == 2, res.stderr
+        assert res.stderr.startswith(f"error: {flag}: ") and res.stderr.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_sigterm_cleans_up_like_ctrl_c(tmp_path, marker):
+    proc = start_smoke(tmp_path, marker, "--nodes", "2", "--steps", "100000")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(workers(marker)) < 2:
+        time.sleep(0.5)
+    assert len(workers(marker)) == 2, "the workers never started"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert err.rstrip().splitlines()[-1].startswith("error: terminated (SIGTERM)"), err
+    assert [ln for ln in err.splitlines() if ln.startswith("error")] == [err.splitlines()[-1]]
+    assert leftovers(marker) == []
+
+
+@pytest.mark.slow
+def test_sigterm_through_timeout_command(tmp_path, marker):
+    if shutil.which("timeout") is None:
+        pytest.skip("no timeout(1) here")
+    res = subprocess.run(
+        ["timeout", "12", sys.executable, "-m", "ddpdeploy", "smoke", "--local", "--nodes",
+         "2", "--steps", "100000"],
+        cwd=tmp_path, env={**__import__("os").environ, "DDPDEPLOY_TEST_MARKER": marker},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 124  # timeout's own code once its child ended on SIGTERM
+    assert res.stderr.rstrip().splitlines()[-1].startswith("error: terminated (SIGTERM)")
+    assert leftovers(marker) == []
+
+
+@pytest.mark.slow
+def test_second_run_starts_from_an_empty_checkpoint_folder(tmp_path, marker):
+    (tmp_path / "ddpdeploy.yaml").write_text("nodes: 1\ncheckpoint: {claimName: local}\n")
+    args = ("--steps", "4", "--", "--checkpoint-every", "2")
+    first = smoke(tmp_path, marker, *args)
+    assert first.returncode == 0, first.stderr
+    second = smoke(tmp_path, marker, *args)
+    assert second.returncode == 0, second.stderr
+    assert '"resumed": false' in second.stderr, second.stderr
+    assert "emptied" in second.stderr
+    # --resume keeps the folder: the trainer finds its checkpoint.
+    third = smoke(tmp_path, marker, "--resume", *args)
+    assert third.returncode == 0, third.stderr
+    assert '"resumed": true' in third.stderr, third.stderr
+
+
+@pytest.mark.slow
+def test_kill_at_checkpoint_for_a_script_without_events(tmp_path, marker):
+    # The kill follows the first new file in the run's checkpoint folder (the script's own
+    # snapshot, found through DDPDEPLOY_CHECKPOINT_DIR); the restarted workers resume from it.
+    # Elastic (c10d): the contract's env makes torchrun restarts of a plain
+    # init_process_group safe there; under static rendezvous torch 2.13's shared agent
+    # store can hand restarted workers stale peer addresses (train/README.md).
+    spec = (
+        "nodes: 2\ncheckpoint: {claimName: local}\ncommand: {script: snapshot.py}\n"
+        "rendezvous: {mode: elastic, minNodes: 2, maxNodes: 2, maxRestarts: 1}\n"
+    )
+    ws = workspace(tmp_path, spec)
+    res = smoke(ws, marker, "--kill-at", "checkpoint")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert re.search(
+        r"^killed +local rank 0 \(pid \d+\) of ddp-train-worker-\d at the first checkpoint$",
+        res.stdout,
+        re.M,
+    ), res.stdout
+    assert "clean run       not compared" in res.stdout
+    assert re.search(r"^resumed at iteration [1-9]\d*$", res.stderr, re.M), res.stderr[-3000:]
+    assert res.stderr.count("iteration 15\n") == 2  # the clean run and the killed one
+    assert (ws / ".ddpdeploy" / "checkpoints" / "ddp-train" / "snapshot.pt").is_file()
+    assert leftovers(marker) == []
+
+
+@pytest.mark.slow
+def test_kill_at_a_time_for_a_script_without_events(tmp_path, marker):
+    spec = (
+        "nodes: 2\ncheckpoint: {claimName: local}\ncommand: {script: snapshot.py}\n"
+        "rendezvous: {mode: elastic, minNodes: 2, maxNodes: 2, maxRestarts: 1}\n"
+    )
+    ws = workspace(tmp_path, spec)
+    res = smoke(ws, marker, "--kill-at", "6s")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert re.search(r"^killed +local rank 0 \(pid \d+\) of \S+ at 6 s$", res.stdout, re.M)
+    assert re.search(r"^kill-at: SIGKILL .*, \d+ s$", res.stderr, re.M), res.stderr[-3000:]
+    assert res.stderr.count("iteration 15\n") == 2
+    assert leftovers(marker) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--docker", "--resume"], "error: --resume: only with --local"),
+        (["--resume", "--kill-at", "3"], "error: --resume: not with --kill-at"),
+    ],
+)
+def test_resume_refusals_are_one_line(tmp_path, marker, args, message):
+    res = smoke(tmp_path, marker, *args)
+    assert res.returncode == 2 and res.stderr.startswith(message), res.stderr
+    assert res.stderr.count("\n") == 1
