@@ -318,6 +318,9 @@ def _report(outcomes: dict[str, Outcome]) -> None:
         typer.echo(f"steps/s         {outcome.steps_per_s:.1f}")
     if outcome.weights_sha256 is not None:
         typer.echo(f"weights_sha256  {outcome.weights_sha256}")
+    for kind, label in (("probe", "probe"), ("ranks", "rank times")):  # ddpkit's, if any
+        if kind in outcome.diagnostics:
+            typer.echo(f"{label:<16}{outcome.diagnostics[kind]}")
     for node, code in outcome.exit_codes.items():
         typer.echo(f"exit code       {code}  {node}")
     kill, clean = outcome.kill, outcomes.get("clean")
