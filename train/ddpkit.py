@@ -22,7 +22,7 @@ sets in every process whenever the job has a checkpoint volume. Per checkpoint a
 
   ckpt-step-00000000N.pt    torch.save(state)
   ckpt-step-00000000N.json  sidecar: step, world_size, host, rank, restart_count, time,
-                            sha256 and file name of the .pt
+                            run (run_record(): what ran), sha256 and file name of the .pt
 
 The sidecar is written only once the payload is durable, so it is the commit point: a
 payload without a sidecar, or whose sha256 differs from it, is never loaded. This is the
@@ -38,6 +38,12 @@ Protocol lines: ``log(event, **fields)`` prints one JSON object on stdout from g
 rank 0 only. ddpdeploy reads the events ``start``, ``step`` (``step``, ``loss``,
 ``samples_per_s``), ``checkpoint`` (``step``, ``path``, ``host``, ``rank``; ``save`` prints
 it) and ``done`` (``step``, ``weights_sha256``: see ``weights_sha256()``); all are optional.
+
+Diagnostics (docs/events.md): ``init_process_group`` runs ``probe()``, a short all-reduce
+sweep whose ``probe`` event gives the bus bandwidth, the slowest rank's host and the
+transport; ``with timed("data"):`` / ``timed("forward")`` and ``step_done(step)`` feed the
+``ranks`` event (stragglers) and arm the hang watchdog (``hang`` event, every rank's stacks,
+exit 124); ``end_steps()`` after the last step.
 """
 
 from __future__ import annotations
@@ -493,9 +499,24 @@ EXIT_PROBE_FAILED = 3  # the probe's floor was not met; nothing trained
 EXIT_HANG = 124  # the hang watchdog ended the run (as timeout(1) does)
 
 
+_round_id: list[int] = []
+
+
+def _join_round() -> None:
+    """Agree on this group's diagnostics namespace in the store: rank 0 draws it, one
+    broadcast gives it to all. Every rank calls this at the same point (the probe, or the
+    first step_done). Not the restart count: under c10d it differs between nodes, and a
+    store that outlives a restart must not show a new round the old round's keys."""
+    if _round_id or not _distributed():
+        return
+    token = torch.tensor([int.from_bytes(os.urandom(7), "big")], dtype=torch.int64)
+    token = token.to(_collective_device())
+    dist.broadcast(token, src=0)
+    _round_id.append(int(token.item()))
+
+
 def _diag_key(name: str) -> str:
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return f"ddpkit/diag/{restart}/{name}"
+    return f"ddpkit/diag/{_round_id[0] if _round_id else 0:x}/{name}"
 
 
 def _store() -> Any:
@@ -619,6 +640,7 @@ def _probe(
         return None
     if min_busbw is None and os.environ.get(MIN_BUSBW_ENV):
         min_busbw = float(os.environ[MIN_BUSBW_ENV])
+    _join_round()
     _publish_host()
     device, n, t_start = _collective_device(), world_size(), time.perf_counter()
     sizes, per_rank = [], torch.zeros(n, dtype=torch.float64)
@@ -792,6 +814,7 @@ def step_done(step: int) -> None:
         t.window[k] = t.window.get(k, 0.0) + v
     t.step_phase.clear()
     t.window_steps += 1
+    _join_round()  # once, on every rank at its first step (a no-op after the probe)
     _Watchdog.arm()
     if t.every > 0 and t.window_steps >= t.every:
         report_ranks()
