@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import json
 import os
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -258,8 +259,11 @@ def _try_checkpoint(
         return f"sidecar says step {meta.step}, its name step {step}"
     if meta.file is not None and meta.file != payload:
         return f"sidecar names payload '{shown(meta.file)}', not {payload}"
+    record = run_record(meta, payload)
     out.check_free(payload, meta.sha256)
     out.check_free(sidecar_name(step), hashlib.sha256(raw).hexdigest())
+    if record is not None:
+        out.check_free(RUN_RECORD, hashlib.sha256(record).hexdigest())
     try:
         out.write(payload, _verified_copy(source, payload, meta.sha256, progress))
     except Unreadable as exc:
@@ -267,7 +271,23 @@ def _try_checkpoint(
     except _Mismatch as exc:
         return f"payload {payload} {exc} (corrupt or still being written)"
     out.write(sidecar_name(step), raw)
+    if record is not None:
+        out.write(RUN_RECORD, record)
     return None
+
+
+RUN_RECORD = "RUN.json"
+
+
+def run_record(meta: Sidecar, payload: str) -> bytes | None:
+    """RUN.json for a collected checkpoint: the sidecar's ``run`` object (what ran: spec
+    sha256, image and digest, commit, versions, world size, seed, command line; see
+    docs/events.md) with the checkpoint it belongs to; None for a sidecar without one."""
+    run = (meta.model_extra or {}).get("run")
+    if not isinstance(run, dict):
+        return None
+    record = {**run, "checkpoint": payload, "step": meta.step, "checkpoint_sha256": meta.sha256}
+    return (json.dumps(record, indent=2, sort_keys=True) + "\n").encode()
 
 
 def _collect_plain(

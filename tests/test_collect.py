@@ -28,9 +28,23 @@ def _check(dest, step):
     meta = json.loads((dest / f"ckpt-step-{step:09d}.json").read_text())
     payload = (dest / meta["file"]).read_bytes()
     assert hashlib.sha256(payload).hexdigest() == meta["sha256"]
+    record = ["RUN.json"] if "run" in meta else []  # a sidecar without a record: none
     assert sorted(p.name for p in dest.iterdir()) == sorted(
-        [f"ckpt-step-{step:09d}.json", meta["file"]]
+        [f"ckpt-step-{step:09d}.json", meta["file"], *record]
     )  # nothing else: no temp files, no half checkpoint
+    if record:
+        _check_record(dest, meta, step)
+
+
+def _check_record(dest, meta, step):
+    """RUN.json: the sidecar's record of what ran, beside the checkpoint it belongs to."""
+    run = json.loads((dest / "RUN.json").read_text())
+    assert run["checkpoint"] == meta["file"] and run["step"] == step
+    assert run["checkpoint_sha256"] == meta["sha256"] and run == {
+        **meta["run"], "checkpoint": meta["file"], "step": step,
+        "checkpoint_sha256": meta["sha256"]}  # fmt: skip
+    assert len(run["spec_sha256"]) == 64 and run["world_size"] == 1 and run["seed"] == 0
+    assert run["torch"] and run["argv"][0].endswith("ddptrain.py") and "git_commit" in run
 
 
 @pytest.mark.slow  # a real smoke --local run (torchrun processes)
@@ -39,6 +53,7 @@ def test_collects_the_newest_then_skips_a_corrupt_one(run_dir, tmp_path):
     assert out.returncode == 0, out.stderr
     assert "step 6" in out.stderr
     _check(tmp_path / "a", 6)
+    assert (tmp_path / "a" / "RUN.json").is_file()  # the trainer's sidecars carry a record
     picked = run_cli("collect", "c", "--to", str(tmp_path / "b"), "--step", "2", cwd=run_dir)
     assert picked.returncode == 0, picked.stderr
     _check(tmp_path / "b", 2)
@@ -98,3 +113,16 @@ def test_pod_source_reads_through_exec_chunks(tmp_path):
     assert collect(source, tmp_path / "out", None, warnings.append).step == 5
     assert warnings == []
     _check(tmp_path / "out", 5)
+
+
+def test_run_record_is_the_sidecars_run_object_or_nothing():
+    from ddpdeploy.checkpoints import Sidecar, run_record
+
+    base = {"step": 4, "sha256": "a" * 64}
+    for not_a_record in ({}, {"run": "x"}, {"run": [1, 2]}, {"run": None}):
+        assert run_record(Sidecar.model_validate({**base, **not_a_record}), "p.pt") is None
+    got = run_record(Sidecar.model_validate({**base, "run": {"seed": 3, "step": 99}}), "p.pt")
+    assert got is not None and got.endswith(b"\n")
+    # Ours win over the record's own fields: the step is the checkpoint's.
+    assert json.loads(got) == {"seed": 3, "step": 4, "checkpoint": "p.pt",
+                               "checkpoint_sha256": "a" * 64}  # fmt: skip

@@ -22,7 +22,7 @@ sets in every process whenever the job has a checkpoint volume. Per checkpoint a
 
   ckpt-step-00000000N.pt    torch.save(state)
   ckpt-step-00000000N.json  sidecar: step, world_size, host, rank, restart_count, time,
-                            sha256 and file name of the .pt
+                            run (run_record(): what ran), sha256 and file name of the .pt
 
 The sidecar is written only once the payload is durable, so it is the commit point: a
 payload without a sidecar, or whose sha256 differs from it, is never loaded. This is the
@@ -38,18 +38,28 @@ Protocol lines: ``log(event, **fields)`` prints one JSON object on stdout from g
 rank 0 only. ddpdeploy reads the events ``start``, ``step`` (``step``, ``loss``,
 ``samples_per_s``), ``checkpoint`` (``step``, ``path``, ``host``, ``rank``; ``save`` prints
 it) and ``done`` (``step``, ``weights_sha256``: see ``weights_sha256()``); all are optional.
+
+Diagnostics (docs/events.md): ``init_process_group`` runs ``probe()``, a short all-reduce
+sweep whose ``probe`` event gives the bus bandwidth, the slowest rank's host and the
+transport; ``with timed("data"):`` / ``timed("forward")`` and ``step_done(step)`` feed the
+``ranks`` event (stragglers) and arm the hang watchdog (``hang`` event, every rank's stacks,
+exit 124); ``end_steps()`` after the last step.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import faulthandler
+import glob
 import hashlib
 import io
 import json
 import os
+import platform
 import re
 import socket
+import statistics
 import sys
 import tempfile
 import threading
@@ -116,7 +126,13 @@ def warn(message: str) -> None:
 
 
 # ---- the process group -------------------------------------------------------------------
-def init_process_group(backend: str | None = None, **kwargs: Any) -> None:
+def init_process_group(
+    backend: str | None = None,
+    *,
+    probe: bool | None = None,
+    probe_min_busbw: float | None = None,
+    **kwargs: Any,
+) -> None:
     """``torch.distributed.init_process_group`` that survives torchrun worker restarts.
 
     ``backend`` None: nccl when CUDA is available, else gloo (nccl also selects the GPU
@@ -127,10 +143,25 @@ def init_process_group(backend: str | None = None, **kwargs: Any) -> None:
     count, so a restarted round never reads the previous round's keys. Other keyword
     arguments (``timeout``, ...) go to torch; an explicit ``store`` or ``init_method`` is
     passed through unchanged.
+
+    Once the group is up, every rank runs the collective ``probe()`` (``probe=False``, or
+    ``DDPDEPLOY_PROBE=0``, skips it; ``probe_min_busbw`` is its floor). Under nccl, NCCL's
+    INIT/NET debug lines go to a per-rank file (unless NCCL_DEBUG is yours) so the probe
+    can say which transport NCCL chose.
     """
     e = os.environ
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        _route_nccl_debug()
+        flight_recorder_env(os.environ)
+    _init_group(backend, **kwargs)
+    if probe if probe is not None else e.get("DDPDEPLOY_PROBE", "1") != "0":
+        _probe(probe_min_busbw)
+
+
+def _init_group(backend: str, **kwargs: Any) -> None:
+    e = os.environ
     if backend == "nccl" and "LOCAL_RANK" in e:
         torch.cuda.set_device(int(e["LOCAL_RANK"]))  # before the group binds a device
     if "store" in kwargs or "init_method" in kwargs:
@@ -222,7 +253,7 @@ def load_latest(
 
 
 def meta(step: int) -> dict[str, Any]:
-    """The sidecar's fields besides sha256 and file name."""
+    """The sidecar's fields besides sha256 and file name; ``run`` is ``run_record()``."""
     return {
         "step": int(step),
         "world_size": world_size(),
@@ -230,6 +261,7 @@ def meta(step: int) -> dict[str, Any]:
         "rank": rank(),
         "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
         "time": time.time(),
+        "run": run_record(),
     }
 
 
@@ -423,3 +455,569 @@ def _fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# ---- a record of what ran ----------------------------------------------------------------
+_run_seed: list[int] = []  # set_seed's value, when a script gives one
+
+
+def set_seed(seed: int) -> None:
+    """Record the run's seed in ``run_record()`` (sidecars, ``done``)."""
+    _run_seed[:] = [int(seed)]
+
+
+def run_record() -> dict[str, Any]:
+    """What ran: the spec's sha256, the image and its digest, the git commit and dirty flag
+    (env the renderer gives the pod: DDPDEPLOY_SPEC_SHA256, DDPDEPLOY_IMAGE,
+    DDPDEPLOY_IMAGE_DIGEST, DDPDEPLOY_GIT_COMMIT, DDPDEPLOY_GIT_DIRTY; None when unset),
+    torch / CUDA / NCCL versions, world size, seed and the command line."""
+    e = os.environ
+    dirty = e.get("DDPDEPLOY_GIT_DIRTY")
+    nccl = None
+    if torch.cuda.is_available():
+        with contextlib.suppress(Exception):  # a CPU build has no NCCL to ask
+            v = torch.cuda.nccl.version()
+            nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    return {
+        "spec_sha256": e.get("DDPDEPLOY_SPEC_SHA256"),
+        "image": e.get("DDPDEPLOY_IMAGE"),
+        "image_digest": e.get("DDPDEPLOY_IMAGE_DIGEST"),
+        "git_commit": e.get("DDPDEPLOY_GIT_COMMIT"),
+        "git_dirty": None if dirty is None else dirty.lower() in ("1", "true", "yes"),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": nccl,
+        "python": platform.python_version(),
+        "world_size": world_size(),
+        "seed": _run_seed[0] if _run_seed else None,
+        "argv": list(sys.argv),
+    }
+
+
+# ---- diagnostics: shared parts -----------------------------------------------------------
+EXIT_PROBE_FAILED = 3  # the probe's floor was not met; nothing trained
+EXIT_HANG = 124  # the hang watchdog ended the run (as timeout(1) does)
+
+
+_round_id: list[int] = []
+
+
+def _join_round() -> None:
+    """Agree on this group's diagnostics namespace in the store: rank 0 draws it, one
+    broadcast gives it to all. Every rank calls this at the same point (the probe, or the
+    first step_done). Not the restart count: under c10d it differs between nodes, and a
+    store that outlives a restart must not show a new round the old round's keys."""
+    if _round_id or not _distributed():
+        return
+    token = torch.tensor([int.from_bytes(os.urandom(7), "big")], dtype=torch.int64)
+    token = token.to(_collective_device())
+    dist.broadcast(token, src=0)
+    _round_id.append(int(token.item()))
+
+
+def _diag_key(name: str) -> str:
+    return f"ddpkit/diag/{_round_id[0] if _round_id else 0:x}/{name}"
+
+
+def _store() -> Any:
+    """The default group's c10d store: the watchdog talks through it, not a collective,
+    because a collective is what hangs."""
+    return dist.distributed_c10d._get_default_store()
+
+
+_published: list[bool] = []
+
+
+def _publish_host() -> None:
+    """Every rank puts its host in the store once, so rank 0 can name hosts."""
+    if not _published and _distributed():
+        _store().set(_diag_key(f"host/{rank()}"), socket.gethostname())
+        _published.append(True)
+
+
+def _hosts() -> list[str]:
+    """Every rank's host, read by rank 0 (each rank publishes before any collective that
+    precedes a read, so the gets do not wait)."""
+    if not _distributed():
+        return [socket.gethostname()]
+    st = _store()
+    return [st.get(_diag_key(f"host/{r}")).decode() for r in range(world_size())]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _exit(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # no interpreter teardown with a live group (see ddptrain_dist.exit_now)
+
+
+# ---- the collective probe ----------------------------------------------------------------
+PROBE_SIZES_MB = (1, 4, 16, 64)
+PROBE_BUDGET_S = 3.0
+MIN_BUSBW_ENV = "DDPDEPLOY_PROBE_MIN_BUSBW"
+_NCCL_DEBUG_NAME = "ddpkit-nccl.%h.%p.log"
+
+
+def _route_nccl_debug() -> None:
+    """NCCL's INIT/NET lines to a per-rank file, not the user's stderr; only when the user
+    set no NCCL_DEBUG of their own. Before the group: NCCL reads these at its init."""
+    e = os.environ
+    if "NCCL_DEBUG" in e or "NCCL_DEBUG_FILE" in e:
+        return
+    folder = e.get(CHECKPOINT_DIR_ENV) or tempfile.gettempdir()
+    e["NCCL_DEBUG"], e["NCCL_DEBUG_SUBSYS"] = "INFO", "INIT,NET"
+    e["NCCL_DEBUG_FILE"] = os.path.join(folder, _NCCL_DEBUG_NAME)
+
+
+def flight_recorder_env(env: Any, folder: str | None = None) -> None:
+    """PyTorch's NCCL flight recorder on, dumped on a collective timeout into ``folder``
+    (default: the checkpoint folder, else the temp folder) beside the hang stacks; both
+    spellings (torch >= 2.6 TORCH_FR_*, older TORCH_NCCL_*). Only names not set already:
+    a user's own values win. Before the group: torch reads them when it builds it."""
+    folder = folder or env.get(CHECKPOINT_DIR_ENV) or tempfile.gettempdir()
+    prefix = os.path.join(folder, "nccl_trace_rank_")  # torch appends the rank
+    for name, value in (
+        ("TORCH_FR_BUFFER_SIZE", "2000"),
+        ("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000"),
+        ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"),
+        ("TORCH_FR_DUMP_TEMP_FILE", prefix),
+        ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", prefix),
+    ):
+        env.setdefault(name, value)
+
+
+def _own_nccl_debug_text() -> str | None:
+    pattern = os.environ.get("NCCL_DEBUG_FILE", "")
+    if not pattern.endswith(_NCCL_DEBUG_NAME):
+        return None  # not ours: NCCL_DEBUG is the user's
+    # %h is NCCL's host name cut at the first dot; match by pid alone.
+    found = glob.glob(pattern.replace("%h", "*").replace("%p", str(os.getpid())))
+    if not found:
+        return None
+    with open(found[0], errors="replace") as f:
+        return f.read()
+
+
+def _transport() -> dict[str, Any]:
+    if dist.get_backend() != "nccl":
+        return {"transport": "tcp"}
+    import ddpkit_nccl  # noqa: PLC0415 - the parser matters on nccl only
+
+    text = _own_nccl_debug_text()
+    if text is None:
+        return {"transport": "unknown", "why": "NCCL_DEBUG set by the user"}
+    return ddpkit_nccl.parse(text)
+
+
+def _timed_all_reduce(buf: torch.Tensor, iters: int) -> float:
+    _sync(buf.device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(buf)
+    _sync(buf.device)
+    return time.perf_counter() - t0
+
+
+def _probe(
+    min_busbw: float | None = None,
+    *,
+    sizes_mb: tuple[int, ...] = PROBE_SIZES_MB,
+    budget_s: float = PROBE_BUDGET_S,
+) -> dict[str, Any] | None:
+    """A short all-reduce sweep on every rank (call it on every rank, right after the
+    group is up); rank 0 prints one ``probe`` event and returns it (others: None).
+
+    Sizes from 1 MB up, each timed over as many iterations as fit the budget (the slowest
+    rank decides, so every rank runs the same loop). Bus bandwidth is algbw x 2(n-1)/n,
+    as nccl-tests reports it. ``min_busbw`` (GB/s; default $DDPDEPLOY_PROBE_MIN_BUSBW):
+    when the best size stays below it, rank 0 says so in one line and every rank exits 3.
+    """
+    if not _distributed():
+        return None
+    if min_busbw is None and os.environ.get(MIN_BUSBW_ENV):
+        min_busbw = float(os.environ[MIN_BUSBW_ENV])
+    _join_round()
+    _publish_host()
+    device, n, t_start = _collective_device(), world_size(), time.perf_counter()
+    sizes, per_rank = [], torch.zeros(n, dtype=torch.float64)
+    for i, mb in enumerate(sizes_mb):
+        buf = torch.zeros(mb * 2**20 // 4, dtype=torch.float32, device=device)
+        first = _timed_all_reduce(buf, 1)  # warm-up: connects, allocates
+        agreed = torch.tensor([first, time.perf_counter() - t_start], dtype=torch.float64)
+        agreed = agreed.to(device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        first, elapsed = agreed.tolist()
+        left = (budget_s - elapsed) / (len(sizes_mb) - i)
+        if left <= first and sizes:
+            break  # the budget is spent: the same decision on every rank
+        iters = max(1, min(20, int(left / max(first, 1e-6))))
+        mine = torch.tensor([_timed_all_reduce(buf, iters) / iters], dtype=torch.float64)
+        everyone = [torch.zeros_like(mine).to(device) for _ in range(n)]
+        dist.all_gather(everyone, mine.to(device))
+        times = torch.cat([t.cpu() for t in everyone])
+        per_rank += times
+        algbw = buf.nelement() * 4 / float(times.max()) / 1e9
+        sizes.append({
+            "mb": mb, "iters": iters, "ms": round(float(times.max()) * 1e3, 3),
+            "algbw_gbps": round(algbw, 3), "busbw_gbps": round(algbw * 2 * (n - 1) / n, 3),
+        })  # fmt: skip
+        del buf
+    transport = _transport()
+    _store().set(_diag_key(f"transport/{rank()}"), json.dumps(transport))
+    best = max(s["busbw_gbps"] for s in sizes)
+    failed = min_busbw is not None and best < min_busbw
+    event = None
+    if rank() == 0:
+        event = _probe_event(sizes, per_rank, best, min_busbw, time.perf_counter() - t_start)
+        emit(event)
+        if failed:
+            print(
+                f"ddpkit: error: probe: bus bandwidth {best} GB/s is below the floor "
+                f"{min_busbw} GB/s (--probe-min-busbw / {MIN_BUSBW_ENV}); slowest rank "
+                f"{event['slowest']['rank']} on {event['slowest']['host']}, transport "
+                f"{event['transport']}",
+                file=sys.stderr,
+                flush=True,
+            )
+    if failed:
+        dist.barrier()  # rank 0's line is out before any rank leaves
+        _exit(EXIT_PROBE_FAILED)
+    return event
+
+
+probe = _probe  # the public name; init_process_group's ``probe=`` flag shadows it there
+
+
+def _probe_event(
+    sizes: list[dict[str, Any]],
+    per_rank: torch.Tensor,
+    best: float,
+    floor: float | None,
+    seconds: float,
+) -> dict[str, Any]:
+    import ddpkit_nccl  # noqa: PLC0415
+
+    n, hosts = world_size(), _hosts()
+    st = _store()
+    transports = [json.loads(st.get(_diag_key(f"transport/{r}"))) for r in range(n)]
+    by_kind: dict[str, list[int]] = {}
+    for r, t in enumerate(transports):
+        by_kind.setdefault(t.get("transport", "unknown"), []).append(r)
+    slowest = int(per_rank.argmax())
+    warnings = []
+    if os.environ.get("DDPDEPLOY_RDMA", "").lower() in ("1", "true", "yes"):
+        for r, t in enumerate(transports):  # one warning per host is enough
+            w = ddpkit_nccl.rdma_fallback_warning(hosts[r], t)
+            if w and w not in warnings:
+                warnings.append(w)
+    kinds = sorted(by_kind, key=lambda k: -len(by_kind[k]))
+    return {
+        "event": "probe", "world_size": n, "backend": dist.get_backend(),
+        "transport": kinds[0] if len(kinds) == 1 else "mixed",
+        "transports": {k: by_kind[k] for k in kinds}, "busbw_gbps": best,
+        "min_busbw_gbps": floor, "ok": floor is None or best >= floor, "sizes": sizes,
+        "slowest": {"rank": slowest, "host": hosts[slowest]},
+        "seconds": round(seconds, 3), "warnings": warnings,
+    }  # fmt: skip
+
+
+# ---- stragglers: per-rank work time ------------------------------------------------------
+RANKS_EVERY_ENV = "DDPDEPLOY_RANKS_EVERY"
+STRAGGLER_FACTOR_ENV = "DDPDEPLOY_STRAGGLER_FACTOR"
+HANG_TIMEOUT_ENV = "DDPDEPLOY_HANG_TIMEOUT_S"
+STRAGGLER_MIN_GAP_S = 0.005  # below 5 ms a step the gap is scheduler noise, not a straggler
+
+
+class _Timing:
+    """This rank's clock: seconds per phase in the current step and summed over the
+    window; the last completed step, and the phase running now (for the watchdog)."""
+
+    def __init__(self) -> None:
+        self.step_phase: dict[str, float] = {}
+        self.window: dict[str, float] = {}
+        self.window_steps, self.window_wall, self.window_walls = 0, 0.0, 0
+        self.last_t: float | None = None
+        self.step: int | None = None
+        self.slowest_step = 0.0
+        self.phase: str | None = None
+        self.phase_step: int | None = None
+        self.every = int(os.environ.get(RANKS_EVERY_ENV, 50))
+        self.factor = float(os.environ.get(STRAGGLER_FACTOR_ENV, 1.2))
+        self.hang_timeout_s = float(os.environ.get(HANG_TIMEOUT_ENV, 0))  # 0: auto
+        self.hang_dir: str | None = None
+
+
+_timing = _Timing()
+
+
+def diagnostics(
+    *,
+    ranks_every: int | None = None,
+    straggler_factor: float | None = None,
+    hang_timeout_s: float | None = None,
+    hang_dir: str | None = None,
+) -> None:
+    """Settings of ``step_done``'s ``ranks`` event (every N steps; straggler factor) and
+    of the hang watchdog (seconds without a step: 0 auto, max(60, 5x the slowest step),
+    at most 30 min; negative: off; stacks to ``hang_dir``, default the checkpoint folder
+    or the temp folder). Env defaults: DDPDEPLOY_RANKS_EVERY (50),
+    DDPDEPLOY_STRAGGLER_FACTOR (1.2), DDPDEPLOY_HANG_TIMEOUT_S (0)."""
+    t = _timing
+    t.every = ranks_every if ranks_every is not None else t.every
+    t.factor = straggler_factor if straggler_factor is not None else t.factor
+    t.hang_timeout_s = hang_timeout_s if hang_timeout_s is not None else t.hang_timeout_s
+    t.hang_dir = hang_dir or t.hang_dir
+
+
+@contextlib.contextmanager
+def timed(phase: str) -> Iterator[None]:
+    """Time a part of the step that is this rank's own work (``"data"``, ``"forward"``),
+    not waiting on peers: the ``ranks`` event compares ranks by the sum of these. Under
+    nccl the time is the host's (kernels run async); time what the host waits for."""
+    t = _timing
+    t.phase, t.phase_step = phase, (t.step or 0) + 1
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        t.step_phase[phase] = t.step_phase.get(phase, 0.0) + time.perf_counter() - t0
+        t.phase = None
+
+
+def timed_iter(iterable: Any, phase: str = "data") -> Iterator[Any]:
+    """``iterable``'s items, each ``next()`` timed as ``phase`` (a DataLoader: loading)."""
+    it = iter(iterable)
+    while True:
+        with timed(phase):
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+        yield item
+
+
+def step_done(step: int) -> None:
+    """Call on every rank after each optimizer step: closes the step's timing, arms the
+    hang watchdog, and every N steps gathers the ranks' means (one small all_gather) for
+    rank 0's ``ranks`` event."""
+    t, now = _timing, time.perf_counter()
+    if t.last_t is not None:
+        wall = now - t.last_t
+        t.slowest_step, t.window_wall = max(t.slowest_step, wall), t.window_wall + wall
+        t.window_walls += 1
+    t.last_t, t.step = now, int(step)
+    for k, v in t.step_phase.items():
+        t.window[k] = t.window.get(k, 0.0) + v
+    t.step_phase.clear()
+    t.window_steps += 1
+    _join_round()  # once, on every rank at its first step (a no-op after the probe)
+    _Watchdog.arm()
+    if t.every > 0 and t.window_steps >= t.every:
+        report_ranks()
+
+
+def end_steps() -> dict[str, Any] | None:
+    """After the last step, on every rank: the last window's ``ranks`` event, and the
+    watchdog stands down (what follows, a final save, is no step)."""
+    _Watchdog.disarm()
+    return report_ranks()
+
+
+def report_ranks() -> dict[str, Any] | None:
+    """Gather every rank's window means now (every rank calls it at the same step) and
+    print rank 0's ``ranks`` event; returns it on rank 0. No-op on an empty window."""
+    t = _timing
+    k = t.window_steps
+    if k == 0 or not _distributed():
+        return None
+    _publish_host()
+    work = sum(t.window.values()) / k
+    mine = [t.window.get("data", 0.0) / k, t.window.get("forward", 0.0) / k, work,
+            t.window_wall / max(t.window_walls, 1)]  # fmt: skip
+    device, n = _collective_device(), world_size()
+    t0 = time.perf_counter()
+    local = torch.tensor(mine, dtype=torch.float64, device=device)
+    everyone = [torch.empty_like(local) for _ in range(n)]
+    dist.all_gather(everyone, local)
+    rows = [e.tolist() for e in everyone]
+    cost = time.perf_counter() - t0
+    t.window.clear()
+    t.window_steps, t.window_wall, t.window_walls = 0, 0.0, 0
+    if rank() != 0:
+        return None
+    event = _ranks_event(rows, t.step, k, t.factor, cost)
+    emit(event)
+    return event
+
+
+def _ranks_event(
+    rows: list[list[float]], step: int | None, k: int, factor: float, cost: float
+) -> dict[str, Any]:
+    hosts = _hosts()
+    work = [r[2] for r in rows]
+    median = statistics.median(work)
+    order = sorted(range(len(rows)), key=work.__getitem__)
+
+    def who(r: int) -> dict[str, Any]:
+        data, forward, w, _ = rows[r]
+        return {"rank": r, "host": hosts[r], "work_s": round(w, 6),
+                "data_s": round(data, 6), "forward_s": round(forward, 6)}  # fmt: skip
+
+    stragglers = [
+        dict(who(r), x_median=round(work[r] / median, 2) if median else None)
+        for r in order[::-1]
+        if work[r] > median * factor and work[r] - median > STRAGGLER_MIN_GAP_S
+    ]
+    step_s = max(r[3] for r in rows)
+    return {
+        "event": "ranks", "step": step, "steps": k, "median_work_s": round(median, 6),
+        "step_s": round(step_s, 6), "slowest": who(order[-1]), "fastest": who(order[0]),
+        "factor": factor, "stragglers": stragglers, "gather_ms": round(cost * 1e3, 3),
+        "cost_pct": round(100 * cost / (k * step_s), 3) if step_s else None,
+    }  # fmt: skip
+
+
+# ---- the hang watchdog -------------------------------------------------------------------
+class _Watchdog(threading.Thread):
+    """One daemon thread per rank, started by the first ``step_done``.
+
+    Every second it publishes this rank's progress (last step, phase now) in the store and
+    looks for another rank's hang flag. When no step completed for the timeout, or another
+    rank flagged a hang, it writes this rank's Python stacks (all threads) to
+    ``hang-rank<R>.txt`` and flags the hang; rank 0 waits (bounded) for every rank's
+    stacks, prints the ``hang`` event naming the ranks that did not reach the next step,
+    and every rank exits 124.
+    """
+
+    _running: _Watchdog | None = None
+    POLL_S = 1.0
+    AUTO_MIN_S, AUTO_MAX_S, AUTO_FACTOR = 60.0, 1800.0, 5.0
+
+    @classmethod
+    def arm(cls) -> None:
+        if cls._running is None and _distributed() and _timing.hang_timeout_s >= 0:
+            cls._running = cls()
+            cls._running.start()
+
+    @classmethod
+    def disarm(cls) -> None:
+        if cls._running is not None:
+            cls._running.stopped.set()
+
+    def __init__(self) -> None:
+        super().__init__(name="ddpkit-watchdog", daemon=True)
+        self.stopped = threading.Event()
+        self.rank, self.n, self.store = rank(), world_size(), _store()
+        folder = _timing.hang_dir or os.environ.get(CHECKPOINT_DIR_ENV)
+        self.folder = folder or tempfile.gettempdir()
+        self._published: tuple[Any, ...] = ()
+
+    def timeout(self) -> float:
+        t = _timing
+        if t.hang_timeout_s > 0:
+            return t.hang_timeout_s
+        return min(self.AUTO_MAX_S, max(self.AUTO_MIN_S, self.AUTO_FACTOR * t.slowest_step))
+
+    def run(self) -> None:
+        try:
+            while not self.stopped.wait(self.POLL_S):
+                self._publish()
+                idle = time.perf_counter() - (_timing.last_t or time.perf_counter())
+                flagged = self.store.check([_diag_key("hang")])
+                if flagged or idle > self.timeout():
+                    self._on_hang(idle, flagged)
+        except Exception as e:  # the store went away: the run is ending anyway
+            if not self.stopped.is_set():
+                warn(f"hang watchdog stopped: {type(e).__name__}: {e}")
+
+    def _progress(self) -> dict[str, Any]:
+        t = _timing
+        return {"step": t.step, "phase": t.phase, "host": socket.gethostname()}
+
+    def _publish(self) -> None:
+        now = tuple(self._progress().values())
+        if now != self._published:
+            self.store.set(_diag_key(f"progress/{self.rank}"), json.dumps(self._progress()))
+            self._published = now
+
+    def _on_hang(self, idle: float, flagged: bool) -> None:
+        st, me = self.store, self.rank
+        _hold_errors_while_exiting()
+        if not flagged:
+            st.set(_diag_key("hang"), json.dumps({"by": me, "idle_s": round(idle, 1)}))
+        self._publish()
+        os.makedirs(self.folder, exist_ok=True)
+        path = os.path.join(self.folder, f"hang-rank{me}.txt")
+        with open(path, "w") as f:
+            f.write(f"# ddpkit hang watchdog: rank {me} on {socket.gethostname()}, pid "
+                    f"{os.getpid()}, last step {_timing.step}, idle {idle:.1f} s\n")  # fmt: skip
+            f.flush()
+            faulthandler.dump_traceback(f, all_threads=True)
+        st.set(_diag_key(f"stacks/{me}"), path)
+        if me == 0:
+            self._report(idle)
+        else:
+            self._wait_for(["reported"], 30.0)
+            st.set(_diag_key(f"leaving/{me}"), "1")
+        _exit(EXIT_HANG)
+
+    def _wait_for(self, names: list[str], timeout: float) -> list[str]:
+        """The names whose keys appeared within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        keys = [_diag_key(x) for x in names]
+        while not self.store.check(keys) and time.monotonic() < deadline:
+            time.sleep(0.02)  # short: the exits of all ranks should land close together
+        return [x for x, k in zip(names, keys, strict=True) if self.store.check([k])]
+
+    def _report(self, idle: float) -> None:
+        st, n = self.store, self.n
+        dumped = self._wait_for([f"stacks/{r}" for r in range(n)], 20.0)
+        stacks = [st.get(_diag_key(x)).decode() for x in dumped]
+        progress = {}
+        for r in range(n):
+            if st.check([_diag_key(f"progress/{r}")]):
+                progress[r] = json.loads(st.get(_diag_key(f"progress/{r}")))
+        steps = [p["step"] or 0 for p in progress.values()]
+        top = max(steps, default=0)
+        behind = sorted(
+            r for r in range(n)
+            if r not in progress or (progress[r]["step"] or 0) < top
+            or progress[r]["phase"] is not None
+        )  # fmt: skip
+        hosts = {r: progress[r]["host"] for r in behind if r in progress}
+        phases = {r: progress[r]["phase"] for r in behind if r in progress}
+        event = {
+            "event": "hang", "step": top + 1, "idle_s": round(idle, 1),
+            "timeout_s": round(self.timeout(), 1), "ranks": behind,
+            "hosts": {str(r): h for r, h in hosts.items()},
+            "phases": {str(r): p for r, p in phases.items()}, "stacks": stacks,
+            "missing_stacks": [r for r in range(n) if f"stacks/{r}" not in dumped],
+            "dir": self.folder,
+        }  # fmt: skip
+        emit(event)
+        named = ", ".join(f"{r} ({hosts.get(r, '?')})" for r in behind) or "none (all wait)"
+        print(
+            f"ddpkit: error: hang: no step completed for {idle:.0f} s; ranks that did not "
+            f"reach step {top + 1}: {named}; stacks in {self.folder}",
+            file=sys.stderr,
+            flush=True,
+        )
+        st.set(_diag_key("reported"), "1")
+        self._wait_for([f"leaving/{r}" for r in range(1, n)], 5.0)
+
+
+def _hold_errors_while_exiting() -> None:
+    """Once the watchdog handles a hang, peers leave and this rank's main thread gets
+    "connection closed" from its collective: hold that error (the hook waits) so the run
+    ends with the watchdog's exit 124 and its line, not a traceback and exit 1."""
+    before = sys.excepthook
+
+    def hold(*exc: Any) -> None:
+        time.sleep(60)  # the watchdog's os._exit comes first; then it was no hang exit
+        before(*exc)
+
+    sys.excepthook = hold

@@ -66,7 +66,9 @@ def main(argv: list[str] | None = None) -> NoReturn:
     args = parse_args(argv, __doc__.splitlines()[0])
     model_fn, data_fn = load_factory("model", args.model), load_factory("dataset", args.dataset)
     stop = StopAgreement(args.stop_check_every)  # SIGTERM is handled from here on
-    env = ddptrain_dist.setup(args.backend, args.timeout_s)
+    diagnostics(args)
+    env = ddptrain_dist.setup(args.backend, args.timeout_s, not args.no_probe,
+                              args.probe_min_busbw)  # fmt: skip
     log = Logger(env.rank)
     seed_everything(args.seed + env.rank)  # per-rank streams; DDP's wrap syncs the weights
     debug = DebugHooks(args, env.rank)
@@ -87,7 +89,9 @@ def main(argv: list[str] | None = None) -> NoReturn:
     meter = StepMeter(log, args.log_every, total_steps, layout)
     first_step, stopped = state.step, False
     stop.start(state.step, env.device)
-    for micro_batches in data.batches(state.epoch, state.pos, total_steps - state.step):
+    batches = debug.data(data.batches(state.epoch, state.pos, total_steps - state.step),
+                         state.step)  # fmt: skip
+    for micro_batches in ddpkit.timed_iter(batches, "data"):  # timed: ranks event
         if state.step == first_step:
             warm_up_buckets(ddp, micro_batches[0], loss_fn, amp)
             debug.local_grads(ddp, micro_batches[0], loss_fn, state.step)
@@ -102,6 +106,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         state.advance()
         debug.after_step()
         meter.step(state.step, loss)
+        ddpkit.step_done(state.step)  # per-rank times, hang watchdog
         stopped = stop.should_stop(state.step)  # the same answer on every rank
         if stopped or ckpt.due(state.step):
             ckpt.save(state)
@@ -109,6 +114,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
             break
 
     # ---- finish: durable checkpoint, final weights, then everyone leaves together
+    ddpkit.end_steps()  # the last window's ranks event
     stop.finish()
     ckpt.finish(state, stopped)
     if args.save_final and env.is_main and not stopped:
@@ -119,11 +125,21 @@ def main(argv: list[str] | None = None) -> NoReturn:
         log({"event": "stopped", "step": state.step, "reason": "SIGTERM",
              "checkpoint": ckpt.path(state.step)})  # fmt: skip
         ddptrain_dist.exit_now(EXIT_PREEMPTED)
-    log({"event": "done", "step": state.step, "weights_sha256": state_sha256(ddp.module)})
+    log({"event": "done", "step": state.step, "weights_sha256": state_sha256(ddp.module),
+         "run": ddpkit.run_record()})  # fmt: skip
     ddptrain_dist.exit_now(EXIT_OK)
 
 
 # ---- set-up helpers ----------------------------------------------------------------------
+def diagnostics(args: Any) -> None:
+    """ddpkit's run record and diagnostics settings (the probe runs in setup)."""
+    ddpkit.set_seed(args.seed)
+    ddpkit.diagnostics(
+        ranks_every=args.ranks_every, straggler_factor=args.straggler_factor,
+        hang_timeout_s=args.hang_timeout_s, hang_dir=args.checkpoint_dir,
+    )  # fmt: skip
+
+
 def build_ddp(args: Any, env: DistEnv, model_fn: Any, debug: DebugHooks) -> DDP:
     """Model built -> (--sync-bn: converted) -> moved to the device -> wrapped in DDP."""
     model: nn.Module = model_fn() if model_fn else ddptrain_model.build_mlp(batch_norm=args.bn)
@@ -214,14 +230,15 @@ def forward_backward(ddp: DDP, micro_batches: list[Batch], loss_fn: Any, amp: An
     n = len(micro_batches)
     if n == 1:  # the common case, without the accumulation's extra tensor ops
         x, y = micro_batches[0]
-        with amp:
+        with ddpkit.timed("forward"), amp:
             loss = loss_fn(ddp(x), y)
         loss.backward()
         return loss.detach()
     total: Any = 0.0
     for i, (x, y) in enumerate(micro_batches):
         # ddp.no_sync(): skip the gradient all-reduce on all but the last micro-step.
-        with ddp.no_sync() if i < n - 1 else contextlib.nullcontext(), amp:
+        sync = ddp.no_sync() if i < n - 1 else contextlib.nullcontext()
+        with sync, ddpkit.timed("forward"), amp:
             loss = loss_fn(ddp(x), y) / n
         loss.backward()
         total += loss.detach()

@@ -82,6 +82,35 @@ def _distributed_flags(a: Callable[..., Any]) -> None:
     )
 
 
+def _rank_spec(kind: str) -> Callable[[str], tuple[int, float]]:
+    def parse(v: str) -> tuple[int, float]:
+        r, sep, x = v.partition(":")
+        try:
+            if sep and int(r) >= 0 and float(x) >= 0:
+                return int(r), float(x)
+        except ValueError:
+            pass
+        raise argparse.ArgumentTypeError(f"must look like RANK:{kind}, got {v!r}")
+
+    return parse
+
+
+def _diagnostic_flags(a: Callable[..., Any]) -> None:
+    # ddpkit's diagnostics (see ddpkit.py): the probe, the ranks event, the hang watchdog.
+    a("--no-probe", action="store_true", default=os.environ.get("DDPDEPLOY_PROBE") == "0",
+      help="skip the all-reduce probe at start")  # fmt: skip
+    a("--probe-min-busbw", type=float, metavar="GBPS",
+      default=float(os.environ.get("DDPDEPLOY_PROBE_MIN_BUSBW") or 0) or None,
+      help="fail at start (exit 3) when the probe's bus bandwidth is below this")  # fmt: skip
+    a("--ranks-every", type=_non_negative, default=50,
+      help="steps between `ranks` events (per-rank work times; 0: only at the end)")  # fmt: skip
+    a("--straggler-factor", type=float, default=1.2,
+      help="a rank whose work time exceeds the median by this factor is a straggler")  # fmt: skip
+    a("--hang-timeout-s", type=float, default=0.0,
+      help="seconds without a step before the hang watchdog dumps stacks and ends the run "
+      "(0: max(60, 5x the slowest step); negative: off)")  # fmt: skip
+
+
 def _checkpoint_flags(a: Callable[..., Any]) -> None:
     a(
         "--checkpoint-dir",
@@ -105,11 +134,21 @@ def _debug_flags(a: Callable[..., Any]) -> None:
     )
     a("--debug-step-delay", type=float, default=0.0, help="sleep seconds per step")
     a("--debug-slow-save", type=float, default=0.0, help="writer sleeps mid-write")
+    a("--debug-slow-rank", type=_rank_spec("SECONDS"), metavar="R:SECONDS",
+      help="rank R sleeps SECONDS in each step's data loading")  # fmt: skip
+    a("--debug-hang-rank", type=_rank_spec("STEP"), metavar="R:STEP",
+      help="rank R blocks forever loading the data of step STEP")  # fmt: skip
 
 
 def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
     p = _OneLineParser(prog="ddptrain.py", description=description)
-    for add_flags in (_training_flags, _distributed_flags, _checkpoint_flags, _debug_flags):
+    for add_flags in (
+        _training_flags,
+        _distributed_flags,
+        _diagnostic_flags,
+        _checkpoint_flags,
+        _debug_flags,
+    ):
         add_flags(p.add_argument)
     args = p.parse_args(argv)
     if args.checkpoint_every and not args.checkpoint_dir:

@@ -118,6 +118,7 @@ class CheckpointManager:
                 "rank": self.env.rank,
                 "restart_count": self.env.restart_count,
                 "time": time.time(),
+                "run": ddpkit.run_record(),  # what ran: image, spec, versions, seed
             }
             self._snapshot_done = threading.Event()
             # `now` changes in the next forward: copied here, before returning.

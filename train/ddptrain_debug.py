@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -21,7 +22,9 @@ class DebugHooks:
     """--debug-dump DIR: every rank writes rank<R>.pt (weights hash before/after the DDP
     wrap, its local and averaged first-step gradients, final state, optimizer state, an RNG
     sample). --debug-desync-opt: ranks != 0 use 2x lr. --debug-step-delay S: sleep per step.
-    --debug-slow-save S: the checkpoint writer pauses mid-write (see ddptrain_ckpt.py)."""
+    --debug-slow-save S: the checkpoint writer pauses mid-write (see ddptrain_ckpt.py).
+    --debug-slow-rank R:S: rank R sleeps S in each step's data loading (a straggler).
+    --debug-hang-rank R:STEP: rank R blocks forever loading step STEP's data (a hang)."""
 
     def __init__(self, args: argparse.Namespace, rank: int) -> None:
         self.dump_dir: str | None = args.debug_dump
@@ -30,6 +33,22 @@ class DebugHooks:
         self.step_delay: float = args.debug_step_delay
         self.slow_save: float = args.debug_slow_save
         self.dump: dict[str, Any] = {}
+        slow, hang = args.debug_slow_rank, args.debug_hang_rank
+        self.data_delay = slow[1] if slow and slow[0] == rank else 0.0
+        self.hang_step = int(hang[1]) if hang and hang[0] == rank else None
+
+    def data(self, batches: Iterator[Any], step: int) -> Iterator[Any]:
+        """``batches`` with this rank's --debug-slow-rank / --debug-hang-rank applied inside
+        each fetch (the caller times the fetch as data loading); ``step``: the last done."""
+        if not self.data_delay and self.hang_step is None:
+            yield from batches
+            return
+        for item in batches:
+            step += 1
+            if step == self.hang_step:
+                threading.Event().wait()  # forever: what the hang watchdog is for
+            time.sleep(self.data_delay)
+            yield item
 
     def before_wrap(self, model: nn.Module) -> None:
         if self.dump_dir:

@@ -34,8 +34,11 @@ class DistEnv:
         return self.rank == 0
 
 
-def setup(backend: str, timeout_s: int) -> DistEnv:
-    """Read torchrun's env, pick backend and device, and create the default process group."""
+def setup(
+    backend: str, timeout_s: int, probe: bool = True, probe_min_busbw: float | None = None
+) -> DistEnv:
+    """Read torchrun's env, pick backend and device, create the default process group and
+    run ddpkit's collective probe on it (unless ``probe`` is False)."""
     e = os.environ
     local_rank = int(e.get("LOCAL_RANK", 0))
     if backend == "auto":
@@ -59,7 +62,12 @@ def setup(backend: str, timeout_s: int) -> DistEnv:
     )
     # ddpkit's restart-safe group (the store namespaced per torchrun restart): the same
     # call a user's script makes, see ddpkit.init_process_group and train/README.md.
-    ddpkit.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    ddpkit.init_process_group(
+        backend,
+        timeout=timedelta(seconds=timeout_s),
+        probe=probe,
+        probe_min_busbw=probe_min_busbw,
+    )
     return env
 
 

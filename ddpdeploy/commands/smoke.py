@@ -139,7 +139,7 @@ def smoke(
     )
     with _sigterm_ends_the_run():
         if docker:
-            start = _docker_target(spec, plan.run_env(restarts), base_image, keep_volume)
+            start = _docker_target(spec, restarts, base_image, keep_volume)
         else:
             start = _local_target(spec, restarts, folder, resume)
         outcomes = dict(runner.smoke(start, _ConsoleView(), options))
@@ -213,15 +213,17 @@ def _local_target(
 
 
 def _docker_target(
-    spec: JobSpec, run_env: dict[str, str], base_image: str | None, keep_volume: bool
+    spec: JobSpec, restarts: int | None, base_image: str | None, keep_volume: bool
 ) -> Callable[[], SmokeTarget]:
     """Check the engine and compose CLI, get the image; each run a fresh project."""
     from ddpdeploy.adapters.compose import ComposeRun, compose_cli, engine
+    from ddpdeploy.smoke import plan
     from ddpdeploy.smoke.docker import compose_plan
 
     client = engine()  # no engine: one line pointing to --local, before any build
     cli = compose_cli()
-    job = compose_plan(spec, spec.image or _build_image(spec, base_image), run_env)
+    image = spec.image or _build_image(spec, base_image)
+    job = compose_plan(spec, image, plan.run_env(restarts, spec=spec, image=image))
 
     def start() -> ComposeRun:
         return ComposeRun(
@@ -318,6 +320,9 @@ def _report(outcomes: dict[str, Outcome]) -> None:
         typer.echo(f"steps/s         {outcome.steps_per_s:.1f}")
     if outcome.weights_sha256 is not None:
         typer.echo(f"weights_sha256  {outcome.weights_sha256}")
+    for kind, label in (("probe", "probe"), ("ranks", "rank times")):  # ddpkit's, if any
+        if kind in outcome.diagnostics:
+            typer.echo(f"{label:<16}{outcome.diagnostics[kind]}")
     for node, code in outcome.exit_codes.items():
         typer.echo(f"exit code       {code}  {node}")
     kill, clean = outcome.kill, outcomes.get("clean")

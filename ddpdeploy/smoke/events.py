@@ -20,6 +20,10 @@ succeeds when every node's agent exits 0. The events only add to the report:
 - ``{"event": "done", "step": 100, "weights_sha256": "..."}``: the last step and the final
   weights' checksum, which the report shows and ``--kill-at`` compares with a clean run.
 
+- ``probe``, ``ranks``, ``hang`` (ddpkit's diagnostics, docs/events.md): the start-up
+  all-reduce probe, the per-rank work times with any straggler, the hang watchdog's
+  finding; ``describe`` gives each its one report line.
+
 Any other fields are kept and ignored. Event lines are consumed as events: they are not
 echoed as the job's output. Anything else a rank prints (stdout or stderr) is the job's own
 output.
@@ -36,7 +40,8 @@ from typing import Any
 # torchrun options, read from the agent's env: tee each worker's stdout/stderr to the
 # console (and to files under PET_LOG_DIR), each line prefixed with the global rank.
 RANK_OUTPUT_ENV = {"PET_TEE": "3", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:"}
-EVENTS = ("start", "step", "checkpoint", "done")
+EVENTS = ("start", "step", "checkpoint", "done", "probe", "ranks", "hang")
+DIAGNOSTICS = ("probe", "ranks", "hang")
 
 _RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:")
 # torchrun's error summary, one block per failed worker ("rank : 3 (local_rank: 1)").
@@ -146,3 +151,76 @@ def code_text(code: int) -> str:
         except ValueError:
             return str(code)
     return str(code)
+
+
+# ---- diagnostics: one line each -----------------------------------------------------------
+
+
+def describe(event: Event) -> str | None:
+    """The report line of a ``probe``, ``ranks`` or ``hang`` event; None for other kinds.
+    Fields a script left out are left out of the line (every field is optional)."""
+    f = event.fields
+    if event.kind == "probe":
+        return _probe_line(f)
+    if event.kind == "ranks":
+        return _ranks_line(f)
+    if event.kind == "hang":
+        return _hang_line(f)
+    return None
+
+
+def _who(value: Any) -> str:
+    if not isinstance(value, dict):
+        return "?"
+    return f"rank {value.get('rank', '?')} ({value.get('host', '?')})"
+
+
+def _probe_line(f: dict[str, Any]) -> str:
+    parts = [f"busbw {f.get('busbw_gbps', '?')} GB/s"]
+    sizes = f.get("sizes")
+    if isinstance(sizes, list) and sizes:
+        per = ", ".join(
+            f"{s.get('mb')} MB {s.get('busbw_gbps')}" for s in sizes if isinstance(s, dict)
+        )
+        parts.append(f"per size: {per}")
+    parts.append(f"world {f.get('world_size', '?')}, {f.get('backend', '?')}")
+    parts.append(f"transport {f.get('transport', '?')}")
+    if "slowest" in f:
+        parts.append(f"slowest {_who(f['slowest'])}")
+    if f.get("ok") is False:
+        parts.append(f"BELOW the floor {f.get('min_busbw_gbps')} GB/s")
+    line = "; ".join(parts)
+    for warning in f.get("warnings") or []:
+        line += f"\n  warning: {warning}"
+    return line
+
+
+def _ranks_line(f: dict[str, Any]) -> str:
+    def ms(value: Any) -> str:
+        return f"{value * 1e3:.1f} ms" if isinstance(value, int | float) else "?"
+
+    slowest, fastest = f.get("slowest") or {}, f.get("fastest") or {}
+    line = (
+        f"step {f.get('step', '?')}: work per step slowest {_who(slowest)} "
+        f"{ms(slowest.get('work_s'))}, fastest {_who(fastest)} {ms(fastest.get('work_s'))}, "
+        f"median {ms(f.get('median_work_s'))}"
+    )
+    stragglers = f.get("stragglers") or []
+    if stragglers:
+        named = ", ".join(
+            f"{_who(s)} {s.get('x_median', '?')}x" for s in stragglers if isinstance(s, dict)
+        )
+        return f"{line}; straggler: {named}"
+    return f"{line}; no straggler"
+
+
+def _hang_line(f: dict[str, Any]) -> str:
+    ranks = f.get("ranks") or []
+    hosts = f.get("hosts") or {}
+    named = ", ".join(f"{r} ({hosts.get(str(r), '?')})" for r in ranks) or "none named"
+    stacks = f.get("stacks") or []
+    where = f.get("dir") or (stacks[0].rsplit("/", 1)[0] if stacks else "?")
+    return (
+        f"hung at step {f.get('step', '?')} (no step for {f.get('idle_s', '?')} s): ranks "
+        f"that did not arrive: {named}; stacks of {len(stacks)} rank(s) in {where}"
+    )

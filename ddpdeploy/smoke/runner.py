@@ -26,6 +26,7 @@ from ddpdeploy.smoke.events import (
     Event,
     agent_lines,
     code_text,
+    describe,
     parse_event,
     root_cause,
     split_rank,
@@ -136,6 +137,7 @@ class Outcome:
     exit_codes: dict[str, int | None]
     done: dict[str, object] | None = None  # the `done` event, when the job printed one
     last_step: int | None = None
+    diagnostics: dict[str, str] = field(default_factory=dict)  # probe/ranks: the last line
     train_time: float = 0.0  # from the first step event to the end
     kill: Kill | None = None
 
@@ -175,6 +177,7 @@ class _Run:
     rank_seen: dict[int, float] = field(default_factory=dict)  # wall clock of a rank's last line
     rank0_node: str | None = None
     known_files: frozenset[str] = frozenset()
+    diagnostics: dict[str, str] = field(default_factory=dict)  # kind -> its last line
 
     def loop(self, timeout: float) -> Outcome:
         self.known_files = self._checkpoint_files()
@@ -202,6 +205,7 @@ class _Run:
             last_step=self.last_step,
             train_time=end - (self.first_step_at or self.started),
             kill=self.kill,
+            diagnostics=dict(self.diagnostics),
         )
 
     def tick(self) -> None:
@@ -246,6 +250,11 @@ class _Run:
 
     def on_event(self, node: str, text: str, event: Event) -> None:
         step = event.step
+        line = describe(event)
+        if line is not None:  # probe, ranks, hang: a note now, a line in the report
+            self.diagnostics[event.kind] = line
+            self.view.note(f"{node}: {event.kind}: {line}")
+            return
         if event.kind == "step" and step is not None:
             self.first_step_at = self.first_step_at or time.monotonic()
             self.last_step = step
@@ -327,7 +336,10 @@ class _Run:
             code = self.target.exit_codes()[first] or 1
         lines = lines or agent_lines(self.target.tail(node.name))
         shown = "\n".join(f"  {t}" for t in lines[-TAIL_LINES:])
-        return f"{_where(node, rank)} exited with code {code_text(code)}; its last lines:\n{shown}"
+        said = f"{_where(node, rank)} exited with code {code_text(code)}; its last lines:\n{shown}"
+        if "hang" in self.diagnostics:  # the watchdog's finding says more than exit 124
+            return f"hang: {self.diagnostics['hang']}\n{said}"
+        return said
 
 
 def _where(node: Node, rank: int | None) -> str:

@@ -58,7 +58,8 @@ def test_json_lines_schema(tmp_path: Path) -> None:
     ck = [e for e in events if e["event"] == "checkpoint"]
     assert [e["step"] for e in ck] == [3, 6]
     assert all(Path(e["path"]).is_file() and e["rank"] == 0 and e["host"] for e in ck)
-    assert set(events[-1]) == {"event", "step", "weights_sha256"} and events[-1]["step"] == 6
+    assert set(events[-1]) == {"event", "step", "weights_sha256", "run"}
+    assert events[-1]["step"] == 6 and events[-1]["run"]["world_size"] == 2
     assert len(done_hash(p)) == 64
 
 

@@ -33,7 +33,8 @@ def free_port() -> int:
 
 def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    # The start-up probe costs ~3 s a launch; tests/train/test_diagnostics.py turns it on.
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", DDPDEPLOY_PROBE="0")
     for k in (
         "RANK",
         "WORLD_SIZE",
