@@ -201,6 +201,9 @@ def test_no_import_cycle():
         ("ddpdeploy.render.pod", "render"),
         ("ddpdeploy.spec.model", "spec"),
         ("ddpdeploy.cluster.apply", "operations"),
+        ("ddpdeploy.cluster.find", "operations"),
+        ("ddpdeploy.commands.views", "commands"),
+        ("ddpdeploy.text", "ground"),
         ("ddpdeploy", "ground"),
         ("ddpdeploy.render.new_renderer", None),  # render's modules are placed one by one
         ("ddpdeploy.new_module", None),

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from rich.console import Console
 
 from ddpdeploy.cluster.jobstate import job_state
@@ -48,6 +50,15 @@ def test_markup_and_escapes_in_a_waiting_reason_are_text():
     assert "[/bold]" in out and "[pytorch]" in out
     assert "pwned" not in out and "[2J" not in out  # the OSC and the CSI are gone whole
     # The only escapes left are rich's own styling of the table (SGR: ESC [ ... m).
+    assert all(part[:1] == "[" and "m" in part for part in out.split(ESC)[1:])
+
+
+@given(reason=st.text(), message=st.text(), name=st.text(min_size=1))
+def test_any_pod_status_text_is_shown_as_one_plain_row(reason, message, name):
+    s = snap([pod(name, reason=reason or "r", message=message)])
+    out = shown(views.table("j", s))  # never a MarkupError
+    lines = views._lines("j", s, views.MAX_ROWS)
+    assert len(lines) == 2 and all(ESC not in line and "\n" not in line for line in lines)
     assert all(part[:1] == "[" and "m" in part for part in out.split(ESC)[1:])
 
 

@@ -45,7 +45,8 @@ def logs(
     assert job is not None  # found is required
     kind = job["kind"]
     pod = node_pod(job, pods, replica, index)
-    if pod is None and (replica is not None or index is not None):
+    named = found.layout.logs_hostname(name, replica, index) is not None
+    if pod is None and named:  # a node was named and has no pod: not rank 0's instead
         raise OperationError(
             f"--index: {kind} {found.namespace}/{name} has no pod for node {index} (yet); "
             f"`ddpdeploy status {name} -n {found.namespace}` lists its pods"
