@@ -106,28 +106,18 @@ def up(
     if not (wait or follow):
         _say(f"submitted; `ddpdeploy status {spec.name} -n {spec.namespace}` shows progress")
         return
-    from contextlib import contextmanager
-
-    from ddpdeploy.commands.views import WaitView, log_line
+    from ddpdeploy.commands.views import WaitViews, log_line
     from ddpdeploy.targets import layout_of
     from ddpdeploy.text import plain
 
     kind = layout_of(spec.target).kind
-    seen: list[WaitView] = []
-
-    @contextmanager
-    def views(live: bool):  # type: ignore[no-untyped-def]
-        with WaitView(spec.name, live=None if live else False) as view:
-            seen.append(view)
-            yield view
-
+    views = WaitViews(spec.name)
     try:
         state = watch.follow_and_wait(
             kube, spec.name, spec.namespace, seconds, follow, views, log_line, _say
         )
     except KeyboardInterrupt as exc:
-        last = next((v.last for v in reversed(seen) if v.last is not None), None)
-        now = f" (it was {plain(last[2].state)})" if last is not None else ""
+        now = f" (it was {plain(views.last[2].state)})" if views.last is not None else ""
         raise interrupted(
             exc,
             f"stopped watching; {kind} {spec.namespace}/{spec.name} is submitted and goes on"

@@ -9,11 +9,13 @@ is written through ddpdeploy.adapters.stdout (a full disk or closed pipe: one li
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import shutil
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 from rich.console import Console, RenderableType
@@ -141,6 +143,23 @@ class WaitView:
         if lines != self._last:
             print("\n".join(lines), file=sys.stderr, flush=True)
             self._last = lines
+
+
+class WaitViews:
+    """The views one `up --wait` draws in turn (cluster.watch.Views); remembers the last
+    snapshot any of them showed, for the line an interrupt ends with."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.last: Snapshot | None = None
+
+    @contextlib.contextmanager
+    def __call__(self, live: bool) -> Iterator[WaitView]:
+        with WaitView(self.name, live=None if live else False) as view:
+            try:
+                yield view
+            finally:
+                self.last = view.last or self.last
 
 
 def status_doc(name: str, namespace: str, snap: Snapshot) -> Obj:
