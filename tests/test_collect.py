@@ -97,7 +97,7 @@ class _ExecFromFolder:
 
 def test_pod_source_reads_through_exec_chunks(tmp_path):
     from ddpdeploy.checkpoints import collect
-    from ddpdeploy.clustercollect import PodSource
+    from ddpdeploy.cluster.collect import PodSource
 
     folder = tmp_path / "vol"
     folder.mkdir()

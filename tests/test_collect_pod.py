@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from ddpdeploy.checkpoints import SUMS, collect, payload_name, sidecar_name
-from ddpdeploy.clustercollect import PodSource
+from ddpdeploy.cluster.collect import PodSource
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.render.pod import collect_helper_pod
 from ddpdeploy.spec import JobSpec

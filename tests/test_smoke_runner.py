@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from ddpdeploy.errors import UserError
-from ddpdeploy.render.local import cpu_spec, respec
+from ddpdeploy.render.local import cpu_spec
 from ddpdeploy.smoke.budget import MAX_WORKERS_PER_CORE, check_cpu_budget
 from ddpdeploy.smoke.events import (
     RANK_OUTPUT_ENV,
@@ -20,7 +20,7 @@ from ddpdeploy.smoke.events import (
 )
 from ddpdeploy.smoke.plan import CHECKPOINT_ENV, chaos_spec, nodes_of, plan, with_steps
 from ddpdeploy.smoke.runner import KillAt, Outcome, Ranks, same_weights
-from ddpdeploy.spec import JobSpec
+from ddpdeploy.spec import JobSpec, spec_with
 from ddpdeploy.streams import ChunkReader, LineSplitter
 from ddpdeploy.targets import launch_contract
 
@@ -122,8 +122,8 @@ def test_changed_specs_are_validated():
     trainjob = JobSpec.model_validate({"target": "trainjob"})
     nodes = plan(trainjob, 41234, "/t.py")
     assert nodes[0].env["PET_MASTER_PORT"] == "41234"
-    with pytest.raises(ValueError, match="procs"):
-        respec(spec, {"procs": 3})  # what a spec file could not say, a patch cannot either
+    with pytest.raises(UserError, match="procs"):
+        spec_with(spec, {"procs": 3})  # what a spec file could not say, a patch cannot either
 
 
 def test_steps_is_the_builtin_trainers_flag():

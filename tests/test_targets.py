@@ -268,8 +268,8 @@ def test_a_dumped_spec_validates_again(doc):
 
 
 def test_cluster_commands_find_a_targets_pods_by_hostname():
-    from ddpdeploy.jobstate import pod_view
-    from ddpdeploy.jobwatch import node_pod, rank0_pod
+    from ddpdeploy.cluster.jobstate import pod_view
+    from ddpdeploy.cluster.watch import node_pod, rank0_pod
     from ddpdeploy.targets import layout_for_kind
 
     spec = JobSpec.model_validate({"image": "t:1", "nodes": 2, "target": "indexed-job"})

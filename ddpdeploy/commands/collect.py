@@ -162,11 +162,11 @@ def _from_cluster(
     image: str | None,
     copy: Callable[[Any], Any],
 ) -> Any:
-    from ddpdeploy.clustercollect import pod_source
-    from ddpdeploy.deploy import saved_spec_of
-    from ddpdeploy.kubeopts import connect
+    from ddpdeploy.cluster.apply import saved_spec_of
+    from ddpdeploy.cluster.collect import pod_source
+    from ddpdeploy.cluster.find import open_job
 
-    kube = connect(kubeconfig, context)
-    spec = saved_spec_of(kube, name, namespace or kube.default_namespace)
-    with pod_source(kube, spec, timeout, image) as src:
+    found = open_job(kubeconfig, context, name, namespace, verb="read", required=False)
+    spec = saved_spec_of(found)
+    with pod_source(found.kube, spec, timeout, image) as src:
         return copy(src)

@@ -1,7 +1,7 @@
 """`ddpdeploy down NAME`: delete the job (its pods and Services go with it) and the objects
 we made beside it; keep the checkpoint PVC unless --purge. Only objects ddpdeploy made for
 this job are deleted: each is checked before anything is deleted, and anything else is
-refused in one line naming it and its owner."""
+refused in one line naming it and its owner (ddpdeploy.cluster.apply.delete)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from typing import Annotated
 
 import typer
 
-from ddpdeploy.errors import OperationError
-from ddpdeploy.kubeopts import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt, connect
+from ddpdeploy.kubeopts import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt
 
 
 def down(
@@ -27,54 +26,13 @@ def down(
 
     Example: ddpdeploy down my-job
     """
-    from ddpdeploy import deploy
+    from ddpdeploy.cluster.apply import delete
+    from ddpdeploy.cluster.find import open_job
+    from ddpdeploy.commands.views import say
     from ddpdeploy.kubeopts import interrupted
-    from ddpdeploy.render.pod import MANAGED_BY
-    from ddpdeploy.targets import JOB_KINDS
 
-    kube = connect(kubeconfig, context)
-    ns = namespace or kube.default_namespace
-    say = lambda text: typer.echo(text, err=True)  # noqa: E731
-    done: list[str] = []
     try:
-        layout, job = deploy.find_any_job(kube, name, ns)
-        if job is not None:
-            deploy.require_ours(job, name, "deleted")
-        # Objects we render beside the job that deleting it does not delete.
-        beside = [*layout.companions(name), (*deploy.NETWORK_POLICY, name)]
-        found = []
-        for api, kind, other in beside:
-            got = kube.get(api, kind, other, ns)
-            if got is not None and job is not None:
-                deploy.require_ours(got, name, "deleted")
-                found.append((api, kind, other))
-            elif got is not None and deploy.not_ours(got, name) is None:
-                found.append((api, kind, other))  # left by an interrupted `up`
-        ours = f"{deploy.INSTANCE_LABEL}={name},{deploy.MANAGED_BY_LABEL}={MANAGED_BY}"
-        claims = kube.list("v1", "PersistentVolumeClaim", ns, labels=ours)
-        if purge:
-            for claim in claims:
-                deploy.require_ours(claim, name, "deleted")
-        if job is None and not found and not (purge and claims):
-            raise OperationError(f"no job {name} ({JOB_KINDS}) in namespace {ns}; nothing deleted")
-        if job is not None and kube.delete(layout.api_version, layout.kind, name, ns):
-            done.append(f"deleted {layout.kind} {ns}/{name}")
-            say(done[-1])
-        for api, kind, other in found:
-            if kube.delete(api, kind, other, ns):
-                done.append(f"deleted {kind} {ns}/{other}")
-                say(done[-1])
-        for claim in claims:
-            pvc = claim["metadata"]["name"]
-            if purge:
-                kube.delete("v1", "PersistentVolumeClaim", pvc, ns)
-                done.append(f"deleted PersistentVolumeClaim {ns}/{pvc}")
-                say(done[-1])
-            else:
-                say(
-                    f"kept PersistentVolumeClaim {ns}/{pvc} (checkpoints; `ddpdeploy resume "
-                    f"{name}` restarts from them, --purge deletes them)"
-                )
+        found = open_job(kubeconfig, context, name, namespace, verb="deleted", required=False)
     except KeyboardInterrupt as exc:
-        what = "; ".join(done) if done else "nothing was deleted"
-        raise interrupted(exc, f"{what}; run `ddpdeploy down {name} -n {ns}` again") from None
+        raise interrupted(exc, "nothing was deleted") from None
+    delete(found, purge, say)  # says itself what an interrupt left

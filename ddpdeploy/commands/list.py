@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timezone
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from ddpdeploy.errors import UserError
 from ddpdeploy.kubeopts import ContextOpt, KubeconfigOpt, NamespaceOpt, connect
@@ -40,8 +37,9 @@ def list_jobs(
 
     Example: ddpdeploy list -A
     """
-    from ddpdeploy.jobstate import job_size, job_state
-    from ddpdeploy.render.pod import MANAGED_BY
+    from ddpdeploy.cluster.jobstate import job_size, job_state
+    from ddpdeploy.cluster.labels import ours_selector
+    from ddpdeploy.commands import views
     from ddpdeploy.targets import TARGETS
 
     fmt = output.lower()
@@ -49,7 +47,7 @@ def list_jobs(
         raise UserError(f"-o/--output: {output!r} is not a format; use table or json")
     kube = connect(kubeconfig, context)
     ns = None if all_namespaces else namespace or kube.default_namespace
-    ours = f"app.kubernetes.io/managed-by={MANAGED_BY}"
+    ours = ours_selector()
     jobs = [
         job
         for t in TARGETS.values()
@@ -73,12 +71,6 @@ def list_jobs(
             }
         )
     if fmt == "json":
-        typer.echo(json.dumps(rows, indent=2))
+        views.print_json(rows)
         return
-    table = Table()
-    for col in ("NAME", "KIND", "NAMESPACE", "STATE", "AGE", "NODES×GPUS"):
-        table.add_column(col)
-    for r in rows:
-        size = f"{r['nodes']}×{r['gpus']}"
-        table.add_row(r["name"], r["kind"], r["namespace"], r["state"], r["age"], size)
-    Console(width=200).print(table)
+    views.print_out(views.list_table(rows), width=200)

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from ddpdeploy.errors import OperationError
-from ddpdeploy.kubeopts import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt, connect
+from ddpdeploy.kubeopts import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt
 
 
 def logs(
@@ -33,20 +33,27 @@ def logs(
 
     Example: ddpdeploy logs my-job --replica worker --index 1 --tail 50 --follow
     """
-    from ddpdeploy import jobwatch
-    from ddpdeploy.targets import JOB_KINDS, REPLICA_NAMES
+    from ddpdeploy.cluster.find import open_job
+    from ddpdeploy.cluster.watch import container_of, node_pod, rank0_pod, snapshot_of
+    from ddpdeploy.commands.views import log_line
+    from ddpdeploy.targets import REPLICA_NAMES
 
     if replica is not None and replica.lower() not in REPLICA_NAMES:
         raise typer.BadParameter(f"use {' or '.join(REPLICA_NAMES)}", param_hint="--replica")
-    kube = connect(kubeconfig, context)
-    ns = namespace or kube.default_namespace
-    job, pods, _ = jobwatch.snapshot(kube, name, ns)
-    if job is None:
-        raise OperationError(f"no job {name} ({JOB_KINDS}) in namespace {ns}")
-    pod = jobwatch.node_pod(job, pods, replica, index) or jobwatch.rank0_pod(kube, job, pods)
-    if pod is None:
+    found = open_job(kubeconfig, context, name, namespace)
+    job, pods, _ = snapshot_of(found)
+    assert job is not None  # found is required
+    kind = job["kind"]
+    pod = node_pod(job, pods, replica, index)
+    named = found.layout.logs_hostname(name, replica, index) is not None
+    if pod is None and named:  # a node was named and has no pod: not rank 0's instead
         raise OperationError(
-            f"no pod of {name} has logged rank 0's start yet; pass --replica and --index"
+            f"--index: {kind} {found.namespace}/{name} has no pod for node {index} (yet); "
+            f"`ddpdeploy status {name} -n {found.namespace}` lists its pods"
         )
-    for line in kube.logs(pod, ns, jobwatch.container_of(job), follow=follow, tail=tail):
-        typer.echo(line)
+    pod = pod or rank0_pod(found.kube, job, pods)
+    if pod is None:
+        hint = "pass --replica and --index" if found.layout.replica_names else "pass --index"
+        raise OperationError(f"no pod of {name} has logged rank 0's start yet; {hint}")
+    for line in found.kube.logs(pod, found.namespace, container_of(job), follow=follow, tail=tail):
+        log_line(line)

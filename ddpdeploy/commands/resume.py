@@ -3,9 +3,7 @@ same checkpoint volume, so that the trainer resumes from its newest checkpoint."
 
 from __future__ import annotations
 
-import typer
-
-from ddpdeploy.kubeopts import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt, connect
+from ddpdeploy.kubeopts import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt
 
 
 def resume(
@@ -18,18 +16,24 @@ def resume(
 
     Example: ddpdeploy resume my-job
     """
-    from ddpdeploy import deploy
-    from ddpdeploy.clusterplan import with_saved_spec
+    from ddpdeploy.cluster import apply
+    from ddpdeploy.cluster.find import open_job
+    from ddpdeploy.commands.views import say
     from ddpdeploy.kubeopts import interrupted
-    from ddpdeploy.targets import render_objects
 
-    kube = connect(kubeconfig, context)
-    ns = namespace or kube.default_namespace
     try:
-        spec = deploy.find_saved_spec(kube, name, ns)
-        objects = with_saved_spec(render_objects(spec), spec)
-        plan = deploy.preflight(kube, spec, objects, create_namespace=False)
+        found = open_job(kubeconfig, context, name, namespace, verb="resumed", required=False)
+        spec = apply.resumable_spec(found)
+        plan = apply.plan_job(found.kube, spec, say)
     except KeyboardInterrupt as exc:
         raise interrupted(exc, "stopped before any change; nothing was changed") from None
-    deploy.apply(kube, plan, replace=True, say=lambda text: typer.echo(text, err=True))
-    typer.echo(f"resubmitted; `ddpdeploy status {name} -n {ns}` shows progress", err=True)
+    created = apply.apply(found.kube, plan, replace=True, say=say)
+    if spec.checkpoint is None:
+        say(f"{name} has no checkpoint volume: it starts from step 0")
+    for obj in created:
+        if obj["kind"] == "PersistentVolumeClaim":  # new, so empty: nothing to resume from
+            say(
+                f"PersistentVolumeClaim {found.namespace}/{obj['metadata']['name']} was "
+                "missing and is new: no checkpoint exists, the job starts from step 0"
+            )
+    say(f"resubmitted; `ddpdeploy status {name} -n {found.namespace}` shows progress")

@@ -1,4 +1,5 @@
-"""`ddpdeploy scale NAME --nodes N`: resize an elastic job within its MIN:MAX."""
+"""`ddpdeploy scale NAME --nodes N`: resize an elastic job within its MIN:MAX, through the
+same apply path as `up` (ownership, preflight, server-side dry run, take-back)."""
 
 from __future__ import annotations
 
@@ -6,15 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ddpdeploy.errors import OperationError
-from ddpdeploy.kubeopts import (
-    ContextOpt,
-    KubeconfigOpt,
-    NameArg,
-    NamespaceOpt,
-    connect,
-    held_signals,
-)
+from ddpdeploy.kubeopts import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt
 
 
 def scale(
@@ -28,36 +21,19 @@ def scale(
 
     Example: ddpdeploy scale my-job --nodes 4
     """
-    from ddpdeploy import deploy
-    from ddpdeploy.clusterplan import scaled_spec, with_saved_spec
+    from ddpdeploy.cluster import apply
+    from ddpdeploy.cluster.find import open_job
+    from ddpdeploy.cluster.plan import scaled_spec
+    from ddpdeploy.commands.views import say
     from ddpdeploy.kubeopts import interrupted
-    from ddpdeploy.targets import SCALABLE, render_objects
+    from ddpdeploy.targets import SCALABLE
 
-    kube = connect(kubeconfig, context)
-    ns = namespace or kube.default_namespace
     try:
-        found = (kube.get(t.api_version, t.kind, name, ns) for t in SCALABLE)
-        job = next(filter(None, found), None)
-        if job is None:
-            kinds = " or ".join(t.kind for t in SCALABLE)
-            raise OperationError(f"no {kinds} {name} in namespace {ns}")
-        deploy.require_ours(job, name, "scaled")
-        spec = scaled_spec(job, nodes)
-        objects = with_saved_spec(render_objects(spec), spec)
-        for obj in objects:  # every object we would change must be ours
-            meta = obj["metadata"]
-            got = kube.get(obj["apiVersion"], obj["kind"], meta["name"], meta["namespace"])
-            if got is not None:
-                deploy.require_ours(got, name, "scaled")
-        for obj in objects:  # all dry-run first, then the PVC (its saved spec), then the job
-            kube.apply(obj, dry_run=True)
+        found = open_job(kubeconfig, context, name, namespace, verb="scaled", layouts=SCALABLE)
+        job = found.job
+        assert job is not None  # required
+        plan = apply.plan_job(found.kube, scaled_spec(job, nodes), say)
     except KeyboardInterrupt as exc:
         raise interrupted(exc, "stopped before any change; nothing was changed") from None
-    done = f"scaled {job['kind']} {ns}/{name} to {nodes} nodes"
-    try:
-        with held_signals():  # a few quick applies: all of them, or an error
-            for obj in objects:
-                kube.apply(obj)
-    except KeyboardInterrupt as exc:
-        raise interrupted(exc, f"{done} (the change is complete)") from None
-    typer.echo(done, err=True)
+    apply.apply(found.kube, plan, False, say, in_place=True)  # says what an interrupt left
+    say(f"scaled {job['kind']} {found.namespace}/{name} to {nodes} nodes")

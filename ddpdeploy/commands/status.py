@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import json
-
-import typer
-from rich.console import Console
-
-from ddpdeploy.errors import OperationError, UserError
-from ddpdeploy.kubeopts import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt, ViewOpt, connect
+from ddpdeploy.errors import UserError
+from ddpdeploy.kubeopts import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt, ViewOpt
 
 
 def status(
@@ -22,23 +17,23 @@ def status(
 
     Example: ddpdeploy status my-job -o yaml
     """
-    from ddpdeploy import jobwatch
+    from ddpdeploy.adapters.stdout import write_stdout
+    from ddpdeploy.cluster.find import open_job
+    from ddpdeploy.cluster.watch import snapshot_of
+    from ddpdeploy.commands import views
     from ddpdeploy.render.output import to_yaml
-    from ddpdeploy.targets import JOB_KINDS
 
     fmt = output.lower()
     if fmt not in ("table", "json", "yaml"):
         raise UserError(f"-o/--output: {output!r} is not a format; use table, json or yaml")
-    kube = connect(kubeconfig, context)
-    ns = namespace or kube.default_namespace
-    snap = jobwatch.snapshot(kube, name, ns)
-    if snap[0] is None:
-        raise OperationError(
-            f"no job {name} ({JOB_KINDS}) in namespace {ns}; "
-            f"`ddpdeploy list -n {ns}` shows the jobs"
-        )
+    hint = "; `ddpdeploy list -n {namespace}` shows the jobs"
+    found = open_job(kubeconfig, context, name, namespace, hint=hint)
+    snap = snapshot_of(found)
     if fmt == "table":
-        Console().print(jobwatch.table(name, snap))
+        views.print_out(views.table(name, snap))
         return
-    doc = jobwatch.status_doc(name, ns, snap)
-    typer.echo(json.dumps(doc, indent=2) if fmt == "json" else to_yaml(doc), nl=fmt == "json")
+    doc = views.status_doc(name, found.namespace, snap)
+    if fmt == "json":
+        views.print_json(doc)
+    else:
+        write_stdout(to_yaml(doc))

@@ -13,10 +13,6 @@ from ddpdeploy.options import spec_command
 from ddpdeploy.spec import JobSpec, spec_with
 
 
-def _say(text: str) -> None:
-    typer.echo(text, err=True)
-
-
 @spec_command
 def up(
     spec: JobSpec,
@@ -76,11 +72,12 @@ def up(
 
     Example: ddpdeploy up --image ghcr.io/me/train:v1 --nodes 2 --gpus 8 -- --steps 1000
     """
-    from ddpdeploy import deploy, jobwatch
-    from ddpdeploy.clusterplan import with_saved_spec
+    from ddpdeploy.cluster import apply as deploy
+    from ddpdeploy.cluster import watch
+    from ddpdeploy.commands.views import say as _say
     from ddpdeploy.targets import render_objects
 
-    seconds = jobwatch.parse_duration(timeout) if timeout else None
+    seconds = watch.parse_duration(timeout) if timeout else None
     ns_given = "namespace" in spec.model_fields_set  # -n or the spec file; else the context's
     if base_image is not None and not build:
         raise UserError("--base-image: only used with --build; add --build or drop it")
@@ -95,18 +92,14 @@ def up(
         spec = spec_with(spec, image=ref)
     from ddpdeploy.kubeopts import in_context_namespace, interrupted
 
-    objects = with_saved_spec(render_objects(spec), spec)  # render errors come first
+    render_objects(spec)  # render errors come first, before connecting
     kube = connect(kubeconfig, context)
     if not ns_given and spec.namespace != kube.default_namespace:
         spec = in_context_namespace(spec, kube.default_namespace)
-        objects = with_saved_spec(render_objects(spec), spec)
     try:
         if adopt_pvc:
             spec = deploy.adopt_pvc(kube, spec, _say)
-            objects = with_saved_spec(render_objects(spec), spec)
-        plan = deploy.preflight(kube, spec, objects, create_namespace)
-        for warning in plan.warnings:
-            _say(f"warning: {warning}")
+        plan = deploy.plan_job(kube, spec, _say, create_namespace)
         if dry_run:
             deploy.dry_run(kube, plan, replace, _say)
             return
@@ -118,15 +111,22 @@ def up(
     if not (wait or follow):
         _say(f"submitted; `ddpdeploy status {spec.name} -n {spec.namespace}` shows progress")
         return
+    from ddpdeploy.commands.views import WaitViews, log_line
     from ddpdeploy.targets import layout_of
+    from ddpdeploy.text import plain
 
     kind = layout_of(spec.target).kind
+    views = WaitViews(spec.name)
     try:
-        state = jobwatch.follow_and_wait(kube, spec.name, spec.namespace, seconds, follow)
+        state = watch.follow_and_wait(
+            kube, spec.name, spec.namespace, seconds, follow, views, log_line, _say
+        )
     except KeyboardInterrupt as exc:
+        now = f" (it was {plain(views.last[2].state)})" if views.last is not None else ""
         raise interrupted(
             exc,
-            f"stopped watching; {kind} {spec.namespace}/{spec.name} is submitted and goes on "
-            f"(`ddpdeploy status {spec.name} -n {spec.namespace}`; `ddpdeploy down` stops it)",
+            f"stopped watching; {kind} {spec.namespace}/{spec.name} is submitted and goes on"
+            f"{now} (`ddpdeploy status {spec.name} -n {spec.namespace}`; `ddpdeploy down` "
+            "stops it)",
         ) from None
     _say(f"{kind} {spec.name} succeeded" + (f": {state.reason}" if state.reason else ""))

@@ -15,13 +15,14 @@ accept; tests check the file against both.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from decimal import ROUND_CEILING, Decimal
+from decimal import ROUND_CEILING
 from typing import Any
 
 from ddpdeploy.contract import LaunchContract
 from ddpdeploy.errors import UserError
 from ddpdeploy.render.local import cpu_spec
 from ddpdeploy.spec import JobSpec
+from ddpdeploy.spec import quantity as spec_quantity
 from ddpdeploy.targets import launch_contract
 
 Obj = dict[str, Any]
@@ -30,33 +31,13 @@ NETWORK = "ddp"
 CHECKPOINT_VOLUME = "checkpoints"
 ROLE_LABEL = "ddpdeploy.role"  # "node" for a node of the job, "volume-init" for the helper
 
-# Kubernetes quantity suffixes -> multipliers; Docker wants shm_size in bytes.
-_SUFFIX = {
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-    "Ei": 2**60,
-    "m": Decimal("0.001"),
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-    "E": 10**18,
-}
 
-
+# Docker wants shm_size in bytes.
 def quantity_bytes(quantity: str) -> int:
-    """A Kubernetes quantity (already validated by the spec) as whole bytes, rounded up."""
-    for suffix in sorted(_SUFFIX, key=len, reverse=True):
-        if quantity.endswith(suffix):
-            value = Decimal(quantity[: -len(suffix)]) * Decimal(_SUFFIX[suffix])
-            break
-    else:
-        value = Decimal(quantity)  # plain or with an exponent (1e9)
-    return int(value.to_integral_value(rounding=ROUND_CEILING))
+    """A Kubernetes quantity (already validated by the spec) as whole bytes, rounded up,
+    read by the spec's one quantity parser."""
+    amount = spec_quantity(quantity)[1]
+    return int(amount.to_integral_value(rounding=ROUND_CEILING))
 
 
 def _escape(text: str) -> str:

@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddpdeploy.render.compose import compose_job, render_compose
-from ddpdeploy.render.local import respec
 from ddpdeploy.smoke.plan import nodes_of
 from ddpdeploy.smoke.target import Node
-from ddpdeploy.spec import JobSpec
+from ddpdeploy.spec import JobSpec, spec_with
 from ddpdeploy.targets import launch_contract
 
 LOCAL_REPO = "ddpdeploy-smoke"  # where a smoke run's own build is tagged
@@ -30,7 +29,7 @@ class ComposePlan:
 
 def compose_plan(spec: JobSpec, image: str, run_env: Mapping[str, str]) -> ComposePlan:
     """The job on CPU in ``image``, with ``run_env`` (the plan's `run_env`) on every node."""
-    job = respec(spec, {"image": image})
+    job = spec_with(spec, {"image": image})
     project = render_compose(job, cpu=True, run_env=run_env)
     nodes = nodes_of(launch_contract(compose_job(job, cpu=True), run_env=run_env))
     return ComposePlan(job.name, project, nodes)

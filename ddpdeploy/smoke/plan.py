@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 from ddpdeploy.contract import LaunchContract
 from ddpdeploy.errors import UserError
-from ddpdeploy.render.local import cpu_spec, respec
+from ddpdeploy.render.local import cpu_spec
 from ddpdeploy.smoke.events import RANK_OUTPUT_ENV
 from ddpdeploy.smoke.runner import KillAt
 from ddpdeploy.smoke.target import Node
-from ddpdeploy.spec import JobSpec
+from ddpdeploy.spec import JobSpec, spec_with
 from ddpdeploy.targets import launch_contract
 
 LOOPBACK = "127.0.0.1"
@@ -49,7 +49,7 @@ def _rank(env: dict[str, str]) -> int | None:
 def with_args(spec: JobSpec, *args: str) -> JobSpec:
     """The job with ``args`` appended to its command's arguments (validated)."""
     command = spec.command.model_dump(by_alias=True, mode="json", exclude_unset=True)
-    return respec(spec, {"command": {**command, "args": [*spec.command.args, *args]}})
+    return spec_with(spec, {"command": {**command, "args": [*spec.command.args, *args]}})
 
 
 def with_steps(spec: JobSpec, steps: int | None) -> JobSpec:
@@ -80,7 +80,7 @@ def chaos_spec(spec: JobSpec, kill_at: KillAt) -> tuple[JobSpec, int]:
         )
     if spec.command.builtin:
         if spec.checkpoint is None:
-            spec = respec(spec, {"checkpoint": {"claimName": "smoke"}})
+            spec = spec_with(spec, {"checkpoint": {"claimName": "smoke"}})
         if not any(a.startswith("--checkpoint-every") for a in spec.command.args):
             every = max(1, kill_at.step // 2) if kill_at.step is not None else 1
             spec = with_args(spec, "--checkpoint-every", str(every))

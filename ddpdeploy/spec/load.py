@@ -15,7 +15,7 @@ import os
 import re
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Union
@@ -315,16 +315,30 @@ def load_spec(
         raise UserError(_one_line(exc, source, overrides)) from None
 
 
-def spec_with(spec: JobSpec, **changes: Any) -> JobSpec:
-    """``spec`` with ``changes`` (snake_case fields), validated again as a whole like a spec
-    from a file (``model_copy(update=...)`` would skip every check: name budgets, ranges).
-    An invalid result is one UserError line naming the field."""
-    doc = spec.model_dump(mode="json", by_alias=True)
+def spec_with(spec: JobSpec, patch: Mapping[str, Any] | None = None, /, **changes: Any) -> JobSpec:
+    """``spec`` changed and validated again as a whole, like a spec from a file
+    (``model_copy(update=...)`` would skip every check: name budgets, ranges). The one way
+    the package changes a spec.
+
+    ``patch``: file keys (camelCase), nested mappings merged into the spec's; ``changes``:
+    top-level fields (snake_case), replaced. An invalid result is one UserError line naming
+    the field."""
+    doc = _merge(spec.model_dump(mode="json", by_alias=True, exclude_unset=True), patch or {})
     doc.update({to_camel(k): v for k, v in changes.items()})
     try:
         return JobSpec.model_validate(doc)
     except ValidationError as exc:
         raise UserError(_one_line(exc, "defaults", ())) from None
+
+
+def _merge(base: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in patch.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def _one_line(exc: ValidationError, source: str, overrides: Sequence[Override]) -> str:

@@ -145,16 +145,19 @@ def test_interrupted_replace_still_leaves_a_job(admin, namespace, slow_kubeconfi
     assert state(admin, namespace) == {"pvc": ["j-checkpoints"], "policy": ["j"], "job": ["j"]}
 
 
-def test_interrupted_wait_says_the_job_goes_on(admin, namespace, control_plane):
+@pytest.mark.parametrize(("sig", "exit_code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_interrupted_wait_says_the_job_goes_on(admin, namespace, control_plane, sig, exit_code):
     args = ["up", "--image", IMAGE, "--name", "w", "-n", namespace, "--wait"]
     proc = start(control_plane.kubeconfig, *args)
     lines = Lines(proc)
     lines.wait_for("created PyTorchJob")
     time.sleep(1)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     code, seen = lines.finish()
-    assert code == 143, seen
-    assert seen[-1].startswith("error: interrupted (SIGTERM): stopped watching"), seen
+    assert code == exit_code, seen
+    name = signal.Signals(sig).name
+    assert seen[-1].startswith(f"error: interrupted ({name}): stopped watching"), seen
+    assert "goes on (it was Pending)" in seen[-1], seen  # the state it was last seen in
     assert get_job(admin, namespace, "w") is not None
 
 

@@ -138,3 +138,25 @@ def test_collect_from_cluster_cleans_up_its_helper_pod(kube_cli, admin, namespac
     pods = res(admin, "v1", "Pod").get(namespace=namespace).to_dict()["items"]
     assert pods == []
     assert not dest.exists()
+
+
+def test_resume_onto_a_new_pvc_says_it_starts_from_step_0(kube_cli, admin, namespace, up):
+    up("j")
+    set_job_conditions(admin, namespace, "j", ("Created", ""), ("Failed", "boom"))
+    claims = res(admin, "v1", "PersistentVolumeClaim")
+    claims.delete(name="j-checkpoints", namespace=namespace)
+    # No controller here removes pvc-protection's finalizer: do it, so the claim is gone.
+    claims.patch(
+        name="j-checkpoints",
+        namespace=namespace,
+        body={"metadata": {"finalizers": None}},
+        content_type="application/merge-patch+json",
+    )
+    assert pvcs(admin, namespace) == []
+    out = kube_cli("resume", "j", "-n", namespace)
+    assert out.returncode == 0, out.stderr
+    assert (
+        f"PersistentVolumeClaim {namespace}/j-checkpoints was missing and is new: no "
+        "checkpoint exists, the job starts from step 0"
+    ) in out.stderr
+    assert pvcs(admin, namespace) == ["j-checkpoints"]

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from ddpdeploy.cluster.labels import INSTANCE_LABEL
 from ddpdeploy.errors import UserError
 from ddpdeploy.spec import JobSpec, quantity, spec_with
 from ddpdeploy.targets import layout_for_kind
@@ -50,7 +51,7 @@ def saved_spec(obj: Obj) -> JobSpec | None:
         return None
     where = f"{obj.get('kind')} {meta.get('namespace')}/{meta.get('name')}"
     spec = _read_saved(text, where)
-    instance = (meta.get("labels") or {}).get("app.kubernetes.io/instance")
+    instance = (meta.get("labels") or {}).get(INSTANCE_LABEL)
     from ddpdeploy.render.pod import checkpoint_claim_name
 
     names = {spec.name, checkpoint_claim_name(spec)}

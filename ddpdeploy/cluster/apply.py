@@ -1,13 +1,18 @@
-"""`up` and `resume` against a cluster: preflight, a server-side dry run of every object,
-then the change. Nothing is left half-applied:
+"""Every change a cluster verb makes: `up`, `scale` and `resume` through one apply
+(preflight, a server-side dry run of every object, then the change), `down` through one
+delete. Nothing is left half-applied:
 
 - only objects ddpdeploy made for this job are changed or deleted (labels, and the saved
-  spec naming the job); anything else is refused before anything changes;
+  spec naming the job: ddpdeploy.cluster.find); anything else is refused before anything
+  changes;
 - a new object is created create-only, so the API's own conflict decides between two `up`s
   of the same name; existing objects of ours are server-side applied;
 - any failure, interrupt included, takes back what this run created, and the one line
   says the first error, then what was removed or could not be;
-- a replace holds SIGINT/SIGTERM off from deleting the old job to creating the new one.
+- a replace holds SIGINT/SIGTERM off from deleting the old job to creating the new one; an
+  in-place change (`scale`) holds them off while the job is applied.
+
+No printing: what happens is told through the ``say`` callback.
 """
 
 from __future__ import annotations
@@ -18,18 +23,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddpdeploy.adapters.kube import Conflict, Forbidden, Kube
-from ddpdeploy.clusterplan import gpu_nodes, gpu_nodes_free, saved_spec
+from ddpdeploy.cluster.find import Found, no_job, not_ours, owner_of, require_ours
+from ddpdeploy.cluster.find import ref as _ref
+from ddpdeploy.cluster.jobstate import job_state
+from ddpdeploy.cluster.labels import ours_selector
+from ddpdeploy.cluster.plan import gpu_nodes, gpu_nodes_free, saved_spec, with_saved_spec
 from ddpdeploy.errors import OperationError, UserError
-from ddpdeploy.jobstate import job_state
 from ddpdeploy.kubeopts import held_signals, interrupted
 from ddpdeploy.spec import JobSpec, spec_with
-from ddpdeploy.targets import DEFAULT_TARGET, TARGETS, Layout, layout_of
+from ddpdeploy.targets import Layout, layout_of
 
 Obj = dict[str, Any]
 Say = Callable[[str], None]
 DEFAULT_CLASS = "storageclass.kubernetes.io/is-default-class"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-INSTANCE_LABEL = "app.kubernetes.io/instance"
 NETWORK_POLICY = ("networking.k8s.io/v1", "NetworkPolicy")
 
 
@@ -43,67 +49,8 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
 
 
-def _ref(obj: Obj) -> str:
-    return f"{obj['kind']} {obj['metadata'].get('namespace')}/{obj['metadata']['name']}"
-
-
 def _terminating(obj: Obj) -> bool:
     return bool((obj.get("metadata") or {}).get("deletionTimestamp"))
-
-
-# --- ownership -------------------------------------------------------------------------
-
-
-def owner_of(obj: Obj) -> str:
-    """Who the object's labels say made it, for the refusal line."""
-    labels = (obj.get("metadata") or {}).get("labels") or {}
-    manager, instance = labels.get(MANAGED_BY_LABEL), labels.get(INSTANCE_LABEL)
-    if manager is None:
-        return "no ddpdeploy labels"
-    return f"{MANAGED_BY_LABEL}={manager}" + (f", instance={instance}" if instance else "")
-
-
-def not_ours(obj: Obj, job: str) -> str | None:
-    """Why ``obj`` is not an object ddpdeploy made for job ``job`` (None: it is ours).
-
-    Ours: our managed-by and instance labels, and a saved spec naming this job and
-    namespace (set when we created it; a spec that does not is refused, not trusted)."""
-    from ddpdeploy.render.pod import MANAGED_BY
-
-    labels = (obj.get("metadata") or {}).get("labels") or {}
-    if labels.get(MANAGED_BY_LABEL) != MANAGED_BY or labels.get(INSTANCE_LABEL) != job:
-        return f"owner: {owner_of(obj)}"
-    try:
-        spec = saved_spec(obj)
-    except UserError as exc:
-        return str(exc)
-    if spec is None or spec.name != job:
-        return f"ddpdeploy did not create it for job {job} (no saved spec naming the job)"
-    return None
-
-
-def require_ours(obj: Obj, job: str, verb: str) -> None:
-    why = not_ours(obj, job)
-    if why is not None:
-        raise OperationError(f"{_ref(obj)} is not ours ({why}); not {verb}")
-
-
-def find_any_job(kube: Kube, name: str, namespace: str) -> tuple[Layout, Obj | None]:
-    """The job ``name`` of any kind the cluster serves, ours first, foreign otherwise (so
-    that a command can refuse it by name rather than say there is none)."""
-    foreign: tuple[Layout, Obj] | None = None
-    for layout in TARGETS.values():
-        if not kube.has_kind(layout.api_version, layout.kind):
-            continue
-        job = kube.get(layout.api_version, layout.kind, name, namespace)
-        if job is None:
-            continue
-        if not_ours(job, name) is None:
-            return layout, job
-        foreign = foreign or (layout, job)
-    if foreign is not None:
-        return foreign
-    return TARGETS[DEFAULT_TARGET], None
 
 
 # --- preflight -------------------------------------------------------------------------
@@ -130,6 +77,17 @@ def preflight(
     _check_storage(kube, plan)
     if not plan.create_namespace:
         _check_existing(kube, plan, layout)
+    return plan
+
+
+def plan_job(kube: Kube, spec: JobSpec, say: Say, create_namespace: bool = False) -> Plan:
+    """The preflight of ``spec``'s objects (rendered with the saved spec), its warnings
+    said: what `up`, `scale` and `resume` all start from."""
+    from ddpdeploy.targets import render_objects
+
+    plan = preflight(kube, spec, with_saved_spec(render_objects(spec), spec), create_namespace)
+    for warning in plan.warnings:
+        say(f"warning: {warning}")
     return plan
 
 
@@ -280,8 +238,14 @@ def _namespace_obj(name: str) -> Obj:
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
 
 
-def _refuse_existing(plan: Plan, replace: bool) -> None:
-    if plan.existing_job is not None and not replace:
+def _refuse_existing(plan: Plan, replace: bool, in_place: bool = False) -> None:
+    if in_place and plan.existing_job is None:
+        spec = plan.spec
+        raise OperationError(
+            f"{layout_of(spec.target).kind} {spec.namespace}/{spec.name} no longer exists "
+            "(deleted meanwhile?); nothing was changed"
+        )
+    if plan.existing_job is not None and not (replace or in_place):
         spec = plan.spec
         state = "Terminating" if _terminating(plan.existing_job) else None
         state = state or job_state(plan.existing_job, []).state
@@ -319,6 +283,7 @@ class _Run:
         self.created: list[Obj] = []  # by this run (a create that succeeded), in order
         self.created_ns = False
         self.job_created = False
+        self.job_applied = False  # an in-place change of the existing job went through
         self.kept: list[Obj] = []  # created meanwhile by a concurrent `up` of this job
 
     def take_back(self) -> str:
@@ -343,12 +308,14 @@ class _Run:
         return text + (f"; could NOT delete {', '.join(kept)}" if kept else "")
 
 
-def apply(kube: Kube, plan: Plan, replace: bool, say: Say) -> None:
+def apply(kube: Kube, plan: Plan, replace: bool, say: Say, *, in_place: bool = False) -> list[Obj]:
     """Create (or, when ours already, apply) the PVC and companions, then the job; a
-    replace deletes the old job and creates the new one with signals held off."""
+    replace deletes the old job and creates the new one with signals held off; ``in_place``
+    (`scale`) server-side applies the existing job, as the same field manager, so that only
+    what the spec changed changes. Returns the objects this run created."""
     spec = plan.spec
     layout = layout_of(spec.target)
-    _refuse_existing(plan, replace)
+    _refuse_existing(plan, replace, in_place)
     run = _Run(kube, plan)
     job = next(o for o in plan.objects if o["kind"] == layout.kind)
     ref = _ref(job)
@@ -362,14 +329,21 @@ def apply(kube: Kube, plan: Plan, replace: bool, say: Say) -> None:
         for obj in plan.objects:  # rendered with the PVC first, the job last
             if obj is not job:
                 _put(kube, plan, run, obj, say)
-        if plan.existing_job is not None:
+        if plan.existing_job is not None and in_place:
+            with held_signals():  # one apply: done, or an error
+                kube.apply(job)
+            run.job_applied = True
+            say(f"applied {ref}")
+        elif plan.existing_job is not None:
             _replace(kube, plan, run, job, layout, say)
         else:
             try:
                 _create(kube, run, job)
             except Conflict:
                 # Another `up` of this name created it since our read: it won, and the
-                # objects beside it are its own now, so nothing is taken back.
+                # objects beside it are its own now, so nothing is taken back (not even
+                # what this run created beside it first: the winner applies those).
+                run.created = []
                 raise OperationError(
                     f"{ref} was just created by someone else (another `up` at the same "
                     "moment?); this run changed nothing of it and kept the objects beside it"
@@ -380,9 +354,12 @@ def apply(kube: Kube, plan: Plan, replace: bool, say: Say) -> None:
                 kube.apply(obj)
                 say(f"applied {_ref(obj)}")
         _check_still_there(kube, plan)
+        return list(run.created)
     except _ReplaceLost:
         raise
     except KeyboardInterrupt as exc:
+        if run.job_applied:
+            raise interrupted(exc, f"{ref} was changed (the change is complete)") from None
         if run.job_created and plan.existing_job is not None:
             raise interrupted(exc, f"{ref} was replaced (the change is complete)") from None
         old = "; the old job is untouched" if plan.existing_job is not None else ""
@@ -498,34 +475,29 @@ def delete_job_and_wait(
 # --- the saved spec --------------------------------------------------------------------
 
 
-def find_saved_spec(kube: Kube, name: str, namespace: str) -> JobSpec:
-    """The spec to resume: the job must be ours and have ended (or be gone)."""
-    layout, job = find_any_job(kube, name, namespace)
+def resumable_spec(found: Found) -> JobSpec:
+    """The spec to resume: the job (found with verb "resumed") must have ended, or be gone."""
+    job = found.job
     if job is not None:
-        require_ours(job, name, "resumed")
         state = job_state(job, [])
         if not state.done:
             raise OperationError(
-                f"{job['kind']} {namespace}/{name} is {state.state}; nothing to resume "
-                "(`ddpdeploy down` it first to restart it)"
+                f"{job['kind']} {found.namespace}/{found.name} is {state.state}; nothing to "
+                "resume (`ddpdeploy down` it first to restart it)"
             )
-    return saved_spec_of(kube, name, namespace, job)
+    return saved_spec_of(found)
 
 
-def saved_spec_of(kube: Kube, name: str, namespace: str, job: Obj | None = None) -> JobSpec:
-    """The spec `up` last submitted: from the job, else from its checkpoint PVC (which
-    outlives `down`); either must name this job in this namespace."""
-    from ddpdeploy.render.pod import MANAGED_BY
-
-    if job is None:
-        _, job = find_any_job(kube, name, namespace)
-        if job is not None:
-            require_ours(job, name, "read")
-    spec = saved_spec(job) if job is not None else None
+def saved_spec_of(found: Found) -> JobSpec:
+    """The spec `up` last submitted: from the job (found with a verb, so ours), else from
+    its checkpoint PVC (which outlives `down`); either must name this job in this
+    namespace."""
+    name, namespace = found.name, found.namespace
+    spec = saved_spec(found.job) if found.job is not None else None
     if spec is not None:
         return spec
-    ours = f"{INSTANCE_LABEL}={name},{MANAGED_BY_LABEL}={MANAGED_BY}"
-    for claim in kube.list("v1", "PersistentVolumeClaim", namespace, labels=ours):
+    claims = found.kube.list("v1", "PersistentVolumeClaim", namespace, labels=ours_selector(name))
+    for claim in claims:
         spec = saved_spec(claim)
         if spec is not None and spec.name == name:
             return spec
@@ -533,3 +505,51 @@ def saved_spec_of(kube: Kube, name: str, namespace: str, job: Obj | None = None)
         f"no saved spec for {name} in namespace {namespace}: neither a job nor a "
         "checkpoint PVC that `ddpdeploy up` made is there; run `ddpdeploy up` again"
     )
+
+
+# --- delete ----------------------------------------------------------------------------
+
+
+def delete(found: Found, purge: bool, say: Say) -> None:
+    """`down`: the job (its pods and Services go with it), the objects we made beside it
+    that deleting it does not delete, and with ``purge`` the checkpoint PVC. Everything is
+    checked to be ours before anything is deleted (``found`` was found with a verb)."""
+    kube, name, ns, layout, job = found.kube, found.name, found.namespace, found.layout, found.job
+    done: list[str] = []
+    try:
+        beside = [*layout.companions(name), (*NETWORK_POLICY, name)]
+        gone_with_job = []
+        for api, kind, other in beside:
+            got = kube.get(api, kind, other, ns)
+            if got is not None and job is not None:
+                require_ours(got, name, "deleted")
+                gone_with_job.append((api, kind, other))
+            elif got is not None and not_ours(got, name) is None:
+                gone_with_job.append((api, kind, other))  # left by an interrupted `up`
+        claims = kube.list("v1", "PersistentVolumeClaim", ns, labels=ours_selector(name))
+        if purge:
+            for claim in claims:
+                require_ours(claim, name, "deleted")
+        if job is None and not gone_with_job and not (purge and claims):
+            raise OperationError(no_job(name, ns) + "; nothing deleted")
+        if job is not None and kube.delete(layout.api_version, layout.kind, name, ns):
+            done.append(f"deleted {layout.kind} {ns}/{name}")
+            say(done[-1])
+        for api, kind, other in gone_with_job:
+            if kube.delete(api, kind, other, ns):
+                done.append(f"deleted {kind} {ns}/{other}")
+                say(done[-1])
+        for claim in claims:
+            pvc = claim["metadata"]["name"]
+            if purge:
+                kube.delete("v1", "PersistentVolumeClaim", pvc, ns)
+                done.append(f"deleted PersistentVolumeClaim {ns}/{pvc}")
+                say(done[-1])
+            else:
+                say(
+                    f"kept PersistentVolumeClaim {ns}/{pvc} (checkpoints; `ddpdeploy resume "
+                    f"{name}` restarts from them, --purge deletes them)"
+                )
+    except KeyboardInterrupt as exc:
+        what = "; ".join(done) if done else "nothing was deleted"
+        raise interrupted(exc, f"{what}; run `ddpdeploy down {name} -n {ns}` again") from None

@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import os
 import signal
+from typing import Any
 
 import pytest
 from fakekube import FakeKube
 
-from ddpdeploy import deploy
-from ddpdeploy.clusterplan import with_saved_spec
+from ddpdeploy.cluster import apply as deploy
+from ddpdeploy.cluster.find import find_job
+from ddpdeploy.cluster.plan import scaled_spec, with_saved_spec
 from ddpdeploy.errors import OperationError
 from ddpdeploy.kubeopts import catch_signals
 from ddpdeploy.spec import JobSpec
 from ddpdeploy.targets import render_objects
+
+Obj = dict[str, Any]
 
 
 def objects(name: str = "j", image: str = "r.invalid/t:1"):
@@ -71,6 +75,17 @@ def test_the_apis_conflict_decides_a_race_and_the_loser_takes_nothing_back(kube)
     assert ours(kube) == ALL
     job = kube.get("kubeflow.org/v1", "PyTorchJob", "j", "ns")
     assert "winner" in job["metadata"]["annotations"]["ddpdeploy.dev/spec"]
+
+
+def test_the_loser_keeps_what_it_created_beside_the_winners_job(kube):
+    # This run creates the PVC and NetworkPolicy, then another `up` creates the job first:
+    # the winner's job needs that PVC (the winner applies it), so nothing is taken back.
+    _, winner = objects(image="r.invalid/winner:1")
+    kube.hooks[("create", "PyTorchJob")] = lambda: kube.add(winner[-1])
+    with pytest.raises(OperationError, match="just created by someone else") as err:
+        up(kube)
+    assert "took back" not in str(err.value)
+    assert ours(kube) == ALL
 
 
 def test_take_back_reports_the_first_error_then_what_it_removed(kube):
@@ -171,3 +186,93 @@ def test_the_winner_of_a_race_sets_what_the_loser_created_beside_the_job(kube):
     assert said[0] == "created PyTorchJob ns/j"
     pvc = kube.get("v1", "PersistentVolumeClaim", "j-checkpoints", "ns")
     assert "winner" in pvc["metadata"]["annotations"]["ddpdeploy.dev/spec"]
+
+
+# --- scale: the same apply path, in place ---------------------------------------------
+
+
+def elastic(kube: FakeKube) -> Obj:
+    doc = {"image": "r.invalid/t:1", "name": "j", "namespace": "ns", "nodes": 2}
+    rdzv = {"mode": "elastic", "minNodes": 1, "maxNodes": 3}
+    spec = JobSpec.model_validate({**doc, "rendezvous": rdzv, "checkpoint": {"size": "1Gi"}})
+    plan = deploy.preflight(kube, spec, with_saved_spec(render_objects(spec), spec), False)
+    deploy.apply(kube, plan, False, lambda _: None)
+    return kube.get("kubeflow.org/v1", "PyTorchJob", "j", "ns")
+
+
+def scale(kube: FakeKube, job: Obj, nodes: int, said: list[str]) -> list[Obj]:
+    spec = scaled_spec(job, nodes)
+    plan = deploy.preflight(kube, spec, with_saved_spec(render_objects(spec), spec), False)
+    return deploy.apply(kube, plan, False, said.append, in_place=True)
+
+
+def workers(kube: FakeKube) -> int:
+    job = kube.get("kubeflow.org/v1", "PyTorchJob", "j", "ns")
+    return job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"]
+
+
+def test_scale_applies_the_job_in_place(kube):
+    job = elastic(kube)
+    kube.calls.clear()
+    said: list[str] = []
+    assert scale(kube, job, 3, said) == []  # nothing created
+    assert workers(kube) == 3
+    assert (
+        kube.get("kubeflow.org/v1", "PyTorchJob", "j", "ns")["metadata"]["uid"]
+        == (job["metadata"]["uid"])
+    )
+    assert not [c for c in kube.calls if c[0] in ("create", "delete")]
+    assert ("dry-run", "PyTorchJob", "j") in kube.calls  # the server checked it first
+    assert said[-1] == "applied PyTorchJob ns/j"
+
+
+def test_scale_takes_back_what_it_created_when_the_job_apply_fails(kube):
+    job = elastic(kube)
+    kube.delete("networking.k8s.io/v1", "NetworkPolicy", "j", "ns")
+
+    def refuse() -> None:
+        raise OperationError("applying PyTorchJob j: forbidden")
+
+    kube.hooks[("apply", "PyTorchJob")] = refuse
+    with pytest.raises(OperationError) as err:
+        scale(kube, job, 3, [])
+    assert str(err.value) == (
+        "applying PyTorchJob j: forbidden; took back what it had created: deleted "
+        "NetworkPolicy ns/j"
+    )
+    assert workers(kube) == 2
+    assert ("NetworkPolicy", "j") not in ours(kube)
+
+
+def test_scale_of_a_job_deleted_meanwhile_changes_nothing(kube):
+    job = elastic(kube)
+    kube.delete("kubeflow.org/v1", "PyTorchJob", "j", "ns")
+    before = kube.kinds()
+    with pytest.raises(OperationError, match="no longer exists.*nothing was changed"):
+        scale(kube, job, 3, [])
+    assert kube.kinds() == before
+
+
+def test_scale_refuses_a_companion_that_is_not_ours(kube):
+    job = elastic(kube)
+    np = kube.get("networking.k8s.io/v1", "NetworkPolicy", "j", "ns")
+    np["metadata"]["labels"] = {}
+    kube.add(np)
+    with pytest.raises(OperationError, match="NetworkPolicy ns/j exists and is not ours"):
+        scale(kube, job, 3, [])
+    assert workers(kube) == 2
+
+
+# --- down: the one delete path ---------------------------------------------------------
+
+
+def test_down_deletes_ours_and_keeps_the_pvc(kube):
+    up(kube)
+    found = find_job(kube, "j", "ns", verb="deleted", required=False)
+    said: list[str] = []
+    deploy.delete(found, False, said.append)
+    assert ours(kube) == [("PersistentVolumeClaim", "j-checkpoints")]
+    assert said[:2] == ["deleted PyTorchJob ns/j", "deleted NetworkPolicy ns/j"]
+    assert said[2].startswith("kept PersistentVolumeClaim ns/j-checkpoints")
+    with pytest.raises(OperationError, match="^no job j .* in namespace ns; nothing deleted$"):
+        deploy.delete(find_job(kube, "j", "ns", verb="deleted", required=False), False, print)

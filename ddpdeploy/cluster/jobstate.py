@@ -9,10 +9,10 @@ are) is the target's (ddpdeploy.targets).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
+from ddpdeploy.smoke.events import parse_event, split_rank
 from ddpdeploy.targets import Layout, layout_for_kind
 
 Obj = dict[str, Any]
@@ -142,16 +142,16 @@ def job_size(job: Obj) -> tuple[int, int]:
     return layout.job_size(job) if layout else (0, 0)
 
 
-def logs_show_rank0(lines: list[str]) -> bool:
-    """True when a trainer log holds rank 0's `start` event (only rank 0 logs JSON)."""
+def start_event(lines: list[str]) -> dict[str, Any] | None:
+    """The fields of rank 0's `start` event in a trainer log (only rank 0 logs JSON), read
+    by the smoke room's parser of the same protocol; None when there is none."""
     for line in lines:
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(event, dict) and event.get("event") == "start":
-            return True
-    return False
+        event = parse_event(split_rank(line.strip())[1])
+        if event is not None and event.kind == "start":
+            return event.fields
+    return None
+
+
+def logs_show_rank0(lines: list[str]) -> bool:
+    """True when a trainer log holds rank 0's `start` event."""
+    return start_event(lines) is not None

@@ -18,6 +18,7 @@ from typing import Any, BinaryIO
 from ddpdeploy.adapters import files
 from ddpdeploy.adapters.kube import Kube
 from ddpdeploy.checkpoints import FILE, FOLDER, SPECIAL, SYMLINK, Unreadable, plain_name, shown
+from ddpdeploy.cluster.labels import selector
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.render.pod import COLLECT_CONTAINER, collect_helper_pod
 from ddpdeploy.spec import JobSpec
@@ -90,8 +91,7 @@ class PodSource:
 
 
 def _running_pod(kube: Kube, spec: JobSpec) -> str | None:
-    selector = layout_of(spec.target).pod_selector(spec.name)
-    labels = ",".join(f"{k}={v}" for k, v in selector.items())
+    labels = selector(layout_of(spec.target).pod_selector(spec.name))
     pods = kube.list("v1", "Pod", spec.namespace, labels=labels)
     running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
     return min((p["metadata"]["name"] for p in running), default=None)

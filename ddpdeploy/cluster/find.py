@@ -1,0 +1,144 @@
+"""Which job a cluster verb acts on, and whether it is ours: the one preamble of `status`,
+`logs`, `down`, `scale`, `resume` and `collect` (connect, namespace, find the job, the
+"no job" line), and the ownership rule every change goes through."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ddpdeploy.adapters.kube import Kube
+from ddpdeploy.cluster.labels import INSTANCE_LABEL, MANAGED_BY_LABEL
+from ddpdeploy.cluster.plan import saved_spec
+from ddpdeploy.errors import OperationError, UserError
+from ddpdeploy.kubeopts import connect
+from ddpdeploy.targets import DEFAULT_TARGET, JOB_KINDS, TARGETS, Layout
+
+Obj = dict[str, Any]
+
+
+def ref(obj: Obj) -> str:
+    """``Kind namespace/name``, as every line names an object."""
+    return f"{obj['kind']} {obj['metadata'].get('namespace')}/{obj['metadata']['name']}"
+
+
+# --- ownership -------------------------------------------------------------------------
+
+
+def owner_of(obj: Obj) -> str:
+    """Who the object's labels say made it, for the refusal line."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    manager, instance = labels.get(MANAGED_BY_LABEL), labels.get(INSTANCE_LABEL)
+    if manager is None:
+        return "no ddpdeploy labels"
+    return f"{MANAGED_BY_LABEL}={manager}" + (f", instance={instance}" if instance else "")
+
+
+def not_ours(obj: Obj, job: str) -> str | None:
+    """Why ``obj`` is not an object ddpdeploy made for job ``job`` (None: it is ours).
+
+    Ours: our managed-by and instance labels, and a saved spec naming this job and
+    namespace (set when we created it; a spec that does not is refused, not trusted)."""
+    from ddpdeploy.render.pod import MANAGED_BY
+
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    if labels.get(MANAGED_BY_LABEL) != MANAGED_BY or labels.get(INSTANCE_LABEL) != job:
+        return f"owner: {owner_of(obj)}"
+    try:
+        spec = saved_spec(obj)
+    except UserError as exc:
+        return str(exc)
+    if spec is None or spec.name != job:
+        return f"ddpdeploy did not create it for job {job} (no saved spec naming the job)"
+    return None
+
+
+def require_ours(obj: Obj, job: str, verb: str) -> None:
+    why = not_ours(obj, job)
+    if why is not None:
+        raise OperationError(f"{ref(obj)} is not ours ({why}); not {verb}")
+
+
+def _labelled_ours(obj: Obj) -> bool:
+    from ddpdeploy.render.pod import MANAGED_BY
+
+    return ((obj.get("metadata") or {}).get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGED_BY
+
+
+# --- finding the job -------------------------------------------------------------------
+
+
+def no_job(name: str, namespace: str, kinds: str = JOB_KINDS) -> str:
+    return f"no job {name} ({kinds}) in namespace {namespace}"
+
+
+def find_any_job(
+    kube: Kube, name: str, namespace: str, layouts: Iterable[Layout] | None = None
+) -> tuple[Layout, Obj | None]:
+    """The job ``name`` of any kind the cluster serves, ours first, foreign otherwise (so
+    that a command can refuse it by name rather than say there is none)."""
+    foreign: tuple[Layout, Obj] | None = None
+    for layout in TARGETS.values() if layouts is None else layouts:
+        if not kube.has_kind(layout.api_version, layout.kind):
+            continue
+        job = kube.get(layout.api_version, layout.kind, name, namespace)
+        if job is None:
+            continue
+        if not_ours(job, name) is None:
+            return layout, job
+        foreign = foreign or (layout, job)
+    if foreign is not None:
+        return foreign
+    return TARGETS[DEFAULT_TARGET], None
+
+
+@dataclass(frozen=True)
+class Found:
+    """The job a verb acts on: the connection, where, its target, and the object (None when
+    there is none and the verb goes on without one)."""
+
+    kube: Kube
+    name: str
+    namespace: str
+    layout: Layout
+    job: Obj | None
+
+
+def find_job(
+    kube: Kube,
+    name: str,
+    namespace: str | None,
+    *,
+    verb: str | None = None,
+    layouts: tuple[Layout, ...] | None = None,
+    required: bool = True,
+    hint: str = "",
+) -> Found:
+    """The job ``name`` in ``namespace`` (default: the context's).
+
+    ``verb`` None (reading: status, logs): only a job labelled as ours counts, a foreign one
+    is as good as none. A verb ("deleted", "scaled", ...): a foreign job of that name is
+    refused, naming its owner. ``required``: no job is the one "no job" line (+ ``hint``, in
+    which ``{namespace}`` is the namespace)."""
+    ns = namespace or kube.default_namespace
+    layout, job = find_any_job(kube, name, ns, layouts)
+    if job is not None and verb is None and not _labelled_ours(job):
+        layout, job = TARGETS[DEFAULT_TARGET], None
+    if job is not None and verb is not None:
+        require_ours(job, name, verb)
+    if job is None and required:
+        kinds = JOB_KINDS if layouts is None else " or ".join(t.kind for t in layouts)
+        raise OperationError(no_job(name, ns, kinds) + hint.format(namespace=ns))
+    return Found(kube, name, ns, layout, job)
+
+
+def open_job(
+    kubeconfig: str | None,
+    context: str | None,
+    name: str,
+    namespace: str | None,
+    **how: Any,
+) -> Found:
+    """Connect (flag, then the context's namespace, then ``default``) and find the job."""
+    return find_job(connect(kubeconfig, context), name, namespace, **how)

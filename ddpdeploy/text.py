@@ -1,0 +1,48 @@
+"""Text from outside (the cluster's pod and job messages, reasons, names, log lines) as one
+plain line a terminal shows as it is: no escape sequence can move the cursor, recolour, set
+the title or hide text, and no line break can forge a line of ours.
+
+Rich markup is the views' to escape (they pass this text as ``rich.text.Text``, which is
+never parsed as markup); this module only knows characters.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+REPLACEMENT = "\N{REPLACEMENT CHARACTER}"
+
+# Whole escape sequences first (one mark for each, not a mark and the rest as text):
+# CSI (ESC [ or C1 0x9B, parameters, intermediates, a final byte), OSC (ESC ] or C1 0x9D,
+# up to BEL or ST, or to the end of the text), and any other ESC + one character.
+_SEQUENCE = re.compile(
+    r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"
+    r"|(?:\x1b\]|\x9d)[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
+    r"|\x1b[\s\S]?"
+)
+# Characters a line must not hold: C0 and C1 controls but tab, DEL, and the Unicode line
+# and paragraph separators, bidirectional overrides (they reorder what is shown), and lone
+# surrogates (no terminal encoding can write them).
+_BIDI = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+_BREAKS = "\r\n"
+
+
+def _safe(ch: str) -> str:
+    if ch == "\t":
+        return ch
+    if ch in _BREAKS:
+        return " "
+    if unicodedata.category(ch) in ("Cc", "Cs") or ch in _BIDI or ch in "\u2028\u2029":
+        return REPLACEMENT
+    return ch
+
+
+def plain(text: object) -> str:
+    """``text`` as one line of plain characters: escape sequences and control characters
+    (tab aside) become U+FFFD, line breaks a space."""
+    value = text if isinstance(text, str) else str(text)
+    if value.isprintable():  # the common case: nothing to replace
+        return value
+    value = _SEQUENCE.sub(REPLACEMENT, value)
+    return "".join(_safe(ch) for ch in value)
