@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import signal
 import socket
 import subprocess
@@ -18,6 +19,7 @@ import typer
 
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.options import spec_command
+from ddpdeploy.render.compose import secret_env_note
 from ddpdeploy.spec import JobSpec
 
 if TYPE_CHECKING:
@@ -128,6 +130,9 @@ def smoke(
         f"world size {world}, gloo {where}",
         err=True,
     )
+    note = secret_env_note(spec, os.environ)
+    if note:
+        typer.echo(f"smoke: {note}", err=True)
     folder = None if docker else _checkpoint_folder(spec, chaos is not None)
     options = runner.RunOptions(
         world_size=world,
