@@ -145,9 +145,11 @@ def smoke(
     with _sigterm_ends_the_run():
         if docker:
             start = _docker_target(spec, plan.run_env(restarts), base_image, keep_volume)
+            outcomes = dict(runner.smoke(start, _ConsoleView(), options))
         else:
             start = _local_target(spec, restarts, folder, resume)
-        outcomes = dict(runner.smoke(start, _ConsoleView(), options))
+            with _workspace_writes(spec):
+                outcomes = dict(runner.smoke(start, _ConsoleView(), options))
     _report(outcomes)
 
 
@@ -169,6 +171,28 @@ def _checkpoint_folder(spec: JobSpec, chaos: bool) -> Path | None:
     if spec.checkpoint is None and not chaos:
         return None
     return Path(".ddpdeploy", "checkpoints", spec.name).resolve()
+
+
+@contextlib.contextmanager
+def _workspace_writes(spec: JobSpec) -> Iterator[None]:
+    """Say in one line, after the run (green or not), which files it wrote in the workspace
+    outside the checkpoint folder: the pod's read-only root would refuse them, and a local
+    run cannot make this host's file system read-only."""
+    if not spec.security.read_only_root_filesystem:
+        yield
+        return
+    from ddpdeploy.adapters.local import workspace_listing
+    from ddpdeploy.smoke import workspace
+
+    root = Path.cwd()
+    before = workspace_listing(root, workspace.IGNORED)
+    try:
+        yield
+    finally:
+        after = workspace_listing(root, workspace.IGNORED)
+        line = workspace.warning(workspace.written(before, after))
+        if line:
+            typer.echo(f"smoke: {line}", err=True)
 
 
 @contextlib.contextmanager

@@ -146,3 +146,38 @@ def code_text(code: int) -> str:
         except ValueError:
             return str(code)
     return str(code)
+
+
+# Python's own error names the path; torch.save's C++ writer names only the cause, so the
+# user's own frame (the line that wrote) stands in for it.
+_READ_ONLY = "Read-only file system"
+_READ_ONLY_PATH = re.compile(r"Read-only file system: '((?:[^'\\]|\\.)*)'")
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)')
+
+
+def read_only_write(lines: list[str]) -> str | None:
+    """One line naming what a worker wrote on the read-only root (a pod's, and compose's
+    since it runs with the pod's settings) and the fix; None when ``lines`` (the root-cause
+    rank's own) show no such error."""
+    hits = [i for i, t in enumerate(lines) if _READ_ONLY in t]
+    if not hits:
+        return None
+    last = hits[-1]
+    match = _READ_ONLY_PATH.search(lines[last])
+    if match:
+        what = f"it wrote {match[1]}"
+    else:
+        what = "it wrote a file"
+        frames = [
+            (i, m)
+            for i, t in enumerate(lines[:last])
+            if (m := _FRAME.match(t)) and "/site-packages/" not in m[1] and "/torch/" not in m[1]
+        ]
+        if frames:
+            i, frame = frames[-1]
+            code = lines[i + 1].strip() if i + 1 < last else ""
+            what += f" ({frame[1]} line {frame[2]}{': ' + code if code else ''})"
+    return (
+        f"{what} on the read-only root file system, as the pod would refuse it; write under "
+        "$DDPDEPLOY_CHECKPOINT_DIR (or /tmp), or pass --writable-rootfs"
+    )

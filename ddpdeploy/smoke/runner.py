@@ -27,6 +27,7 @@ from ddpdeploy.smoke.events import (
     agent_lines,
     code_text,
     parse_event,
+    read_only_write,
     root_cause,
     split_rank,
     summary_failures,
@@ -327,7 +328,9 @@ class _Run:
             code = self.target.exit_codes()[first] or 1
         lines = lines or agent_lines(self.target.tail(node.name))
         shown = "\n".join(f"  {t}" for t in lines[-TAIL_LINES:])
-        return f"{_where(node, rank)} exited with code {code_text(code)}; its last lines:\n{shown}"
+        reason = read_only_write(lines)
+        why = f": {reason}. Its" if reason else "; its"
+        return f"{_where(node, rank)} exited with code {code_text(code)}{why} last lines:\n{shown}"
 
 
 def _where(node: Node, rank: int | None) -> str:
