@@ -277,3 +277,19 @@ def test_every_process_is_told_the_checkpoint_mount(target, command):
     without = render_objects(JobSpec.model_validate(doc))
     names = [e.get("name") for env in _found(without, "env") for e in env]
     assert CKPT_ENV not in names and "DDPDEPLOY_DNS_WAIT" in names
+
+
+def test_script_example_runs_the_script_with_its_args_and_validates():
+    from yaml_readers import kustomize_load_all
+
+    folder = Path(__file__).resolve().parents[1] / "k8s" / "examples" / "script-2x4"
+    built = kustomize_load_all(folder)
+    (job,) = [o for o in built if o["kind"] == "PyTorchJob"]
+    assert pytorchjob_errors(job) == []
+    assert all(builtin_errors(o) == [] for o in built if o["kind"] != "PyTorchJob")
+    for replica in ("Master", "Worker"):
+        c = container(job, replica)
+        assert c["command"][-6:] == ["torchrun", "train.py", "--epochs", "10", "--lr", "3e-4"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+        assert env["DDPDEPLOY_CHECKPOINT_DIR"] == mounts["checkpoints"] == "/checkpoints"
