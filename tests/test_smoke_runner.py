@@ -212,7 +212,8 @@ def test_a_write_on_the_read_only_root_is_named_with_the_fix():
         "RuntimeError: [enforce fail at inline_container.cc:747] . open file failed with "
         "strerror: Read-only file system",
     ]
-    assert read_only_write(torch_save) == (
-        'it wrote a file (/workspace/train.py line 7: torch.save(state, "snapshot.pt"))' + fix
-    )
+    expected = 'it wrote a file (/workspace/train.py line 7: torch.save(state, "snapshot.pt"))'
+    assert read_only_write(torch_save) == expected + fix
+    # ...also as torch prints a worker's uncaught exception, prefixed with its rank again.
+    assert read_only_write([f"[rank0]: {t}" for t in torch_save]) == expected + fix
     assert read_only_write(["OSError: [Errno 13] Permission denied: 'x'"]) is None

@@ -153,12 +153,16 @@ def code_text(code: int) -> str:
 _READ_ONLY = "Read-only file system"
 _READ_ONLY_PATH = re.compile(r"Read-only file system: '((?:[^'\\]|\\.)*)'")
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)')
+_OWN_PREFIX = re.compile(r"^\[rank\d+\]: ?")
+_LIBRARIES = ("/site-packages/", "/dist-packages/", "/lib/python3")  # not the user's frame
 
 
 def read_only_write(lines: list[str]) -> str | None:
     """One line naming what a worker wrote on the read-only root (a pod's, and compose's
     since it runs with the pod's settings) and the fix; None when ``lines`` (the root-cause
     rank's own) show no such error."""
+    # torch prefixes an uncaught exception's lines with the rank again ("[rank0]: ").
+    lines = [_OWN_PREFIX.sub("", t, count=1) for t in lines]
     hits = [i for i, t in enumerate(lines) if _READ_ONLY in t]
     if not hits:
         return None
@@ -171,7 +175,7 @@ def read_only_write(lines: list[str]) -> str | None:
         frames = [
             (i, m)
             for i, t in enumerate(lines[:last])
-            if (m := _FRAME.match(t)) and "/site-packages/" not in m[1] and "/torch/" not in m[1]
+            if (m := _FRAME.match(t)) and not any(lib in m[1] for lib in _LIBRARIES)
         ]
         if frames:
             i, frame = frames[-1]
