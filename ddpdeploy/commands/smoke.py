@@ -120,7 +120,8 @@ def smoke(
             typer.echo(
                 "smoke: note: under static rendezvous torch 2.13's restarted workers share "
                 "the agent's store, so a plain init_process_group may fail with 'Connection "
-                "refused'; --elastic N:N (c10d) restarts it safely",
+                "refused' or hang; ddpkit.init_process_group, or --elastic N:N (c10d), "
+                "restarts it safely (docs/own-script.md)",
                 err=True,
             )
     world = spec.nodes * spec.procs_per_node
