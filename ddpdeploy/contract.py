@@ -27,6 +27,9 @@ POD_IP = "status.podIP"
 # The index an Indexed Job (and a JobSet's Job) gives each pod: a label (1.28+) and annotation.
 COMPLETION_INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 COMPLETION_INDEX = f"metadata.annotations['{COMPLETION_INDEX_KEY}']"
+# Where the job's checkpoint volume is, in every process of a job that has one: the pod's
+# mountPath (compose mounts its volume there too); a local run passes its own folder.
+CHECKPOINT_DIR_ENV = "DDPDEPLOY_CHECKPOINT_DIR"
 
 
 @dataclass(frozen=True)
@@ -189,12 +192,15 @@ def launch_contract(
     """The single decision of how ``spec`` is launched on ``layout`` (its target's; see
     ``targets.launch_contract``). ``port`` replaces the target's rendezvous port (local runs
     take a free one). ``run_env`` is env ddpdeploy itself adds for one run (e.g. a smoke
-    run's): set after the spec's env on every node, not checked as user env is."""
+    run's, whose local checkpoint folder replaces the mount path): set after the spec's env
+    on every node, not checked as user env is."""
     base_env = {
         # Bounded wait for peers' DNS, in seconds (the rendezvous join timeout).
         "DDPDEPLOY_DNS_WAIT": str(spec.rendezvous.join_timeout),
         "DDPDEPLOY_RDZV_HOST": layout.rdzv_address(spec),
     }
+    if spec.checkpoint:
+        base_env[CHECKPOINT_DIR_ENV] = spec.checkpoint.mount_path
     if spec.elastic:
         # By default agents share one TCPStore with their workers that outlives a restart;
         # restarted workers then read peers' stale addresses and fail ("Connection

@@ -18,6 +18,7 @@ from cli_runner import run_cli
 
 from ddpdeploy.render.compose import ROLE_LABEL, quantity_bytes, render_compose
 from ddpdeploy.render.output import to_yaml
+from ddpdeploy.render.pod import pod_only_env
 from ddpdeploy.spec import JobSpec
 from ddpdeploy.targets import launch_contract
 
@@ -49,6 +50,18 @@ EXTRA = [
         pytest.param({"image": "t:1", "nodes": 2, "gpus": 4, "target": t}, gpu, id=f"{t}-{gpu}")
         for t in ("trainjob", "indexed-job")
         for gpu in (None, True)
+    ),
+    pytest.param(
+        {
+            "image": "t:1",
+            "nodes": 2,
+            "checkpoint": CKPT,
+            "security": {"readOnlyRootFilesystem": False, "runAsUser": 1234, "fsGroup": 2000},
+            "secretEnv": {"HF_TOKEN": {"secret": "hf", "key": "token"}},
+            "network": {"rdma": {"resource": "rdma/hca"}},
+        },
+        None,
+        id="writable-rootfs-secret-rdma",
     ),
     pytest.param(
         {
@@ -139,7 +152,8 @@ def test_services_are_the_pods_with_the_operators_env(elastic):
         assert svc["hostname"] == name
         assert svc["labels"] == {ROLE_LABEL: "node"}
         env = {k: unescape(v) for k, v in svc["environment"].items()}
-        assert env == contract.node_env(node)  # the cluster's hostnames, unmapped
+        # The cluster's hostnames, unmapped, and the pod's own env (temp files, caches).
+        assert env == {**pod_only_env(spec), **contract.node_env(node)}
         assert [unescape(a) for a in svc["entrypoint"]] == contract.container_command()
         assert svc["networks"] == ["ddp"]
         assert svc["shm_size"] == 2 * 2**30
@@ -173,7 +187,7 @@ def test_services_follow_the_targets_layout(target, names, rdzv):
         # Peers look the node up as <host>.<subdomain>, as on the cluster.
         assert svc["networks"] == {"ddp": {"aliases": [f"{name}.job"]}}
         env = {k: unescape(v) for k, v in svc["environment"].items()}
-        assert env == contract.node_env(node)
+        assert env == {**pod_only_env(spec), **contract.node_env(node)}
         assert env["PET_MASTER_ADDR"] == env["DDPDEPLOY_RDZV_HOST"] == rdzv
         assert env["PET_NODE_RANK"] == str(node.index)
 
@@ -200,9 +214,9 @@ def test_gpus_are_reserved_unless_cpu():
         assert svc["depends_on"] == {INIT[0]: {"condition": "service_completed_successfully"}}
         assert svc["shm_size"] == 512 * 2**20
     assert gpu["volumes"] == {"checkpoints": {}}
-    # The one-shot helper opens the root-owned new volume to the image's non-root user.
+    # The one-shot helper hands the root-owned new volume to the pod's UID and fsGroup.
     init = gpu["services"][INIT[0]]
-    assert init["user"] == "0:0" and init["entrypoint"] == ["chmod", "1777", "/ckpt"]
+    assert init["user"] == "0:0" and init["entrypoint"] == ["chown", "10001:10001", "/ckpt"]
     assert init["volumes"] == nodes(gpu)[0]["volumes"] and "deploy" not in init
     assert render_compose(spec) == gpu  # GPUs in the spec: --gpu is the default
     cpu = render_compose(spec, cpu=True)
@@ -260,3 +274,86 @@ def test_no_engine_is_one_line_pointing_to_local(tmp_path, monkeypatch):
     message = str(info.value)
     assert "\n" not in message and info.value.exit_code == 1
     assert message.startswith("cannot reach the Docker engine") and "smoke --local" in message
+
+
+def pod_container(spec: JobSpec) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The rendered PyTorchJob's master pod spec and its training container."""
+    from ddpdeploy.targets import render_objects
+
+    (job,) = [o for o in render_objects(spec) if o["kind"] == "PyTorchJob"]
+    pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    return pod, pod["containers"][0]
+
+
+@pytest.mark.parametrize("writable", [False, True])
+def test_every_node_runs_with_the_pods_security_settings(writable):
+    doc: dict[str, Any] = {"image": "t:1", "nodes": 2, "checkpoint": CKPT}
+    if writable:
+        doc["security"] = {"readOnlyRootFilesystem": False}
+    spec = JobSpec.model_validate(doc)
+    pod, container = pod_container(spec)
+    sec, ctx = pod["securityContext"], container["securityContext"]
+    emptydirs = sorted(
+        m["mountPath"]
+        for m in container["volumeMounts"]
+        for v in pod["volumes"]
+        if v["name"] == m["name"] and "emptyDir" in v and m["mountPath"] != "/dev/shm"
+    )
+    for svc in nodes(render_compose(spec)):
+        assert svc["user"] == f"{sec['runAsUser']}:{sec['runAsGroup']}" == "10001:10001"
+        assert "group_add" not in svc  # fsGroup is the primary group already
+        assert ctx["capabilities"] == {"drop": svc["cap_drop"]} and svc["cap_drop"] == ["ALL"]
+        assert ctx["allowPrivilegeEscalation"] is False
+        assert svc["security_opt"] == ["no-new-privileges:true"]
+        assert svc.get("read_only", False) is ctx["readOnlyRootFilesystem"] is (not writable)
+        tmpfs = sorted(t.split(":")[0] for t in svc.get("tmpfs", []))
+        assert tmpfs == emptydirs == ([] if writable else ["/home/ddp", "/tmp"])
+        # The pod's env where its emptyDirs are, the checkpoint mount, and the image's WORKDIR.
+        pod_env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+        for name in ("HOME", "TMPDIR", "XDG_CACHE_HOME", "DDPDEPLOY_CHECKPOINT_DIR"):
+            assert svc["environment"].get(name) == pod_env.get(name)
+        assert svc["environment"]["DDPDEPLOY_CHECKPOINT_DIR"] == "/ckpt"
+        assert "working_dir" not in svc and "workingDir" not in container
+
+
+def test_other_ids_fsgroup_rdma_and_secret_env():
+    doc = next(p.values[0] for p in EXTRA if p.id == "writable-rootfs-secret-rdma")
+    project = render_compose(JobSpec.model_validate(doc))
+    for svc in nodes(project):
+        assert svc["user"] == "1234:10001" and svc["group_add"] == ["2000"]
+        assert svc["cap_add"] == ["IPC_LOCK"]  # as the pod's, for RDMA
+        # By name only: compose takes the value from the environment it runs in.
+        assert "HF_TOKEN" in svc["environment"] and svc["environment"]["HF_TOKEN"] is None
+    assert project["services"][INIT[0]]["entrypoint"] == ["chown", "1234:2000", "/ckpt"]
+
+
+def test_secret_env_is_passed_by_name_and_said_so(tmp_path):
+    (tmp_path / "ddpdeploy.yaml").write_text(
+        "image: t:1\nsecretEnv: {HF_TOKEN: {secret: hf, key: token}}\n"
+    )
+    res = run_cli("compose", cwd=tmp_path, env={"HF_TOKEN": "s3cret"})
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == (
+        "compose: secretEnv HF_TOKEN: not read from Kubernetes Secrets here; compose passes "
+        "each from the environment `docker compose up` runs in\n"
+    )
+    assert "s3cret" not in res.stdout  # never written into the file
+    env = yaml.safe_load(res.stdout)["services"]["ddp-train-master-0"]["environment"]
+    assert "HF_TOKEN" in env and env["HF_TOKEN"] is None
+    (tmp_path / "plain").mkdir()
+    assert run_cli("compose", "--image", "t:1", cwd=tmp_path / "plain").stderr == ""
+
+
+def test_secret_env_note_for_a_run_says_what_is_set_here():
+    from ddpdeploy.render.compose import secret_env_note
+
+    refs = {n: {"secret": "s", "key": "k"} for n in ("B_KEY", "A_TOKEN")}
+    spec = JobSpec.model_validate({"secretEnv": refs})
+    assert secret_env_note(spec, {"A_TOKEN": "x"}) == (
+        "secretEnv A_TOKEN, B_KEY: not read from Kubernetes Secrets here; passed from this "
+        "environment, where B_KEY is not set"
+    )
+    assert secret_env_note(spec, {"A_TOKEN": "x", "B_KEY": "y"}).endswith(
+        "passed from this environment"
+    )
+    assert secret_env_note(JobSpec.model_validate({}), {}) is None

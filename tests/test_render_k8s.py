@@ -248,3 +248,48 @@ def test_committed_examples_are_what_render_produces(spec_file):
     expected = folder_files(render_objects(spec_from_flags(spec_file)))
     expected[RECORD] = plan_folder(str(folder), expected, {}, {}).final
     assert {p.name: p.read_text() for p in folder.iterdir()} == expected
+
+
+def _found(node: Any, key: str) -> list[Any]:
+    """Every value under ``key`` anywhere in ``node`` (the targets nest the pod differently)."""
+    if isinstance(node, dict):
+        here = [node[key]] if key in node else []
+        return here + [v for child in node.values() for v in _found(child, key)]
+    if isinstance(node, list):
+        return [v for child in node for v in _found(child, key)]
+    return []
+
+
+CKPT_ENV = "DDPDEPLOY_CHECKPOINT_DIR"
+
+
+@pytest.mark.parametrize("target", ["pytorchjob", "trainjob", "indexed-job"])
+@pytest.mark.parametrize(
+    "command", [{"script": "train.py", "args": ["--lr", "0.1"]}, {"module": "pkg.train"}, {}]
+)
+def test_every_process_is_told_the_checkpoint_mount(target, command):
+    doc = {"image": "t:1", "nodes": 2, "target": target, "command": command}
+    with_volume = {**doc, "checkpoint": {"claimName": "ck", "mountPath": "/data/ck"}}
+    objects = render_objects(JobSpec.model_validate(with_volume))
+    told = [e for env in _found(objects, "env") for e in env if e["name"] == CKPT_ENV]
+    assert told and all(e == {"name": CKPT_ENV, "value": "/data/ck"} for e in told)
+    assert "/data/ck" in _found(objects, "mountPath")  # ...where the volume is mounted
+    without = render_objects(JobSpec.model_validate(doc))
+    names = [e.get("name") for env in _found(without, "env") for e in env]
+    assert CKPT_ENV not in names and "DDPDEPLOY_DNS_WAIT" in names
+
+
+def test_script_example_runs_the_script_with_its_args_and_validates():
+    from yaml_readers import kustomize_load_all
+
+    folder = Path(__file__).resolve().parents[1] / "k8s" / "examples" / "script-2x4"
+    built = kustomize_load_all(folder)
+    (job,) = [o for o in built if o["kind"] == "PyTorchJob"]
+    assert pytorchjob_errors(job) == []
+    assert all(builtin_errors(o) == [] for o in built if o["kind"] != "PyTorchJob")
+    for replica in ("Master", "Worker"):
+        c = container(job, replica)
+        assert c["command"][-6:] == ["torchrun", "train.py", "--epochs", "10", "--lr", "3e-4"]
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+        assert env["DDPDEPLOY_CHECKPOINT_DIR"] == mounts["checkpoints"] == "/checkpoints"

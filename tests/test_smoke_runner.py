@@ -186,3 +186,34 @@ def test_line_splitter_and_chunk_reader():
     assert text.feed("x\ny") == ["x"] and text.finish() == ["y"]
     reader = ChunkReader(iter([b"ab", b"", b"cde"]))
     assert reader.read(1) == b"a" and reader.read() == b"bcde" and reader.read(3) == b""
+
+
+def test_a_write_on_the_read_only_root_is_named_with_the_fix():
+    from ddpdeploy.smoke.events import read_only_write
+
+    fix = (
+        " on the read-only root file system, as the pod would refuse it; write under "
+        "$DDPDEPLOY_CHECKPOINT_DIR (or /tmp), or pass --writable-rootfs"
+    )
+    python = [
+        "Traceback (most recent call last):",
+        '  File "/workspace/relative_write.py", line 12, in <module>',
+        '    open("snapshot.txt", "w")',
+        "OSError: [Errno 30] Read-only file system: 'snapshot.txt'",
+    ]
+    assert read_only_write(["epoch 0", *python]) == "it wrote snapshot.txt" + fix
+    # torch.save's writer names no path: the user's own frame stands in for it.
+    torch_save = [
+        "Traceback (most recent call last):",
+        '  File "/workspace/train.py", line 7, in <module>',
+        '    torch.save(state, "snapshot.pt")',
+        '  File "/opt/conda/lib/python3.11/site-packages/torch/serialization.py", line 9, in save',
+        "    with _open_zipfile_writer(f) as opened_zipfile:",
+        "RuntimeError: [enforce fail at inline_container.cc:747] . open file failed with "
+        "strerror: Read-only file system",
+    ]
+    expected = 'it wrote a file (/workspace/train.py line 7: torch.save(state, "snapshot.pt"))'
+    assert read_only_write(torch_save) == expected + fix
+    # ...also as torch prints a worker's uncaught exception, prefixed with its rank again.
+    assert read_only_write([f"[rank0]: {t}" for t in torch_save]) == expected + fix
+    assert read_only_write(["OSError: [Errno 13] Permission denied: 'x'"]) is None

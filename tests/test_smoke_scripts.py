@@ -221,3 +221,60 @@ def test_resume_refusals_are_one_line(tmp_path, marker, args, message):
     res = smoke(tmp_path, marker, *args)
     assert res.returncode == 2 and res.stderr.startswith(message), res.stderr
     assert res.stderr.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_a_relative_write_is_green_locally_with_the_pods_warning(tmp_path, marker):
+    ws = workspace(tmp_path, "nodes: 1\nprocs: 2\ncommand: {script: relative_write.py}\n")
+    res = smoke(ws, marker)
+    assert res.returncode == 0, res.stderr
+    assert (ws / "snapshot.pt").is_file()
+    warned = [ln for ln in res.stderr.splitlines() if ln.startswith("smoke: warning: ")]
+    assert warned == [
+        "smoke: warning: the run wrote snapshot.pt in the workspace, outside "
+        "$DDPDEPLOY_CHECKPOINT_DIR; the pod's read-only root would refuse it: write under "
+        "$DDPDEPLOY_CHECKPOINT_DIR (or /tmp), or pass --writable-rootfs"
+    ], res.stderr
+    # The checkpoint folder is where writes belong; a writable root is the user's choice.
+    ok = workspace(
+        tmp_path / "ok",
+        "nodes: 1\ncheckpoint: {claimName: l}\ncommand: {script: checkpoint_env.py}\n",
+    )
+    assert "warning" not in smoke(ok, marker).stderr
+    loose = smoke(ws, marker, "--writable-rootfs")
+    assert loose.returncode == 0 and "warning" not in loose.stderr, loose.stderr
+
+
+@pytest.mark.slow
+def test_every_rank_is_told_the_local_checkpoint_folder(tmp_path, marker):
+    spec = "nodes: 2\nprocs: 2\ncheckpoint: {claimName: l}\ncommand: {script: checkpoint_env.py}\n"
+    ws = workspace(tmp_path, spec)
+    res = smoke(ws, marker, "--ranks", "all")
+    assert res.returncode == 0, res.stderr
+    folder = ws / ".ddpdeploy" / "checkpoints" / "ddp-train"
+    for rank in range(4):
+        line = (
+            rf"^\[rank{rank}\] rank {rank} checkpoint dir {re.escape(str(folder))} writable True$"
+        )
+        assert re.search(line, res.stderr, re.M), res.stderr
+    assert sorted(p.name for p in folder.iterdir()) == [f"probe-{r}" for r in range(4)]
+    # No checkpoint volume: no variable (the helpers then say so in one line).
+    (ws / "ddpdeploy.yaml").write_text("nodes: 1\ncommand: {script: checkpoint_env.py}\n")
+    res = smoke(ws, marker)
+    assert res.returncode == 0 and "rank 0 checkpoint dir <unset>" in res.stderr, res.stderr
+
+
+@pytest.mark.slow
+def test_a_helper_script_killed_at_a_step_resumes_to_the_clean_weights(tmp_path, marker):
+    # Static rendezvous: ddpkit.init_process_group makes torchrun's restart safe there.
+    spec = "nodes: 2\ncheckpoint: {claimName: l}\ncommand: {script: helpers_resume.py}\n"
+    ws = workspace(tmp_path, spec)
+    res = smoke(ws, marker, "--kill-at", "7")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert re.search(
+        r"^killed +local rank 0 \(pid \d+\) of ddp-train-worker-0 at step \d+$", res.stdout, re.M
+    ), res.stdout
+    assert re.search(r"^recovery +\d+\.\d s \(kill -> step \d+", res.stdout, re.M), res.stdout
+    assert re.search(r"^clean run +[0-9a-f]{64} \(same\)$", res.stdout, re.M), res.stdout
+    assert '"resumed": true' in res.stderr
+    assert leftovers(marker) == []

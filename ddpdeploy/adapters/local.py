@@ -158,6 +158,23 @@ def fresh_folder(path: Path, keep: bool) -> bool:
     return emptied
 
 
+def workspace_listing(root: Path, ignored: frozenset[str]) -> dict[str, tuple[int, int]]:
+    """Every regular file under ``root`` as relative path -> (mtime in ns, size), skipping
+    folders named in ``ignored`` and never following symlinks."""
+    out: dict[str, tuple[int, int]] = {}
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in ignored]
+        for name in files:
+            path = Path(folder, name)
+            try:
+                stat = path.lstat()
+            except OSError:  # gone while we looked
+                continue
+            if not path.is_symlink():
+                out[str(path.relative_to(root))] = (stat.st_mtime_ns, stat.st_size)
+    return out
+
+
 def _signal_group(proc: subprocess.Popen[str], sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)

@@ -10,7 +10,7 @@ import typer
 from ddpdeploy.adapters.files import write_atomic
 from ddpdeploy.adapters.stdout import write_stdout
 from ddpdeploy.options import spec_command
-from ddpdeploy.render.compose import render_compose
+from ddpdeploy.render.compose import render_compose, secret_env_note
 from ddpdeploy.render.output import to_yaml
 from ddpdeploy.spec import JobSpec
 
@@ -37,6 +37,9 @@ def compose(
     Example: ddpdeploy compose --image ghcr.io/me/train:v1 --nodes 2 --procs 2 --out compose.yaml
     """
     text = to_yaml(render_compose(spec, cpu))
+    note = secret_env_note(spec)
+    if note:
+        typer.echo(f"compose: {note}", err=True)
     if out is None:
         write_stdout(text)
         return

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import signal
 import socket
 import subprocess
@@ -18,6 +19,7 @@ import typer
 
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.options import spec_command
+from ddpdeploy.render.compose import secret_env_note
 from ddpdeploy.spec import JobSpec
 
 if TYPE_CHECKING:
@@ -118,7 +120,8 @@ def smoke(
             typer.echo(
                 "smoke: note: under static rendezvous torch 2.13's restarted workers share "
                 "the agent's store, so a plain init_process_group may fail with 'Connection "
-                "refused'; --elastic N:N (c10d) restarts it safely",
+                "refused' or hang; ddpkit.init_process_group, or --elastic N:N (c10d), "
+                "restarts it safely (docs/own-script.md)",
                 err=True,
             )
     world = spec.nodes * spec.procs_per_node
@@ -128,6 +131,9 @@ def smoke(
         f"world size {world}, gloo {where}",
         err=True,
     )
+    note = secret_env_note(spec, os.environ)
+    if note:
+        typer.echo(f"smoke: {note}", err=True)
     folder = None if docker else _checkpoint_folder(spec, chaos is not None)
     options = runner.RunOptions(
         world_size=world,
@@ -140,9 +146,11 @@ def smoke(
     with _sigterm_ends_the_run():
         if docker:
             start = _docker_target(spec, restarts, base_image, keep_volume)
+            outcomes = dict(runner.smoke(start, _ConsoleView(), options))
         else:
             start = _local_target(spec, restarts, folder, resume)
-        outcomes = dict(runner.smoke(start, _ConsoleView(), options))
+            with _workspace_writes(spec):
+                outcomes = dict(runner.smoke(start, _ConsoleView(), options))
     _report(outcomes)
 
 
@@ -164,6 +172,28 @@ def _checkpoint_folder(spec: JobSpec, chaos: bool) -> Path | None:
     if spec.checkpoint is None and not chaos:
         return None
     return Path(".ddpdeploy", "checkpoints", spec.name).resolve()
+
+
+@contextlib.contextmanager
+def _workspace_writes(spec: JobSpec) -> Iterator[None]:
+    """Say in one line, after the run (green or not), which files it wrote in the workspace
+    outside the checkpoint folder: the pod's read-only root would refuse them, and a local
+    run cannot make this host's file system read-only."""
+    if not spec.security.read_only_root_filesystem:
+        yield
+        return
+    from ddpdeploy.adapters.local import workspace_listing
+    from ddpdeploy.smoke import workspace
+
+    root = Path.cwd()
+    before = workspace_listing(root, workspace.IGNORED)
+    try:
+        yield
+    finally:
+        after = workspace_listing(root, workspace.IGNORED)
+        line = workspace.warning(workspace.written(before, after))
+        if line:
+            typer.echo(f"smoke: {line}", err=True)
 
 
 @contextlib.contextmanager

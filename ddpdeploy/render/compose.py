@@ -6,7 +6,10 @@ command, the env its pod gets there (from the launch contract, the operator's or
 injection included), the pod's hostname as both service name and hostname, and its address
 (`<host>.<subdomain>` for TrainJob and Indexed Job) as a network alias, so MASTER_ADDR and
 the rendezvous endpoint are the same strings as on the cluster and resolve through the
-project network's DNS.
+project network's DNS. Each node also runs with the pod's security settings
+(render.pod): its UID/GID and fsGroup, no capabilities, no privilege escalation, and unless
+the spec loosens it (`--writable-rootfs`) a read-only root with tmpfs where the pod has its
+emptyDirs; so a green compose run means a working pod.
 
 The keys used are those both the Compose Specification and docker-compose 1.29 (Debian 12)
 accept; tests check the file against both.
@@ -21,7 +24,8 @@ from typing import Any
 from ddpdeploy.contract import LaunchContract
 from ddpdeploy.errors import UserError
 from ddpdeploy.render.local import cpu_spec
-from ddpdeploy.spec import JobSpec
+from ddpdeploy.render.pod import pod_only_env
+from ddpdeploy.spec import HOME_DIR, TMP_DIR, JobSpec
 from ddpdeploy.spec import quantity as spec_quantity
 from ddpdeploy.targets import launch_contract
 
@@ -63,6 +67,38 @@ def _restart(spec: JobSpec) -> str:
     return "on-failure" if limit is None else f"on-failure:{limit}"
 
 
+def _security(spec: JobSpec) -> Obj:
+    """The pod's securityContext as compose keys (render.pod's container_security and
+    pod_security). The working directory stays the image's, as in the pod."""
+    sec = spec.security
+    out: Obj = {
+        "user": f"{sec.run_as_user}:{sec.run_as_group}",
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges:true"],
+    }
+    if sec.fs_group != sec.run_as_group:
+        out["group_add"] = [str(sec.fs_group)]  # the pod's fsGroup is a supplementary group
+    if spec.network.rdma:
+        out["cap_add"] = ["IPC_LOCK"]
+    if sec.read_only_root_filesystem:
+        out["read_only"] = True
+        # The pod's emptyDirs: writable by anyone (an emptyDir is 0777), and exec, which
+        # Docker's tmpfs default (noexec) would refuse to compiled caches.
+        out["tmpfs"] = [f"{path}:exec,mode=1777" for path in (TMP_DIR, HOME_DIR)]
+    return out
+
+
+def _environment(spec: JobSpec, contract: LaunchContract, node_index: int) -> Obj:
+    """The pod's env: the launch contract's for this node and the pod's own (where temp
+    files and caches go); secretEnv by name only, its value taken from the environment
+    compose runs in (never written into the file)."""
+    values = {**pod_only_env(spec), **contract.node_env(contract.nodes[node_index])}
+    env: Obj = {k: _escape(v) for k, v in values.items()}
+    for name in spec.secret_env:
+        env[name] = None
+    return {k: env[k] for k in sorted(env)}
+
+
 def _service(spec: JobSpec, contract: LaunchContract, node_index: int) -> Obj:
     node = contract.nodes[node_index]
     hostname = node.hostname
@@ -79,10 +115,11 @@ def _service(spec: JobSpec, contract: LaunchContract, node_index: int) -> Obj:
         "entrypoint": [_escape(arg) for arg in contract.container_command()],
         # Unmapped: node hostnames (and a node's own address, PET_LOCAL_ADDR) resolve on
         # the project network as they do on the cluster.
-        "environment": {k: _escape(v) for k, v in sorted(contract.node_env(node).items())},
+        "environment": _environment(spec, contract, node_index),
         "networks": networks,
         "restart": _restart(spec),
         "stop_grace_period": f"{spec.termination_grace_period_seconds}s",
+        **_security(spec),
     }
     if spec.shm_size:
         service["shm_size"] = quantity_bytes(spec.shm_size)
@@ -107,22 +144,37 @@ def volume_init_name(spec: JobSpec) -> str:
 
 
 def _volume_init(spec: JobSpec) -> Obj:
-    """A one-shot service that opens the new checkpoint volume to the nodes' user.
+    """A one-shot service that hands the new checkpoint volume to the nodes' user.
 
-    Docker creates a named volume root-owned, and the image's trainer runs as a non-root
-    user (the cluster's PVC has fsGroup or the storage's own permissions for this). The
-    renderer does not know that user's uid, so the volume gets /tmp's mode: writable by
-    anyone, files deletable by their owner."""
+    Docker creates a named volume root-owned; the nodes run as the pod's UID, so the
+    volume becomes that UID's, in the pod's fsGroup (the kubelet hands a PVC to it)."""
     assert spec.checkpoint is not None
+    sec = spec.security
     return {
         "image": _escape(spec.image or ""),
         "labels": {ROLE_LABEL: "volume-init"},
         "user": "0:0",
-        "entrypoint": ["chmod", "1777", spec.checkpoint.mount_path],
+        "entrypoint": ["chown", f"{sec.run_as_user}:{sec.fs_group}", spec.checkpoint.mount_path],
         "network_mode": "none",
         "volumes": [_checkpoint_mount(spec)],
         "restart": "no",
     }
+
+
+def secret_env_note(spec: JobSpec, environ: Mapping[str, str] | None = None) -> str | None:
+    """One line on what becomes of secretEnv off the cluster: no Kubernetes Secret to read,
+    so each name is passed from the environment compose (or a local run) starts in. With
+    ``environ`` (a run starting now), which of them are set there."""
+    names = sorted(spec.secret_env)
+    if not names:
+        return None
+    text = f"secretEnv {', '.join(names)}: not read from Kubernetes Secrets here; "
+    if environ is None:
+        return text + "compose passes each from the environment `docker compose up` runs in"
+    unset = [n for n in names if n not in environ]
+    if not unset:
+        return text + "passed from this environment"
+    return text + f"passed from this environment, where {', '.join(unset)} is not set"
 
 
 def render_compose(

@@ -224,3 +224,42 @@ def _hang_line(f: dict[str, Any]) -> str:
         f"hung at step {f.get('step', '?')} (no step for {f.get('idle_s', '?')} s): ranks "
         f"that did not arrive: {named}; stacks of {len(stacks)} rank(s) in {where}"
     )
+
+
+# Python's own error names the path; torch.save's C++ writer names only the cause, so the
+# user's own frame (the line that wrote) stands in for it.
+_READ_ONLY = "Read-only file system"
+_READ_ONLY_PATH = re.compile(r"Read-only file system: '((?:[^'\\]|\\.)*)'")
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)')
+_OWN_PREFIX = re.compile(r"^\[rank\d+\]: ?")
+_LIBRARIES = ("/site-packages/", "/dist-packages/", "/lib/python3")  # not the user's frame
+
+
+def read_only_write(lines: list[str]) -> str | None:
+    """One line naming what a worker wrote on the read-only root (a pod's, and compose's
+    since it runs with the pod's settings) and the fix; None when ``lines`` (the root-cause
+    rank's own) show no such error."""
+    # torch prefixes an uncaught exception's lines with the rank again ("[rank0]: ").
+    lines = [_OWN_PREFIX.sub("", t, count=1) for t in lines]
+    hits = [i for i, t in enumerate(lines) if _READ_ONLY in t]
+    if not hits:
+        return None
+    last = hits[-1]
+    match = _READ_ONLY_PATH.search(lines[last])
+    if match:
+        what = f"it wrote {match[1]}"
+    else:
+        what = "it wrote a file"
+        frames = [
+            (i, m)
+            for i, t in enumerate(lines[:last])
+            if (m := _FRAME.match(t)) and not any(lib in m[1] for lib in _LIBRARIES)
+        ]
+        if frames:
+            i, frame = frames[-1]
+            code = lines[i + 1].strip() if i + 1 < last else ""
+            what += f" ({frame[1]} line {frame[2]}{': ' + code if code else ''})"
+    return (
+        f"{what} on the read-only root file system, as the pod would refuse it; write under "
+        "$DDPDEPLOY_CHECKPOINT_DIR (or /tmp), or pass --writable-rootfs"
+    )

@@ -15,7 +15,7 @@ import json
 import sys
 from dataclasses import dataclass
 
-from ddpdeploy.contract import LaunchContract
+from ddpdeploy.contract import CHECKPOINT_DIR_ENV, LaunchContract
 from ddpdeploy.errors import UserError
 from ddpdeploy.render.local import cpu_spec
 from ddpdeploy.smoke.events import RANK_OUTPUT_ENV
@@ -25,7 +25,7 @@ from ddpdeploy.spec import JobSpec, spec_with
 from ddpdeploy.targets import launch_contract
 
 LOOPBACK = "127.0.0.1"
-CHECKPOINT_ENV = "DDPDEPLOY_CHECKPOINT_DIR"  # where the job's checkpoint folder is
+CHECKPOINT_ENV = CHECKPOINT_DIR_ENV  # a local run's folder replaces the mount path
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from ddpdeploy.smoke.events import (
     code_text,
     describe,
     parse_event,
+    read_only_write,
     root_cause,
     split_rank,
     summary_failures,
@@ -336,7 +337,9 @@ class _Run:
             code = self.target.exit_codes()[first] or 1
         lines = lines or agent_lines(self.target.tail(node.name))
         shown = "\n".join(f"  {t}" for t in lines[-TAIL_LINES:])
-        said = f"{_where(node, rank)} exited with code {code_text(code)}; its last lines:\n{shown}"
+        reason = read_only_write(lines)
+        why = f": {reason}. Its" if reason else "; its"
+        said = f"{_where(node, rank)} exited with code {code_text(code)}{why} last lines:\n{shown}"
         if "hang" in self.diagnostics:  # the watchdog's finding says more than exit 124
             return f"hang: {self.diagnostics['hang']}\n{said}"
         return said

@@ -149,3 +149,85 @@ def test_own_script_runs_in_its_image_and_failures_name_the_rank(
     ), error
     assert "rank two: giving up with code 3" in error
     assert left_behind(engine, job) == []
+
+
+@pytest.fixture(scope="module")
+def scripts_image(
+    torch_image: str,
+    cli: Callable[..., Any],
+    tmp_path_factory: pytest.TempPathFactory,
+    cleanup_images: list[str],
+) -> str:
+    """tests/scripts built into one image (`ddpdeploy build`), removed at the module's end."""
+    repo = f"ddpdeploy-test/scripts-{os.getpid()}"
+    cleanup_images.append(repo)
+    ws = tmp_path_factory.mktemp("scripts") / "ws"
+    shutil.copytree(SCRIPTS, ws)
+    res = cli(
+        "build", "-w", str(ws), "--image", repo, "--base-image", torch_image, "--network", "none"
+    )
+    assert res.returncode == 0, res.stderr
+    return str(res.stdout.strip())
+
+
+def in_image(cli: Callable[..., Any], image: str, tmp_path: Path, spec: str, *args: str) -> Any:
+    (tmp_path / "job.yaml").write_text(spec)
+    return cli("smoke", "--docker", "-f", "job.yaml", "--image", image, *args, cwd=tmp_path)
+
+
+@pytest.mark.slow
+def test_a_relative_write_is_refused_as_the_pod_would_unless_writable_rootfs(
+    scripts_image: str, engine: Any, cli: Callable[..., Any], tmp_path: Path
+) -> None:
+    job = f"sdro{os.getpid()}"
+    spec = f"name: {job}\nnodes: 1\nprocs: 2\ncommand: {{script: relative_write.py}}\n"
+    res = in_image(cli, scripts_image, tmp_path, spec)
+    assert res.returncode == 1, res.stderr[-3000:]
+    error = re.search(r"^error: .*$", res.stderr, re.M)
+    assert error is not None and error[0] == (
+        f"error: node {job}-master-0 (node rank 0, global rank 0) exited with code 1: it "
+        'wrote a file (/workspace/relative_write.py line 10: torch.save({"w": torch.ones(2)}, '
+        '"snapshot.pt")) on the read-only root file system, as the pod would refuse it; write '
+        "under $DDPDEPLOY_CHECKPOINT_DIR (or /tmp), or pass --writable-rootfs. Its last lines:"
+    ), res.stderr[-3000:]
+    assert left_behind(engine, job) == []
+    loose = in_image(cli, scripts_image, tmp_path, spec, "--writable-rootfs")
+    assert loose.returncode == 0, loose.stderr[-3000:]
+    assert re.search(r"^snapshot saved$", loose.stderr, re.M)
+    assert left_behind(engine, job) == []
+
+
+@pytest.mark.slow
+def test_every_rank_is_told_the_checkpoint_mount_and_can_write_there(
+    scripts_image: str, engine: Any, cli: Callable[..., Any], tmp_path: Path
+) -> None:
+    job = f"sdenv{os.getpid()}"
+    spec = (
+        f"name: {job}\nnodes: 2\nprocs: 2\ncheckpoint: {{size: 1Gi, mountPath: /ck}}\n"
+        "command: {script: checkpoint_env.py}\n"
+    )
+    res = in_image(cli, scripts_image, tmp_path, spec, "--ranks", "all")
+    assert res.returncode == 0, res.stderr[-3000:]
+    for rank in range(4):  # as the pod's UID, on the volume the volume-init handed to it
+        line = rf"^\[rank{rank}\] rank {rank} checkpoint dir /ck writable True$"
+        assert re.search(line, res.stderr, re.M), res.stderr[-3000:]
+    assert left_behind(engine, job) == []
+
+
+@pytest.mark.slow
+def test_a_helper_script_killed_at_a_step_resumes_to_the_clean_weights(
+    scripts_image: str, engine: Any, cli: Callable[..., Any], tmp_path: Path
+) -> None:
+    job = f"sdkill{os.getpid()}"
+    spec = (
+        f"name: {job}\nnodes: 2\ncheckpoint: {{size: 1Gi}}\n"
+        "command: {script: helpers_resume.py}\n"
+    )
+    res = in_image(cli, scripts_image, tmp_path, spec, "--kill-at", "7")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert re.search(
+        rf"^killed +local rank 0 \(pid \d+\) of {job}-worker-0 at step \d+$", res.stdout, re.M
+    ), res.stdout
+    assert re.search(r"^clean run +[0-9a-f]{64} \(same\)$", res.stdout, re.M), res.stdout
+    assert '"resumed": true' in res.stderr
+    assert left_behind(engine, job) == []
