@@ -25,7 +25,7 @@ STARTER = (
 # Every field is optional; the values shown are the defaults unless marked "example".
 
 name: ddp-train            # DNS-1035 label; pods are <name>-master-0, <name>-worker-<i>
-namespace: default
+# namespace: team-a       # example; unset: -n, else the kubeconfig context's, else default
 target: pytorchjob         # pytorchjob | trainjob (Trainer v2) | indexed-job (no operator)
 # runtime: torch-distributed  # trainjob only: the ClusterTrainingRuntime
 # image: ghcr.io/team/train:v1    # example; `ddpdeploy build` prints one
