@@ -195,14 +195,7 @@ def pod_template(spec: JobSpec, contract: LaunchContract) -> Obj:
     _, volumes = _mounts_and_volumes(spec)
     if volumes:
         pod["volumes"] = volumes
-    if spec.image_pull_secrets:
-        pod["imagePullSecrets"] = [{"name": n} for n in spec.image_pull_secrets]
-    if spec.node_selector:
-        pod["nodeSelector"] = dict(spec.node_selector)
-    if spec.tolerations:
-        pod["tolerations"] = [
-            t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations
-        ]
+    pod |= _placement(spec)
     if spec.service_account:
         pod["serviceAccountName"] = spec.service_account
     if spec.priority_class:
@@ -251,6 +244,20 @@ def require_image(spec: JobSpec) -> str:
 COLLECT_CONTAINER = "reader"
 
 
+def _placement(spec: JobSpec) -> dict[str, Any]:
+    """Where a pod of the job may run and how it pulls: the job's pods and its readers."""
+    out: dict[str, Any] = {}
+    if spec.image_pull_secrets:
+        out["imagePullSecrets"] = [{"name": n} for n in spec.image_pull_secrets]
+    if spec.node_selector:
+        out["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        out["tolerations"] = [
+            t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations
+        ]
+    return out
+
+
 def collect_helper_pod(spec: JobSpec, image: str | None = None) -> Obj:
     """The short-lived pod `collect --from cluster` reads the checkpoint volume through: it
     mounts the job's claim read-only and idles until deleted. Hardened like the job's pods
@@ -297,14 +304,7 @@ def collect_helper_pod(spec: JobSpec, image: str | None = None) -> Obj:
         ],
     }
     # Where the job's pods may run (and the claim can attach), the reader may too.
-    if spec.image_pull_secrets:
-        pod["imagePullSecrets"] = [{"name": n} for n in spec.image_pull_secrets]
-    if spec.node_selector:
-        pod["nodeSelector"] = dict(spec.node_selector)
-    if spec.tolerations:
-        pod["tolerations"] = [
-            t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations
-        ]
+    pod |= _placement(spec)
     meta = metadata(spec, f"{spec.name}-collect")
     meta["labels"]["ddpdeploy.dev/role"] = "collect"
     meta["annotations"] = {**meta.get("annotations", {}), "sidecar.istio.io/inject": "false"}
