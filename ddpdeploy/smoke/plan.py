@@ -10,7 +10,6 @@ torchrun as the launcher.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from ddpdeploy.contract import CHECKPOINT_DIR_ENV, LaunchContract
 from ddpdeploy.errors import UserError
 from ddpdeploy.render.local import cpu_spec
+from ddpdeploy.render.output import sha256
 from ddpdeploy.smoke.events import RANK_OUTPUT_ENV
 from ddpdeploy.smoke.runner import KillAt
 from ddpdeploy.smoke.target import Node
@@ -116,7 +116,7 @@ def spec_sha256(spec: JobSpec) -> str:
     """sha256 of the spec as it runs (its canonical JSON: key order and layout of the
     file do not change it)."""
     canonical = json.dumps(spec.model_dump(mode="json", by_alias=True), sort_keys=True)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return sha256(canonical.encode())
 
 
 def local_nodes(
