@@ -231,3 +231,22 @@ def test_a_helper_script_killed_at_a_step_resumes_to_the_clean_weights(
     assert re.search(r"^clean run +[0-9a-f]{64} \(same\)$", res.stdout, re.M), res.stdout
     assert '"resumed": true' in res.stderr
     assert left_behind(engine, job) == []
+
+
+@pytest.mark.slow
+def test_a_module_entry_and_a_stderr_only_script_are_green_and_shown(
+    scripts_image: str, engine: Any, cli: Callable[..., Any], tmp_path: Path
+) -> None:
+    """`-m package.module` and a script that prints only to stderr, in the image as in the
+    pod: green, every rank's lines shown with their rank."""
+    job = f"sdmod{os.getpid()}"
+    spec = f"name: {job}\nnodes: 2\ncommand: {{module: pkg.train}}\n"
+    res = in_image(cli, scripts_image, tmp_path, spec, "--ranks", "all")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert re.search(r"^\[rank1\] module entry on rank 1 of 2$", res.stderr, re.M), res.stderr
+    spec = f"name: {job}\nnodes: 2\ncommand: {{script: stderr_only.py}}\n"
+    res = in_image(cli, scripts_image, tmp_path, spec, "--ranks", "all")
+    assert res.returncode == 0, res.stderr[-3000:]
+    for rank in (0, 1):
+        assert re.search(rf"^\[rank{rank}\] stderr line from rank {rank}$", res.stderr, re.M)
+    assert left_behind(engine, job) == []
