@@ -14,7 +14,9 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +133,29 @@ def _discovery_cache(host: str) -> str:
     with contextlib.suppress(OSError):
         folder.mkdir(parents=True, exist_ok=True)
     return str(folder / f"{hashlib.sha256(host.encode()).hexdigest()[:16]}.json")
+
+
+def bounded(call: Callable[[], Any], seconds: float, what: str) -> Any:
+    """``call()``'s result, or TimeoutError after ``seconds``: kubernetes.stream opens its
+    exec websocket with no timeout at all (its connect passes none to websocket-client), so
+    a server that accepts and never answers would hang the command for ever. The opening
+    thread is left behind on a timeout; the command ends with the error anyway."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name=f"ddpdeploy {what}", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise TimeoutError(f"no answer within {seconds:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 def _default_timeout(rest: Any) -> None:
@@ -471,26 +496,35 @@ class Kube:
         what = f"running {argv[0]} in pod {pod}"
         errors = b""
         with self.errors(what):
-            ws = stream(
-                core.connect_get_namespaced_pod_exec,
-                pod,
-                namespace,
-                container=container,
-                command=argv,
-                stdin=False,
-                stdout=True,
-                stderr=True,
-                tty=False,
-                binary=True,
-                _preload_content=False,
+            ws = bounded(
+                lambda: stream(
+                    core.connect_get_namespaced_pod_exec,
+                    pod,
+                    namespace,
+                    container=container,
+                    command=argv,
+                    stdin=False,
+                    stdout=True,
+                    stderr=True,
+                    tty=False,
+                    binary=True,
+                    _preload_content=False,
+                ),
+                REQUEST_TIMEOUT,
+                what,
             )
             try:
+                heard = time.monotonic()
                 while ws.is_open():
                     ws.update(timeout=5)
                     if ws.peek_stdout():
+                        heard = time.monotonic()
                         yield ws.read_stdout()
                     if ws.peek_stderr():
+                        heard = time.monotonic()
                         errors += ws.read_stderr()
+                    if time.monotonic() - heard > REQUEST_TIMEOUT:  # open, yet silent
+                        raise TimeoutError(f"no output for {REQUEST_TIMEOUT} s")
                 if ws.peek_stdout():
                     yield ws.read_stdout()
                 code = ws.returncode

@@ -227,3 +227,18 @@ def test_up_with_stderr_full_leaves_nothing(admin, namespace, control_plane, tmp
         code = proc.wait(timeout=120)
     assert code != 0
     assert state(admin, namespace) == {"pvc": [], "policy": [], "job": []}
+
+
+def test_the_exec_websocket_gives_up_on_a_server_that_never_answers():
+    """collect --from cluster reads through exec, whose websocket kubernetes.stream opens
+    with no timeout: exec_stream bounds the opening; here the same bound around the same
+    library's connect to a server that accepts and never answers."""
+    import websocket
+
+    from ddpdeploy.adapters.kube import bounded
+
+    with black_hole() as port:
+        began = time.monotonic()
+        with pytest.raises(TimeoutError, match="no answer within 1 s"):
+            bounded(lambda: websocket.WebSocket().connect(f"ws://127.0.0.1:{port}/"), 1, "t")
+        assert time.monotonic() - began < 10
