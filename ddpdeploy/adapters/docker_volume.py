@@ -42,11 +42,17 @@ def copy_out(volume: str, folder: str, dest: Path, image: str | None = None) -> 
         client.volumes.get(volume)
     except docker.errors.NotFound:
         raise UserError(f"--volume: no Docker volume named {volume}") from None
-    container = client.containers.create(
-        _image_for(client, volume, image),
-        command=["true"],
-        volumes={volume: {"bind": MOUNT, "mode": "ro"}},
-    )
+    reader = _image_for(client, volume, image)
+    try:
+        container = client.containers.create(
+            reader, command=["true"], volumes={volume: {"bind": MOUNT, "mode": "ro"}}
+        )
+    except docker.errors.ImageNotFound:
+        raise UserError(
+            f"--image: no local image {reader}; name an image this engine has (`docker images`)"
+        ) from None
+    except docker.errors.DockerException as exc:
+        raise OperationError(f"reading volume {volume}: {exc}") from None
     try:
         stream, _ = container.get_archive(f"{MOUNT}/{folder.strip('/')}/.")
         with tarfile.open(fileobj=chunk_reader(stream), mode="r|") as tar:

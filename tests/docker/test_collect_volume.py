@@ -96,6 +96,13 @@ def test_collect_from_a_compose_volume(cli, engine, volume, tmp_path):
     assert users() == before  # the reader container is removed
     missing = cli("collect", "job", "--from", "compose", "--volume", "no-such-vol", "--to", "x")
     assert missing.returncode == 2 and "no Docker volume named no-such-vol" in missing.stderr
+    args = ["--volume", volume, "--image", "ddpdeploy-test/no-such-image:1", "--to", str(dest)]
+    no_image = cli("collect", "job", "--from", "compose", *args)
+    assert no_image.returncode == 2, no_image.stderr
+    assert no_image.stderr.strip().splitlines() == [
+        "error: --image: no local image ddpdeploy-test/no-such-image:1; name an image this "
+        "engine has (`docker images`)"
+    ]
 
 
 def test_collect_plain_files_from_a_volume(cli, engine, base_image, tmp_path):
