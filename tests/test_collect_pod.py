@@ -70,11 +70,19 @@ def test_no_image_and_no_checkpoint_are_one_line_errors():
         collect_helper_pod(JobSpec.model_validate({**JOB, "checkpoint": None}))
 
 
+@pytest.mark.slow  # starts the scanner, as tests/test_checkov.py does
 def test_checkov_passes_the_helper_pod(tmp_path):
     from test_checkov import allowlist, checkov_path  # skips without checkov
 
+    from ddpdeploy.targets import render_objects
+
     checkov = checkov_path()
-    (tmp_path / "pod.yaml").write_text(yaml.safe_dump(collect_helper_pod(JobSpec(**JOB))))
+    spec = JobSpec(**JOB)
+    (tmp_path / "pod.yaml").write_text(yaml.safe_dump(collect_helper_pod(spec)))
+    # The job's NetworkPolicy, which `up` creates beside the job, covers the reader too.
+    policy = [o for o in render_objects(spec) if o["kind"] == "NetworkPolicy"]
+    assert len(policy) == 1
+    (tmp_path / "policy.yaml").write_text(yaml.safe_dump(policy[0]))
     res = subprocess.run(
         [checkov, "-d", str(tmp_path), "--framework", "kubernetes", "--quiet", "--compact"]
         + ["-o", "json", "--skip-download"],

@@ -905,8 +905,13 @@ class _Watchdog(threading.Thread):
 
     @classmethod
     def disarm(cls) -> None:
-        if cls._running is not None:
-            cls._running.stopped.set()
+        """Stop and join the thread: a store call of its own still running when the script
+        destroys the process group (and with it the store) aborts the process."""
+        running = cls._running  # kept: a stopped watchdog is not armed again
+        if running is not None:
+            running.stopped.set()
+            if running is not threading.current_thread():
+                running.join(timeout=cls.POLL_S + 30.0)
 
     def __init__(self) -> None:
         super().__init__(name="ddpkit-watchdog", daemon=True)
