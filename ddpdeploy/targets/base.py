@@ -70,8 +70,6 @@ class Layout(ABC):
     succeeded: ClassVar[str]  # the job object's condition type once it succeeded
     failed: ClassVar[str] = "Failed"
     install_hint: ClassVar[str] = ""  # how to get the job's API into a cluster, if needed
-    # Whether a job of this kind without our managed-by label is still read back as ours.
-    ours_without_label: ClassVar[bool] = False
     # Whether its pods are named like their hostnames (so a pod is named before it exists).
     pods_named_like_hosts: ClassVar[bool] = False
     replica_names: ClassVar[tuple[str, ...]] = ()  # what `logs --replica` may name

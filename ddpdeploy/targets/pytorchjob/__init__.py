@@ -32,7 +32,6 @@ class PyTorchJob(Layout):
     kind = "PyTorchJob"
     pod_label = "training.kubeflow.org/job-name"
     succeeded = "Succeeded"
-    ours_without_label = True
     pods_named_like_hosts = True  # the operator names each pod like its hostname
     replica_names = ("master", "worker")
     can_scale = True  # elastic: the operator resizes the Worker replicas in MIN:MAX
