@@ -1,0 +1,367 @@
+"""Cluster verbs at 2, 16 and 128 nodes against a real kube-apiserver (issue #18 §3).
+
+Run by hand once .ci/kube-apiserver.sh has built the apiserver (or DDPDEPLOY_KUBE_APISERVER
+names one):
+
+    python benchmarks/bench_cluster.py [--trials 3] [--sizes 2,16,128] [--list-jobs 200]
+
+It starts its own etcd + kube-apiserver (tests/kube/apiserver.py) and plays the operator
+and the kubelet with the test actors (tests/kube/actors.py): each job's pods are created
+and set Running, as the operator and kubelets would. For each size it times, per trial:
+
+- ``up --no-wait`` (preflight, server-side dry run, apply),
+- ``status`` of the job with its N pods,
+- ``logs`` (this control plane has no kubelet: the command runs until the log endpoint
+  refuses, which is everything but the transfer of the lines),
+- ``down``,
+
+each as the CLI subprocess (wall, Python start-up included) and in-process (``cli.main``
+in this interpreter, imports warm: the command's own cost). ``list`` runs with
+``--list-jobs`` jobs of ours in the namespace. In-process runs also count the HTTP requests
+each command makes. Indexed Job at 128 nodes: kube-apiserver 1.20 has no Indexed Jobs, so
+its objects are created directly (without the 1.21 fields) and only status/logs/down are
+timed. Every trial is printed, then a table of medians and their growth with N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "kube"))
+
+from actors import container_status, create_pods, res  # noqa: E402
+from apiserver import ControlPlane, find_binaries  # noqa: E402
+
+IMAGE = "registry.invalid/train:v1"
+MERGE = "application/merge-patch+json"
+VERBS = ("up", "status", "logs", "list", "down")
+# What a verb may answer: logs fails (no kubelet) once it has found rank 0's pod.
+EXPECTED = {"logs": (0, 1)}
+
+
+class Counter:
+    """HTTP requests through the kubernetes client's REST layer, in this process."""
+
+    def __init__(self) -> None:
+        from kubernetes.client import rest
+
+        self.count = 0
+        self.calls: list[str] = []
+        original = rest.RESTClientObject.request
+
+        def counted(client: Any, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            self.calls.append(f"{method} {url.split('?')[0].split('/', 3)[-1]}")
+            return original(client, method, url, *args, **kwargs)
+
+        rest.RESTClientObject.request = counted  # type: ignore[method-assign]
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[list[str]]:
+        self.count, self.calls = 0, []
+        yield self.calls
+
+
+@contextlib.contextmanager
+def quiet_fds() -> Iterator[io.StringIO]:
+    """fd 1 and 2 into a file for the in-process run (the CLI writes to both); their text
+    comes back in the yielded buffer afterwards, to check the run."""
+    captured = io.StringIO()
+    with tempfile.TemporaryFile("w+") as tmp:
+        saved = [os.dup(1), os.dup(2)]
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(tmp.fileno(), 1)
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield captured
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            tmp.seek(0)
+            captured.write(tmp.read())
+
+
+class Bench:
+    def __init__(
+        self, plane: ControlPlane, workdir: Path, trials: int, show_requests: bool = False
+    ) -> None:
+        self.show_requests = show_requests
+        self.plane = plane
+        self.admin = plane.admin_client()
+        self.workdir = workdir
+        self.trials = trials
+        self.env = {
+            **os.environ,
+            "KUBECONFIG": str(plane.kubeconfig),
+            "XDG_CACHE_HOME": str(workdir / "cache"),  # a warm discovery cache, as a user has
+        }
+        os.environ["KUBECONFIG"] = self.env["KUBECONFIG"]
+        os.environ["XDG_CACHE_HOME"] = self.env["XDG_CACHE_HOME"]
+        self.spec = workdir / "ddpdeploy.yaml"
+        self.spec.write_text("checkpoint: {size: 1Gi}\n")
+        self.counter = Counter()
+        # (kind, N, verb, mode) -> seconds per trial; requests per in-process run.
+        self.times: dict[tuple[str, int, str, str], list[float]] = defaultdict(list)
+        self.requests: dict[tuple[str, int, str], int] = {}
+
+    # --- running a verb --------------------------------------------------------------
+
+    def cli(self, argv: list[str]) -> tuple[float, int, str]:
+        start = time.perf_counter()
+        out = subprocess.run(
+            [sys.executable, "-m", "ddpdeploy", *argv],
+            env=self.env, cwd=self.workdir, capture_output=True, text=True,
+        )  # fmt: skip
+        return time.perf_counter() - start, out.returncode, out.stderr
+
+    def inproc(self, argv: list[str]) -> tuple[float, int, str, int]:
+        from ddpdeploy.cli import main
+
+        # The client reads $KUBECONFIG once, at import (before this benchmark set it).
+        argv = [*argv, "--kubeconfig", str(self.plane.kubeconfig)]
+        code = 0
+        with self.counter.counting(), quiet_fds() as text:
+            start = time.perf_counter()
+            try:
+                main(argv)
+            except SystemExit as exc:
+                code = int(exc.code or 0)
+            took = time.perf_counter() - start
+        return took, code, text.getvalue(), self.counter.count
+
+    def timed(self, kind: str, n: int, verb: str, mode: str, argv: list[str], trial: int) -> None:
+        if mode == "cli":
+            took, code, err = self.cli(argv)
+            requests = None
+        else:
+            took, code, err, requests = self.inproc(argv)
+            self.requests[(kind, n, verb)] = requests
+        if code not in EXPECTED.get(verb, (0,)):
+            sys.exit(f"bench_cluster: {' '.join(argv)} exited {code}: {err.strip()[-600:]}")
+        self.times[(kind, n, verb, mode)].append(took)
+        more = f", {requests} requests" if requests is not None else ""
+        print(f"  {kind} N={n:<3} {verb:<6} {mode:<7} trial {trial}: {took:.3f}s{more}", flush=True)
+        if self.show_requests and mode == "inproc" and trial == 1:
+            print("".join(f"      {call}\n" for call in self.counter.calls), end="")
+
+    # --- the actors ------------------------------------------------------------------
+
+    def namespace(self, name: str) -> str:
+        res(self.admin, "v1", "Namespace").create(body={"metadata": {"name": name}})
+        return name
+
+    def pods_running(self, ns: str, names: list[str]) -> None:
+        pods = res(self.admin, "v1", "Pod")
+        status = {
+            "phase": "Running",
+            "containerStatuses": [container_status(IMAGE, {"running": {}})],
+        }
+        for name in names:
+            pods.status.patch(body={"status": status}, name=name, namespace=ns, content_type=MERGE)
+
+    def pytorchjob_pods(self, ns: str, name: str) -> None:
+        job = res(self.admin, "kubeflow.org/v1", "PyTorchJob").get(name=name, namespace=ns)
+        self.pods_running(ns, create_pods(self.admin, job.to_dict()))
+
+    def indexed_job(self, ns: str, name: str, n: int) -> None:
+        """The Indexed Job's objects, created without the fields 1.20 lacks, and its pods
+        as the Job controller names and labels them."""
+        from ddpdeploy.cluster.plan import with_saved_spec
+        from ddpdeploy.options import spec_from_flags
+        from ddpdeploy.targets import render_objects
+
+        file = self.workdir / f"indexed-{n}.yaml"
+        file.write_text(f"target: indexed-job\nnodes: {n}\ncheckpoint: {{size: 1Gi}}\n")
+        spec = spec_from_flags(file, {"--image": IMAGE, "--name": name, "--namespace": ns})
+        for obj in with_saved_spec(render_objects(spec), spec):
+            if obj["kind"] == "Job":
+                for field in ("completionMode", "podFailurePolicy"):
+                    obj["spec"].pop(field, None)
+            res(self.admin, obj["apiVersion"], obj["kind"]).create(namespace=ns, body=obj)
+        pods = res(self.admin, "v1", "Pod")
+        names = []
+        for index in range(n):
+            labels = {
+                "batch.kubernetes.io/job-name": name,
+                "batch.kubernetes.io/job-completion-index": str(index),
+            }
+            body = {
+                "metadata": {"name": f"{name}-{index}-x{index:03d}", "labels": labels},
+                "spec": {"hostname": f"{name}-{index}", "containers": [
+                    {"name": "pytorch", "image": IMAGE}]},
+            }  # fmt: skip
+            pods.create(namespace=ns, body=body)
+            names.append(body["metadata"]["name"])
+        self.pods_running(ns, names)
+
+    def list_jobs(self, ns: str, count: int) -> None:
+        """``count`` PyTorchJobs of ours, created directly (what `up` would submit)."""
+        from ddpdeploy.cluster.plan import with_saved_spec
+        from ddpdeploy.options import spec_from_flags
+        from ddpdeploy.targets import render_objects
+
+        jobs = res(self.admin, "kubeflow.org/v1", "PyTorchJob")
+        for i in range(count):
+            given = {"--image": IMAGE, "--name": f"l{i}", "--namespace": ns}
+            spec = spec_from_flags(self.spec, given)
+            for obj in with_saved_spec(render_objects(spec), spec):
+                if obj["kind"] == "PyTorchJob":
+                    jobs.create(namespace=ns, body=obj)
+
+    # --- the runs --------------------------------------------------------------------
+
+    def pytorchjob(self, n: int) -> None:
+        ns = self.namespace(f"pt{n}")
+        for trial in range(1, self.trials + 1):
+            for mode in ("cli", "inproc"):
+                name = f"j{mode[0]}{trial}"
+                up = ["up", "--image", IMAGE, "--name", name, "-n", ns, "-f", str(self.spec)]
+                self.timed(
+                    "pytorchjob", n, "up", mode, [*up, "--nodes", str(n), "--no-wait"], trial
+                )
+                self.pytorchjob_pods(ns, name)
+                self.verbs("pytorchjob", n, mode, name, ns, trial)
+
+    def indexed(self, n: int) -> None:
+        ns = self.namespace(f"ij{n}")
+        for trial in range(1, self.trials + 1):
+            for mode in ("cli", "inproc"):
+                name = f"j{mode[0]}{trial}"
+                self.indexed_job(ns, name, n)
+                self.verbs("indexed-job", n, mode, name, ns, trial)
+
+    def verbs(self, kind: str, n: int, mode: str, name: str, ns: str, trial: int) -> None:
+        self.timed(kind, n, "status", mode, ["status", name, "-n", ns], trial)
+        self.timed(kind, n, "logs", mode, ["logs", name, "-n", ns], trial)
+        self.timed(kind, n, "down", mode, ["down", name, "-n", ns], trial)
+
+    def listing(self, count: int) -> None:
+        ns = self.namespace("listing")
+        self.list_jobs(ns, count)
+        for trial in range(1, self.trials + 1):
+            for mode in ("cli", "inproc"):
+                self.timed("pytorchjob", count, "list", mode, ["list", "-n", ns], trial)
+
+    def warm_up(self) -> None:
+        """Imports and the discovery cache warm before the in-process trials."""
+        ns = self.namespace("warm")
+        for argv in (["list", "-n", ns], ["status", "none", "-n", ns]):
+            self.inproc(argv)
+            self.cli(argv)
+
+    # --- the report ------------------------------------------------------------------
+
+    def table(self, sizes: list[int], list_jobs: int) -> None:
+        print("\nmedian seconds (in-process / CLI), requests in-process, growth vs. N=2:")
+        print(
+            f"{'kind':<12} {'verb':<7} {'N':>4} {'in-proc':>8} {'CLI':>7} {'reqs':>5} {'growth':>7}"
+        )
+        for kind, ns in (("pytorchjob", sizes), ("indexed-job", [128] if 128 in sizes else [])):
+            for verb in VERBS:
+                if verb == "list":
+                    continue
+                base = None
+                for n in ns:
+                    inproc = self.times.get((kind, n, verb, "inproc"))
+                    cli = self.times.get((kind, n, verb, "cli"))
+                    if not inproc:
+                        continue
+                    med = statistics.median(inproc)
+                    base = base or med
+                    reqs = self.requests.get((kind, n, verb), 0)
+                    clim = f"{statistics.median(cli):7.3f}" if cli else "    n/a"
+                    print(f"{kind:<12} {verb:<7} {n:>4} {med:8.3f} {clim} {reqs:>5} "
+                          f"{med / base:6.2f}x")  # fmt: skip
+        inproc = self.times[("pytorchjob", list_jobs, "list", "inproc")]
+        cli = self.times[("pytorchjob", list_jobs, "list", "cli")]
+        reqs = self.requests[("pytorchjob", list_jobs, "list")]
+        print(f"{'pytorchjob':<12} {'list':<7} {list_jobs:>4} {statistics.median(inproc):8.3f} "
+              f"{statistics.median(cli):7.3f} {reqs:>5}   (jobs in the namespace)")  # fmt: skip
+
+
+def startup_cost(env: dict[str, str], cwd: Path, trials: int) -> None:
+    """What Python start-up and the imports cost a CLI run, before any request."""
+    cases = {
+        "python -c pass": [sys.executable, "-c", "pass"],
+        "ddpdeploy --version": [sys.executable, "-m", "ddpdeploy", "--version"],
+        "import kubernetes client": [
+            sys.executable, "-c", "import kubernetes.client, kubernetes.dynamic"],
+    }  # fmt: skip
+    for what, argv in cases.items():
+        times = []
+        for _ in range(trials):
+            start = time.perf_counter()
+            subprocess.run(argv, env=env, cwd=cwd, capture_output=True, check=True)
+            times.append(time.perf_counter() - start)
+        shown = ", ".join(f"{t:.3f}" for t in times)
+        print(f"start-up: {what:<26} median {statistics.median(times):.3f}s ({shown})")
+
+
+def load() -> str:
+    with contextlib.suppress(OSError):
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    return "?"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--sizes", default="2,16,128")
+    parser.add_argument("--list-jobs", type=int, default=200)
+    parser.add_argument("--json", type=Path, help="also write every trial here")
+    parser.add_argument(
+        "--show-requests", action="store_true", help="print each in-process run's requests"
+    )
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    apiserver, etcd, missing = find_binaries()
+    if missing:
+        sys.exit(f"bench_cluster: no {missing}")
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, "
+          f"load {load()}")  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        plane = ControlPlane(Path(tmp), str(apiserver), str(etcd))
+        try:
+            plane.start()
+            plane.install_crd(ROOT / "tests" / "schemas" / "kubeflow.org_pytorchjobs.yaml")
+            bench = Bench(plane, Path(tmp), args.trials, args.show_requests)
+            bench.warm_up()
+            startup_cost(bench.env, Path(tmp), args.trials)
+            for n in sizes:
+                bench.pytorchjob(n)
+            if 128 in sizes:
+                bench.indexed(128)
+            bench.listing(args.list_jobs)
+            bench.table(sizes, args.list_jobs)
+            print(f"load at the end {load()}")
+            if args.json:
+                rows = [
+                    {"kind": k, "n": n, "verb": v, "mode": m, "seconds": t}
+                    for (k, n, v, m), t in bench.times.items()
+                ]
+                args.json.write_text(json.dumps(rows, indent=1))
+        finally:
+            plane.stop()
+
+
+if __name__ == "__main__":
+    main()
