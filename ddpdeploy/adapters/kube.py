@@ -31,6 +31,7 @@ CONNECT_TIMEOUT = 10  # seconds to connect (TCP and TLS handshake)
 # Every request (discovery included) gets this unless it says otherwise: a server that
 # accepts and never answers must not hang a command.
 DEFAULT_TIMEOUT = (CONNECT_TIMEOUT, REQUEST_TIMEOUT)
+WATCH_SECONDS = 30  # the server ends a watch after this long; it is then resumed
 _SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
@@ -54,6 +55,12 @@ def _status_message(body: Any) -> str | None:
         return None
     message = status.get("message") if isinstance(status, dict) else None
     return message if isinstance(message, str) and message else None
+
+
+def _json(response: Any) -> Obj:
+    """A response read as JSON: plain dicts straight away, not the dynamic client's
+    ResourceInstance tree (which a list of 128 pods takes a while to build and unbuild)."""
+    return json.loads(response.data)
 
 
 def _one_line(text: Any, limit: int = 300) -> str:
@@ -208,6 +215,44 @@ def _check_kubeconfig(path: Path, flag: str) -> None:
         )
 
 
+def _group_path(api_version: str) -> str:
+    return "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+
+
+def _discoverer() -> type:
+    """The client's lazy discoverer, except that a kind missing from the cache costs one
+    request (its group version's resource list) rather than a full re-discovery of every
+    API group: `status`, `down` and `list` look up kinds the cluster may not serve (a CRD
+    not installed) on every run."""
+    from kubernetes.dynamic.discovery import LazyDiscoverer
+    from kubernetes.dynamic.exceptions import NotFoundError
+
+    class Discoverer(LazyDiscoverer):  # type: ignore[misc]
+        _wanted: dict[str, Any] | None = None
+
+        def search(self, **kwargs: Any) -> Any:
+            self._wanted = kwargs
+            try:
+                return super().search(**kwargs)
+            finally:
+                self._wanted = None
+
+        def invalidate_cache(self) -> None:
+            wanted = self._wanted
+            if wanted and wanted.get("api_version") and wanted.get("kind"):
+                path = _group_path(wanted["api_version"])
+                try:
+                    got = self.client.request("get", path, serialize=False)
+                    kinds = {r.get("kind") for r in json.loads(got.data).get("resources") or []}
+                except NotFoundError:
+                    kinds = set()
+                if wanted["kind"] not in kinds:
+                    return  # the server has no such kind either: the cache stands
+            super().invalidate_cache()  # stale (a CRD installed since): discover afresh
+
+    return Discoverer
+
+
 class Kube:
     """One cluster, as the kubeconfig (or the pod's service account) describes it."""
 
@@ -232,6 +277,7 @@ class Kube:
         self._api = client.ApiClient(cfg)
         _default_timeout(self._api.rest_client)
         cache = _discovery_cache(cfg.host)
+        self._kinds: dict[tuple[str, str], Any] = {}  # a kind's resource, or None: not served
         with self.errors("connecting"):
             self._dyn = self._discover(cache)
 
@@ -241,12 +287,13 @@ class Kube:
         and discovery runs afresh."""
         from kubernetes import dynamic
 
+        found = _discoverer()
         try:
-            return dynamic.DynamicClient(self._api, cache_file=cache)
+            return dynamic.DynamicClient(self._api, cache_file=cache, discoverer=found)
         except (KeyError, TypeError, AttributeError, ValueError):
             with contextlib.suppress(OSError):
                 os.unlink(cache)
-            return dynamic.DynamicClient(self._api, cache_file=cache)
+            return dynamic.DynamicClient(self._api, cache_file=cache, discoverer=found)
 
     @staticmethod
     def _load(cfg: Any, kubeconfig: str | None, context: str | None) -> str:
@@ -343,6 +390,21 @@ class Kube:
         return OperationError(f"{what}: API error {status}: {message}")
 
     def resource(self, api_version: str, kind: str) -> Any:
+        """The kind's API resource (looked up once per connection); MissingKind when the
+        cluster does not serve it."""
+        key = (api_version, kind)
+        if key not in self._kinds:
+            try:
+                self._kinds[key] = self._resource(api_version, kind)
+            except MissingKind:
+                self._kinds[key] = None
+        if self._kinds[key] is None:
+            raise MissingKind(
+                f"the cluster does not serve {kind} ({api_version}); its CRD is not installed"
+            )
+        return self._kinds[key]
+
+    def _resource(self, api_version: str, kind: str) -> Any:
         from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
         with self.errors(f"looking up {kind}"):
@@ -374,20 +436,115 @@ class Kube:
         res = self.resource(api_version, kind)
         with self.errors(f"reading {kind} {name}"):
             try:
-                got = res.get(name=name, namespace=namespace, _request_timeout=REQUEST_TIMEOUT)
+                got = res.get(
+                    name=name,
+                    namespace=namespace,
+                    serialize=False,
+                    _request_timeout=REQUEST_TIMEOUT,
+                )
             except NotFoundError:
                 return None
-        return got.to_dict()
+            return _json(got)
 
     def list(
         self, api_version: str, kind: str, namespace: str | None = None, labels: str | None = None
     ) -> list[Obj]:
+        return self.listed(api_version, kind, namespace, labels)[0]
+
+    def listed(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None = None,
+        labels: str | None = None,
+        fields: str | None = None,
+    ) -> tuple[list[Obj], str]:
+        """The objects, in one list call, and the list's resourceVersion (to watch from)."""
         res = self.resource(api_version, kind)
         with self.errors(f"listing {res.kind}"):
-            got = res.get(
-                namespace=namespace, label_selector=labels, _request_timeout=REQUEST_TIMEOUT
+            got = _json(
+                res.get(
+                    namespace=namespace,
+                    label_selector=labels,
+                    field_selector=fields,
+                    serialize=False,
+                    _request_timeout=REQUEST_TIMEOUT,
+                )
             )
-        return [item for item in got.to_dict().get("items") or []]
+        items = got.get("items") or []
+        for item in items:  # a list's items carry no kind of their own
+            item.setdefault("apiVersion", api_version)
+            item.setdefault("kind", kind)
+        return items, (got.get("metadata") or {}).get("resourceVersion") or ""
+
+    def watch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        *,
+        labels: str | None = None,
+        name: str | None = None,
+        since: str | None = None,
+        seconds: int = WATCH_SECONDS,
+        stop: threading.Event | None = None,
+    ) -> Iterator[tuple[str, Any]]:
+        """The objects (by label selector, or the one ``name``), then their changes, as
+        they come: ``("SYNC", [objects])`` from a list, then ``(ADDED|MODIFIED|DELETED,
+        object)``. The watch starts at the list's resourceVersion (or ``since``); one that
+        expired (410 Gone) is a fresh SYNC. The server ends each watch after ``seconds``
+        and it resumes where it was; a connection silent for longer is an error. Ends when
+        ``stop`` is set (at the next event or the end of a watch)."""
+        from kubernetes.client.exceptions import ApiException
+
+        res = self.resource(api_version, kind)
+        fields = f"metadata.name={name}" if name else None
+        version = since
+        while stop is None or not stop.is_set():
+            if version is None:
+                items, version = self.listed(api_version, kind, namespace, labels, fields)
+                yield "SYNC", items
+            with self.errors(f"watching {kind}s"):
+                try:
+                    events = self._events(res, namespace, labels, fields, version, seconds)
+                    for event in events:
+                        obj = event.get("object") or {}
+                        version = (obj.get("metadata") or {}).get("resourceVersion") or version
+                        if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                            yield event["type"], obj
+                        if stop is not None and stop.is_set():
+                            return
+                except ApiException as exc:
+                    if exc.status != 410:
+                        raise
+                    version = None  # expired: list again
+
+    @staticmethod
+    def _events(
+        res: Any,
+        namespace: str,
+        labels: str | None,
+        fields: str | None,
+        version: str,
+        seconds: int,
+    ) -> Iterator[Obj]:
+        from kubernetes import watch
+
+        stream = watch.Watch().stream(
+            res.get,
+            namespace=namespace,
+            label_selector=labels,
+            field_selector=fields,
+            resource_version=version,
+            allow_watch_bookmarks=True,  # keeps the version fresh on a quiet stream
+            timeout_seconds=seconds,  # also makes an expired version an error, not a retry
+            serialize=False,
+            _request_timeout=(CONNECT_TIMEOUT, seconds + REQUEST_TIMEOUT),
+        )
+        try:
+            yield from stream
+        finally:
+            stream.close()  # the response with it
 
     def apply(self, obj: Obj, dry_run: bool = False) -> Obj:
         """Server-side apply as field manager `ddpdeploy` (dry run: validated, not stored)."""
