@@ -60,7 +60,8 @@ def require_ours(obj: Obj, job: str, verb: str) -> None:
         raise OperationError(f"{ref(obj)} is not ours ({why}); not {verb}")
 
 
-def _labelled_ours(obj: Obj) -> bool:
+def labelled_ours(obj: Obj) -> bool:
+    """Labelled as ddpdeploy's: what a reading verb (status, logs, a wait) counts as ours."""
     from ddpdeploy.render.pod import MANAGED_BY
 
     return ((obj.get("metadata") or {}).get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGED_BY
@@ -123,7 +124,7 @@ def find_job(
     which ``{namespace}`` is the namespace)."""
     ns = namespace or kube.default_namespace
     layout, job = find_any_job(kube, name, ns, layouts)
-    if job is not None and verb is None and not _labelled_ours(job):
+    if job is not None and verb is None and not labelled_ours(job):
         layout, job = TARGETS[DEFAULT_TARGET], None
     if job is not None and verb is not None:
         require_ours(job, name, verb)

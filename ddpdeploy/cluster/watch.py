@@ -9,13 +9,15 @@ API through the adapter and keeps time. What is shown is the caller's: it passes
 from __future__ import annotations
 
 import contextlib
+import queue
 import re
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ddpdeploy.adapters.kube import Kube
-from ddpdeploy.cluster.find import Found, find_job
+from ddpdeploy.cluster.find import Found, find_job, labelled_ours
 from ddpdeploy.cluster.jobstate import JobState, job_state, logs_show_rank0
 from ddpdeploy.cluster.labels import selector
 from ddpdeploy.contract import CONTAINER_NAME
@@ -29,6 +31,7 @@ Show = Callable[[Snapshot], None]
 # A view to show snapshots in while waiting; its argument: whether it may redraw in place
 # (not while log lines are being printed below it).
 Views = Callable[[bool], contextlib.AbstractContextManager[Show]]
+REFRESH = 2.0  # seconds: the wait view is shown again this often when nothing changes
 
 
 def kind_of(job: Obj | None) -> str:
@@ -75,26 +78,114 @@ def wait(
     show: Show,
     timeout: float | None = None,
     until: Callable[[Snapshot], bool] = lambda snap: snap[2].done,
-    interval: float = 1.0,
+    interval: float = REFRESH,
     started: float | None = None,
 ) -> Snapshot:
-    """Poll until ``until`` holds; a timeout (counted from ``started``, default now) is an
-    OperationError naming the last state."""
+    """Watch the job and its pods until ``until`` holds; a timeout (counted from
+    ``started``, default now) is an OperationError naming the last state.
+
+    The view is shown on every change the watches bring (and every ``interval`` seconds
+    anyway); no request is made between changes."""
     started = time.monotonic() if started is None else started
     deadline = None if timeout is None else started + timeout
-    while True:
-        snap = snapshot(kube, name, namespace)
-        show(snap)
-        if until(snap):
-            return snap
-        if deadline is not None and time.monotonic() >= deadline:
-            state = snap[2]
-            raise OperationError(
-                f"timed out after {timeout:g}s waiting for {kind_of(snap[0])} {namespace}/{name}; "
-                f"it is {plain(state.state)} ({plain(state.reason)}); "
-                f"`ddpdeploy status {name} -n {namespace}` shows it, `ddpdeploy down` removes it"
+    found = find_job(kube, name, namespace, required=False)
+    with _Watch(found) as watching:
+        while True:
+            snap = watching.next_snapshot(interval, deadline)
+            show(snap)
+            if until(snap):
+                return snap
+            if deadline is not None and time.monotonic() >= deadline:
+                state = snap[2]
+                raise OperationError(
+                    f"timed out after {timeout:g}s waiting for {kind_of(snap[0])} "
+                    f"{namespace}/{name}; it is {plain(state.state)} ({plain(state.reason)}); "
+                    f"`ddpdeploy status {name} -n {namespace}` shows it, `ddpdeploy down` "
+                    "removes it"
+                )
+
+
+class _Watch:
+    """The job and its pods as two watches (one thread each, into one queue) keep them:
+    a snapshot is taken from what they brought, never by asking again."""
+
+    def __init__(self, found: Found) -> None:
+        self.found = found
+        self.job: Obj | None = found.job
+        self.pods: dict[str, Obj] = {}
+        self.synced: set[str] = set()
+        self.events: queue.Queue[tuple[str, str, Any]] = queue.Queue()
+        self.stop = threading.Event()
+
+    def __enter__(self) -> _Watch:
+        found, layout = self.found, self.found.layout
+        streams = {
+            "job": dict(name=found.name),
+            "pods": dict(labels=selector(layout.pod_selector(found.name))),
+        }
+        for what, how in streams.items():
+            api, kind = (layout.api_version, layout.kind) if what == "job" else ("v1", "Pod")
+            if what == "job" and not found.kube.has_kind(api, kind):
+                self.synced.add(what)  # nothing of that kind can appear
+                continue
+            events = found.kube.watch(api, kind, found.namespace, stop=self.stop, **how)
+            thread = threading.Thread(
+                target=self._pump, args=(what, events), name=f"watch {what}", daemon=True
             )
-        time.sleep(interval)
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()  # the threads end at their next event or watch timeout
+
+    def _pump(self, what: str, events: Iterator[tuple[str, Any]]) -> None:
+        try:
+            for kind, obj in events:
+                self.events.put((what, kind, obj))
+                if self.stop.is_set():
+                    break
+        except BaseException as exc:  # noqa: BLE001 - raised again in the waiting thread
+            self.events.put((what, "ERROR", exc))
+        finally:
+            with contextlib.suppress(Exception):
+                events.close()  # type: ignore[attr-defined]
+
+    def next_snapshot(self, interval: float, deadline: float | None) -> Snapshot:
+        """The state after the next change (all changes that came together at once), or as
+        it is after ``interval`` seconds, or at the deadline; the first one once both
+        watches have listed."""
+        while True:
+            wake = time.monotonic() + interval
+            if deadline is not None:
+                wake = min(wake, deadline)
+            try:
+                self._take(self.events.get(timeout=max(0.0, wake - time.monotonic())))
+                while True:  # what came with it
+                    self._take(self.events.get_nowait())
+            except queue.Empty:
+                pass
+            late = deadline is not None and time.monotonic() >= deadline
+            if len(self.synced) == 2 or late:
+                pods = sorted(self.pods.values(), key=lambda p: p["metadata"]["name"])
+                return self.job, pods, job_state(self.job, pods)
+
+    def _take(self, event: tuple[str, str, Any]) -> None:
+        what, kind, obj = event
+        if kind == "ERROR":
+            raise obj
+        if what == "job":
+            self.synced.add(what)
+            if kind == "SYNC":
+                obj = obj[0] if obj else None
+            self.job = obj if kind != "DELETED" and obj and labelled_ours(obj) else None
+            return
+        if kind == "SYNC":
+            self.synced.add(what)
+            self.pods = {p["metadata"]["name"]: p for p in obj}
+        elif kind == "DELETED":
+            self.pods.pop(obj["metadata"]["name"], None)
+        else:
+            self.pods[obj["metadata"]["name"]] = obj
 
 
 def _by_hostname(pods: list[Obj], hostname: str, layout: Layout) -> str | None:
