@@ -32,6 +32,7 @@ Show = Callable[[Snapshot], None]
 # (not while log lines are being printed below it).
 Views = Callable[[bool], contextlib.AbstractContextManager[Show]]
 REFRESH = 2.0  # seconds: the wait view is shown again this often when nothing changes
+SHOW_EVERY = 0.5  # seconds: changes are shown at most this often (the end at once)
 
 
 def kind_of(job: Obj | None) -> str:
@@ -84,18 +85,34 @@ def wait(
     """Watch the job and its pods until ``until`` holds; a timeout (counted from
     ``started``, default now) is an OperationError naming the last state.
 
-    The view is shown on every change the watches bring (and every ``interval`` seconds
-    anyway); no request is made between changes."""
+    The view is shown on the changes the watches bring (at most every SHOW_EVERY), and
+    every ``interval`` seconds anyway; no request is made between changes."""
     started = time.monotonic() if started is None else started
     deadline = None if timeout is None else started + timeout
     found = find_job(kube, name, namespace, required=False)
     with _Watch(found) as watching:
+        shown_at, unshown, shown_once = time.monotonic(), False, False
         while True:
-            snap = watching.next_snapshot(interval, deadline)
-            show(snap)
-            if until(snap):
+            # Changes are shown at most every SHOW_EVERY (a 128-pod job starting is 128
+            # of them), the end at once; with none, the view is shown every ``interval``.
+            pause = SHOW_EVERY if unshown else interval
+            wake = shown_at + pause if shown_once else time.monotonic() + interval
+            if deadline is not None:
+                wake = min(wake, deadline)
+            unshown = watching.take(wake) or unshown
+            now = time.monotonic()
+            late = deadline is not None and now >= deadline
+            if not (watching.ready or late):
+                continue
+            snap = watching.current()
+            done = until(snap)
+            due = now - shown_at >= (SHOW_EVERY if unshown else interval)
+            if done or late or due or not shown_once:
+                show(snap)
+                shown_at, unshown, shown_once = now, False, True
+            if done:
                 return snap
-            if deadline is not None and time.monotonic() >= deadline:
+            if late:
                 state = snap[2]
                 raise OperationError(
                     f"timed out after {timeout:g}s waiting for {kind_of(snap[0])} "
@@ -150,24 +167,26 @@ class _Watch:
             with contextlib.suppress(Exception):
                 events.close()  # type: ignore[attr-defined]
 
-    def next_snapshot(self, interval: float, deadline: float | None) -> Snapshot:
-        """The state after the next change (all changes that came together at once), or as
-        it is after ``interval`` seconds, or at the deadline; the first one once both
-        watches have listed."""
-        while True:
-            wake = time.monotonic() + interval
-            if deadline is not None:
-                wake = min(wake, deadline)
-            try:
-                self._take(self.events.get(timeout=max(0.0, wake - time.monotonic())))
-                while True:  # what came with it
-                    self._take(self.events.get_nowait())
-            except queue.Empty:
-                pass
-            late = deadline is not None and time.monotonic() >= deadline
-            if len(self.synced) == 2 or late:
-                pods = sorted(self.pods.values(), key=lambda p: p["metadata"]["name"])
-                return self.job, pods, job_state(self.job, pods)
+    @property
+    def ready(self) -> bool:
+        """Both watches have listed: a snapshot now is the whole picture."""
+        return len(self.synced) == 2
+
+    def take(self, wake: float) -> bool:
+        """Wait until the next changes come (taking all that came with them) or until
+        ``wake`` (a monotonic time); True when something came."""
+        try:
+            self._take(self.events.get(timeout=max(0.0, wake - time.monotonic())))
+        except queue.Empty:
+            return False
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._take(self.events.get_nowait())
+        return True
+
+    def current(self) -> Snapshot:
+        pods = sorted(self.pods.values(), key=lambda p: p["metadata"]["name"])
+        return self.job, pods, job_state(self.job, pods)
 
     def _take(self, event: tuple[str, str, Any]) -> None:
         what, kind, obj = event
