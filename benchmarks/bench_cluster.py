@@ -261,6 +261,37 @@ class Bench:
             for mode in ("cli", "inproc"):
                 self.timed("pytorchjob", count, "list", mode, ["list", "-n", ns], trial)
 
+    def waiting(self, n: int) -> None:
+        """`up --wait` (the CLI) of an N-node job whose pods run: from the moment the job's
+        Succeeded condition is written to `up`'s line saying so (and to its exit)."""
+        from actors import set_job_conditions, wait_for_job
+
+        ns = self.namespace(f"wait{n}")
+        for trial in range(1, self.trials + 1):
+            name = f"w{trial}"
+            argv = ["up", "--image", IMAGE, "--name", name, "-n", ns, "-f", str(self.spec)]
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "ddpdeploy", *argv, "--nodes", str(n), "--wait"],
+                env=self.env, cwd=self.workdir, stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            self.pytorchjob_pods(ns, wait_for_job(self.admin, ns, name, proc)["metadata"]["name"])
+            time.sleep(3)  # `up` is watching (or polling) by now
+            flipped = time.perf_counter()
+            set_job_conditions(self.admin, ns, name, ("Created", ""), ("Succeeded", "done"))
+            seen = None
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                if "succeeded" in line:
+                    seen = time.perf_counter() - flipped
+            proc.wait(timeout=60)
+            took = time.perf_counter() - flipped
+            if proc.returncode or seen is None:
+                sys.exit(f"bench_cluster: up --wait exited {proc.returncode}")
+            self.times[("pytorchjob", n, "wait", "cli")].append(seen)
+            print(f"  pytorchjob N={n:<3} up --wait: Succeeded -> its line {seen:.3f}s, "
+                  f"-> exit {took:.3f}s, trial {trial}")  # fmt: skip
+
     def warm_up(self) -> None:
         """Imports and the discovery cache warm before the in-process trials."""
         ns = self.namespace("warm")
@@ -291,6 +322,11 @@ class Bench:
                     clim = f"{statistics.median(cli):7.3f}" if cli else "    n/a"
                     print(f"{kind:<12} {verb:<7} {n:>4} {med:8.3f} {clim} {reqs:>5} "
                           f"{med / base:6.2f}x")  # fmt: skip
+        for n in sizes:
+            if waited := self.times.get(("pytorchjob", n, "wait", "cli")):
+                med = statistics.median(waited)
+                row = f"{'pytorchjob':<12} {'wait':<7} {n:>4} {'':>8} {med:7.3f}"
+                print(f"{row}   (up --wait: Succeeded -> its line)")
         inproc = self.times[("pytorchjob", list_jobs, "list", "inproc")]
         cli = self.times[("pytorchjob", list_jobs, "list", "cli")]
         reqs = self.requests[("pytorchjob", list_jobs, "list")]
@@ -329,6 +365,9 @@ def main() -> None:
     parser.add_argument("--list-jobs", type=int, default=200)
     parser.add_argument("--json", type=Path, help="also write every trial here")
     parser.add_argument(
+        "--only-wait", action="store_true", help="only time `up --wait` seeing the end"
+    )
+    parser.add_argument(
         "--show-requests", action="store_true", help="print each in-process run's requests"
     )
     args = parser.parse_args()
@@ -345,12 +384,18 @@ def main() -> None:
             plane.install_crd(ROOT / "tests" / "schemas" / "kubeflow.org_pytorchjobs.yaml")
             bench = Bench(plane, Path(tmp), args.trials, args.show_requests)
             bench.warm_up()
+            if args.only_wait:
+                for n in sizes:
+                    bench.waiting(n)
+                return
             startup_cost(bench.env, Path(tmp), args.trials)
             for n in sizes:
                 bench.pytorchjob(n)
             if 128 in sizes:
                 bench.indexed(128)
             bench.listing(args.list_jobs)
+            for n in sizes:
+                bench.waiting(n)
             bench.table(sizes, args.list_jobs)
             print(f"load at the end {load()}")
             if args.json:
