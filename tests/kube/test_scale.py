@@ -168,3 +168,45 @@ def test_list_of_200_jobs_is_one_list_call_per_kind(
     assert len(calls) == 3 and len(set(calls)) == 3, calls
     assert all(c.startswith("GET ") and f"/namespaces/{namespace}/" in c for c in calls), calls
     assert took < 2.0, took
+
+
+def test_a_missing_kind_costs_one_request_and_a_new_crd_is_still_found(
+    control_plane, monkeypatch, tmp_path: Path
+):
+    """Looking up a kind the discovery cache lacks asks for its group version alone (not
+    every group again); a CRD installed after the cache was written is found all the same."""
+    import yaml
+
+    from ddpdeploy.adapters.kube import Kube
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    Kube(str(control_plane.kubeconfig))  # writes the discovery cache
+    requests = Requests(monkeypatch)
+    kube = Kube(str(control_plane.kubeconfig))
+    with requests.during() as calls:
+        assert not kube.has_kind("nothing.example.com/v1", "Nothing")
+        assert not kube.has_kind("nothing.example.com/v1", "Nothing")  # known by now
+    assert [c.rsplit("/", 3)[-3:] for c in calls] == [["apis", "nothing.example.com", "v1"]]
+    group = f"g{tmp_path.name.replace('_', '').lower()[-20:]}.example.com"
+    crd = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"widgets.{group}"},
+        "spec": {
+            "group": group,
+            "names": {"kind": "Widget", "plural": "widgets", "singular": "widget"},
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": {"type": "object"}},
+                }
+            ],
+        },
+    }
+    path = tmp_path / "crd.yaml"
+    path.write_text(yaml.safe_dump(crd))
+    control_plane.install_crd(path)
+    assert Kube(str(control_plane.kubeconfig)).has_kind(f"{group}/v1", "Widget")
