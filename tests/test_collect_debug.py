@@ -302,3 +302,25 @@ def test_a_real_hang_then_collect_debug_brings_every_ranks_stacks(tmp_path):
         .splitlines()[-1]
         .startswith("debug: 4 hang stacks, 0 flight recorder dumps, 0 NCCL debug logs into ")
     )
+
+
+def test_the_compose_staging_writes_a_bounded_file_only_that_far(tmp_path):
+    """What the engine's archive holds is staged on this disk: a bounded name no further
+    than its bound (the rest of the stream is skipped), the others whole."""
+    import io
+    import tarfile
+
+    from ddpdeploy.adapters.docker_volume import _extract_files
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for entry, size in (("hang-rank0.txt", 5 << 20), ("after.pt", 3 << 20)):
+            info = tarfile.TarInfo(entry)
+            info.size = size
+            tar.addfile(info, io.BytesIO(b"x" * size))
+    buf.seek(0)
+    with tarfile.open(fileobj=buf, mode="r|") as tar:
+        others = _extract_files(tar, tmp_path, lambda n: 1000 if n.startswith("hang") else None)
+    assert others == {}
+    assert (tmp_path / "hang-rank0.txt").stat().st_size == 1000
+    assert (tmp_path / "after.pt").stat().st_size == 3 << 20
