@@ -256,7 +256,8 @@ def collect(
         if kind in (SYMLINK, SPECIAL):
             warn(f"skipping {shown(name)} in {source.where}: a {kind}, not a regular file")
     regular = sorted(n for n, kind in entries.items() if kind == FILE)
-    diagnostics = [n for n in regular if debug_kind(n)] if debug else []
+    # A diagnostics file named with --file is that plain file; the rest go to debug/.
+    diagnostics = [n for n in regular if debug_kind(n) and n not in files] if debug else []
     if diagnostics:  # theirs is debug/, not the plain files' SHA256SUMS
         regular = [n for n in regular if n not in diagnostics]
     if files and step is not None:

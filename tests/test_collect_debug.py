@@ -251,6 +251,7 @@ def test_the_pod_reader_without_gnu_dd_bounds_too(tmp_path):
     from ddpdeploy.cluster.collect import READ
 
     program = READ.replace("iflag=nofollow status=none 2>/dev/null", "iflag=no-such-flag 2>&-")
+    assert program != READ  # the probe for GNU dd now fails: the other branch runs
     res = subprocess.run(["sh", "-c", program, "sh", str(big), "2"], capture_output=True)
     assert res.returncode == 0 and len(res.stdout) == 2 << 20
 
@@ -324,3 +325,17 @@ def test_the_compose_staging_writes_a_bounded_file_only_that_far(tmp_path):
     assert others == {}
     assert (tmp_path / "hang-rank0.txt").stat().st_size == 1000
     assert (tmp_path / "after.pt").stat().st_size == 3 << 20
+
+
+def test_a_diagnostics_file_named_with_file_is_that_plain_file(project, tmp_path):
+    folder = run_folder(project)
+    files = put_diagnostics(folder)
+    to = tmp_path / "out"
+    got = collect(LocalSource(folder), to, files=["hang-rank0.txt"], debug=True)
+    assert got.files == ["hang-rank0.txt"] and not got.no_checkpoint
+    assert (to / "hang-rank0.txt").read_bytes() == files["hang-rank0.txt"]
+    assert sorted(f.name for f in got.debug or []) == [
+        "ddpkit-nccl.node-1.4242.log",
+        "hang-rank1.txt",
+        "nccl_trace_rank_0",
+    ]

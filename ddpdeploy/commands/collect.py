@@ -138,7 +138,7 @@ def _say(err: Any, text: str) -> None:
 
 def _say_debug(err: Any, got: Any, to: Path) -> None:
     """One line per diagnostics file (a hang stack's header shown), then the count."""
-    from ddpdeploy.checkpoints import DEBUG_DIR, DEBUG_PATTERNS, HANG_STACK, shown
+    from ddpdeploy.checkpoints import DEBUG_DIR, DEBUG_PATTERNS, HANG_STACK, MAX_DEBUG, shown
     from ddpdeploy.text import plain
 
     folder = to / DEBUG_DIR
@@ -148,7 +148,7 @@ def _say_debug(err: Any, got: Any, to: Path) -> None:
     for f in got.debug:
         line = f"debug: {folder / shown(f.name)}  {_size(f.size)}  {f.kind}"
         if f.cut:
-            line += " (cut at 32 MiB)"
+            line += f" (cut at {MAX_DEBUG >> 20} MiB)"
         if f.kind == HANG_STACK and f.first_line:
             head = plain(f.first_line)
             line += f": {head if len(head) <= 160 else head[:150] + '…'}"
