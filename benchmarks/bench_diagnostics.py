@@ -65,9 +65,10 @@ def run(args: list[str], nproc: int, backend: str) -> tuple[list[dict[str, Any]]
 
 def bookkeeping(trials: int) -> None:
     """ddpkit's per-step CPU time on 2 gloo ranks (torchrun runs this file's worker)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            "--nproc-per-node=2", __file__, "--bookkeeping-worker", "--trials", str(trials)]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", DDPDEPLOY_PROBE="0")
+    worker = [__file__, "--bookkeeping-worker", "--trials", str(trials)]
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    argv += worker
     out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     print(out.stdout, end="")
