@@ -12,6 +12,12 @@ Reports, every trial and the median:
     the steps/s ratio of --ranks-every 10 (five times the default's gathers) over
     --ranks-every 0 (one gather at the end), interleaved per trial.
 Throughput is timed between rank 0's step lines, as in bench_trainer.py.
+
+  python benchmarks/bench_diagnostics.py --bookkeeping
+
+times ddpkit's own per-step Python alone (two ``timed`` phases and ``step_done``, its
+``ranks`` gather every 50 steps included) in a one-rank gloo group, against the same loop
+without ddpkit: CPU work that a loaded VM's throughput ratios cannot resolve.
 """
 
 from __future__ import annotations
@@ -57,13 +63,72 @@ def run(args: list[str], nproc: int, backend: str) -> tuple[list[dict[str, Any]]
     return events, t_start, (s2 - s1) / (t2 - t1)
 
 
+def bookkeeping(trials: int) -> None:
+    """ddpkit's per-step CPU time on 2 gloo ranks (torchrun runs this file's worker)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", DDPDEPLOY_PROBE="0")
+    worker = [__file__, "--bookkeeping-worker", "--trials", str(trials)]
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    argv += worker
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    print(out.stdout, end="")
+
+
+def bookkeeping_worker(trials: int, steps: int = 20000) -> None:
+    """Microseconds of CPU per step (process time: a loaded VM's waits are not counted) of
+    two ``timed`` phases and ``step_done`` (watchdog armed, the ranks gather every 50
+    steps), minus the same loop without ddpkit."""
+    import contextlib
+    import io
+
+    import torch.distributed as dist
+
+    sys.path.insert(0, str(ROOT / "train"))
+    import ddpkit
+
+    ddpkit.init_process_group("gloo")
+    nothing, clock = contextlib.nullcontext, time.process_time
+    try:
+        for trial in range(trials):
+            dist.barrier()
+            t0 = clock()
+            for _ in range(steps):  # the same loop, without ddpkit
+                with nothing():
+                    pass
+                with nothing():
+                    pass
+            base = clock() - t0
+            with contextlib.redirect_stdout(io.StringIO()):  # rank 0's ranks events
+                t0 = clock()
+                for step in range(trial * steps + 1, (trial + 1) * steps + 1):
+                    with ddpkit.timed("data"):
+                        pass
+                    with ddpkit.timed("forward"):
+                        pass
+                    ddpkit.step_done(step)
+                took = clock() - t0
+            if ddpkit.rank() == 0:
+                us = (took - base) / steps * 1e6
+                print(f"trial {trial + 1}: ddpkit bookkeeping {us:.1f} us CPU per step "
+                      f"(rank 0), load {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
+    finally:
+        with contextlib.redirect_stdout(io.StringIO()):
+            ddpkit.end_steps()
+        dist.destroy_process_group()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bookkeeping", action="store_true", help="ddpkit's per-step Python only")
+    ap.add_argument("--bookkeeping-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--trials", type=int, default=5)
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
     a = ap.parse_args()
+    if a.bookkeeping or a.bookkeeping_worker:
+        (bookkeeping_worker if a.bookkeeping_worker else bookkeeping)(a.trials)
+        return
     common = ["--steps", str(a.steps), "--log-every", "10"]
     probe_s, startup, cost_pct, ratio = [], [], [], []
     for trial in range(a.trials):

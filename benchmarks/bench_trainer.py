@@ -169,7 +169,8 @@ def one_trial(
     print(
         f"  {size} trial {t}: ddptrain {mine:.1f} steps/s, textbook {base:.1f} steps/s, "
         f"ratio {mine / base:.3f}; stall {1000 * stall:.2f} ms, sync torch.save "
-        f"{1000 * sync_save:.1f} ms, stall ratio {stall / sync_save:.3f}",
+        f"{1000 * sync_save:.1f} ms, stall ratio {stall / sync_save:.3f}, load "
+        f"{os.getloadavg()[0]:.1f}",  # the VM is shared: a trial's noise comes with its load
         flush=True,
     )
     return {"ratio": mine / base, "stall": stall, "sync_save": sync_save}

@@ -16,6 +16,12 @@ The rules that make a hostile folder harmless:
   is tried; `--to` is left as it was when nothing could be collected;
 - nothing in `--to` is replaced unless asked (identical files are kept as they are).
 
+With ``debug`` (`collect --debug`) the diagnostics a run leaves in the same folder come too,
+into `--to/debug/`: ddpkit's hang stacks (`hang-rank<R>.txt`), torch's NCCL flight recorder
+dumps (`nccl_trace_rank_<R>`) and ddpkit's NCCL debug logs (`ddpkit-nccl.<host>.<pid>.log`);
+only names of those exact shapes, only regular files, each read at most `MAX_DEBUG` bytes
+(a longer text file is cut with a note, a longer dump refused), read twice to see it stays put.
+
 Sources (a local folder, a pod, a staged compose volume) only list entries and open files;
 everything else is here.
 """
@@ -46,6 +52,19 @@ _SIDECAR = re.compile(r"^ckpt-step-(\d{9,18})\.json$")
 # Names a writer uses while a file is incomplete: never collected as plain files.
 _TEMP_SUFFIXES = (".tmp", ".temp", ".part", ".partial", ".swp", ".lock", "~")
 
+# collect --debug: the diagnostics files a run leaves beside its checkpoints, by exact name
+# shape (train/ddpkit.py writes the first and third, torch's flight recorder the second).
+DEBUG_DIR = "debug"
+MAX_DEBUG = 32 << 20  # a hang stack is a few KiB, a flight recorder dump a few MiB
+HANG_STACK, FLIGHT_DUMP, NCCL_LOG = "hang stack", "flight recorder dump", "NCCL debug log"
+DEBUG_KINDS = (
+    (HANG_STACK, re.compile(r"hang-rank\d{1,9}\.txt")),
+    (FLIGHT_DUMP, re.compile(r"nccl_trace_rank_\d{1,9}")),
+    (NCCL_LOG, re.compile(r"ddpkit-nccl\.[A-Za-z0-9][A-Za-z0-9._-]{0,252}\.\d{1,10}\.log")),
+)
+DEBUG_PATTERNS = "hang-rank*.txt, nccl_trace_rank_*, ddpkit-nccl.*.log"
+_CUT_KINDS = (HANG_STACK, NCCL_LOG)  # text: its head is still worth reading; a dump is not
+
 # Kinds of folder entries (Source.entries).
 FILE, SYMLINK, FOLDER, SPECIAL = "regular file", "symlink", "folder", "special file"
 
@@ -62,9 +81,12 @@ class Source(Protocol):
         without following symlinks."""
         ...
 
-    def open(self, name: str) -> contextlib.AbstractContextManager[BinaryIO]:
+    def open(
+        self, name: str, limit: int | None = None
+    ) -> contextlib.AbstractContextManager[BinaryIO]:
         """The regular file ``name`` (a plain name); Unreadable when it is gone or anything
-        but a regular file at the moment it is opened, or when reading it fails."""
+        but a regular file at the moment it is opened, or when reading it fails. ``limit``:
+        the caller reads no more than that many bytes, so a source may send no more."""
         ...
 
 
@@ -113,7 +135,10 @@ class LocalSource:
             raise OperationError(f"cannot list {self.where}: {exc.strerror or exc}") from None
         return out
 
-    def open(self, name: str) -> contextlib.AbstractContextManager[BinaryIO]:
+    def open(
+        self, name: str, limit: int | None = None
+    ) -> contextlib.AbstractContextManager[BinaryIO]:
+        del limit  # a local file is read only as far as the caller reads it
         if not plain_name(name):
             raise Unreadable(f"{shown(name)} is not a plain file name")
         # Through the one safe reader, never following a link: a symlink swapped in after
@@ -159,21 +184,50 @@ def steps_newest_first(names: Sequence[str]) -> list[int]:
 
 
 @dataclass
+class DebugFile:
+    """One diagnostics file `collect --debug` brought home."""
+
+    name: str
+    kind: str  # HANG_STACK, FLIGHT_DUMP or NCCL_LOG
+    size: int  # bytes written (a cut file: MAX_DEBUG plus the note)
+    cut: bool = False
+    first_line: str = ""  # as read (decoded, not yet made plain): the caller shows it
+
+
+@dataclass
 class Collected:
-    """What `collect` copied: one checkpoint (step set) or plain files."""
+    """What `collect` copied: one checkpoint (step set), plain files, or (with ``debug``
+    and no checkpoint) neither; ``debug`` the diagnostics files when asked for."""
 
     step: int | None
     files: list[str] = field(default_factory=list)
     where: str = ""
+    debug: list[DebugFile] | None = None
+    no_checkpoint: str = ""  # why there was none (debug only)
 
     def describe(self) -> str:
         """What was found and in which format, e.g. `3 plain files (with SHA256SUMS)`."""
         if self.step is not None:
             what = f"ddpdeploy checkpoint step {self.step}"
+        elif not self.files:
+            what = "no checkpoint"
         else:
             n = len(self.files)
             what = f"{n} plain file{'' if n == 1 else 's'} (with {SUMS})"
         return f"{what} from {self.where}" if self.where else what
+
+    def debug_summary(self) -> str:
+        """``3 hang stacks, 0 flight recorder dumps, 1 NCCL debug log``."""
+        got = self.debug or []
+        parts = []
+        for kind, _ in DEBUG_KINDS:
+            n = sum(f.kind == kind for f in got)
+            parts.append(f"{n} {kind}{'' if n == 1 else 's'}")
+        return ", ".join(parts)
+
+
+class NoCheckpoint(OperationError):
+    """The folder holds no checkpoint to collect (with ``debug``: not an error by itself)."""
 
 
 def collect(
@@ -185,8 +239,11 @@ def collect(
     *,
     files: Sequence[str] = (),
     overwrite: bool = False,
+    debug: bool = False,
 ) -> Collected:
-    """Copy the newest intact checkpoint (or ``step``, or the plain ``files``) into ``dest``.
+    """Copy the newest intact checkpoint (or ``step``, or the plain ``files``) into ``dest``;
+    with ``debug`` the diagnostics files too (only those when there is no checkpoint), into
+    ``dest/debug``.
 
     A candidate that cannot be read, fails its checks or its sha256 is skipped with one
     line to ``warn`` (refused when ``step`` names it). On any failure ``dest`` is left as it
@@ -199,21 +256,52 @@ def collect(
         if kind in (SYMLINK, SPECIAL):
             warn(f"skipping {shown(name)} in {source.where}: a {kind}, not a regular file")
     regular = sorted(n for n, kind in entries.items() if kind == FILE)
-    steps = steps_newest_first(regular)
+    # A diagnostics file named with --file is that plain file; the rest go to debug/.
+    diagnostics = [n for n in regular if debug_kind(n) and n not in files] if debug else []
+    if diagnostics:  # theirs is debug/, not the plain files' SHA256SUMS
+        regular = [n for n in regular if n not in diagnostics]
     if files and step is not None:
         raise UserError("--step and --file: pick one (--step is for ddpdeploy checkpoints)")
+    debug_out = Destination(dest / DEBUG_DIR, overwrite)
     try:
-        if files or not steps:
-            if step is not None:
-                raise UserError(
-                    f"--step: {source.where} holds no ddpdeploy checkpoint (no "
-                    "ckpt-step-N.json sidecar); leave --step out to collect its plain files"
+        try:
+            got = _collect_any(source, regular, files, step, out, warn, progress)
+        except NoCheckpoint as exc:
+            if not debug:
+                raise
+            got = Collected(None, [], source.where, no_checkpoint=str(exc))
+        if debug:
+            got.debug = _collect_debug(source, diagnostics, debug_out, warn, progress)
+            if got.no_checkpoint and not got.debug:
+                raise NoCheckpoint(
+                    f"nothing to collect in {source.where}: no checkpoint and no diagnostics "
+                    f"files ({DEBUG_PATTERNS})"
                 )
-            return _collect_plain(source, regular, list(files), out, warn, progress)
-        return _collect_checkpoint(source, steps, step, out, warn, progress)
+        return got
     except BaseException:
+        debug_out.rollback()
         out.rollback()
         raise
+
+
+def _collect_any(
+    source: Source,
+    regular: list[str],
+    files: Sequence[str],
+    step: int | None,
+    out: Destination,
+    warn: Callable[[str], None],
+    progress: Callable[[int], None],
+) -> Collected:
+    steps = steps_newest_first(regular)
+    if files or not steps:
+        if step is not None:
+            raise UserError(
+                f"--step: {source.where} holds no ddpdeploy checkpoint (no "
+                "ckpt-step-N.json sidecar); leave --step out to collect its plain files"
+            )
+        return _collect_plain(source, regular, list(files), out, warn, progress)
+    return _collect_checkpoint(source, steps, step, out, warn, progress)
 
 
 def _collect_checkpoint(
@@ -239,7 +327,7 @@ def _collect_checkpoint(
             )
         more = "; trying the next newest" if candidate != steps[-1] else ""
         warn(f"checkpoint at step {candidate} in {source.where}: {problem}{more}")
-    raise OperationError(f"no intact checkpoint in {source.where}")
+    raise NoCheckpoint(f"no intact checkpoint in {source.where}")
 
 
 def _try_checkpoint(
@@ -316,7 +404,7 @@ def _collect_plain(
             names.append(name)
     if not names:
         what = "is empty" if not regular else "holds no file to collect"
-        raise OperationError(
+        raise NoCheckpoint(
             f"no checkpoint in {source.where}: the folder {what} (a ddpdeploy checkpoint "
             "is ckpt-step-N.pt + .json; any other script's files are collected as they are)"
         )
@@ -344,7 +432,7 @@ def _collect_plain(
             continue
         copied.append(name)
     if not copied:
-        raise OperationError(f"no complete file in {source.where}")
+        raise NoCheckpoint(f"no complete file in {source.where}")
     sums = "".join(f"{first[n][1]}  {n}\n" for n in copied).encode()
     out.check_free(SUMS, hashlib.sha256(sums).hexdigest())
     out.write(SUMS, sums)
@@ -361,13 +449,104 @@ def _not_collectable(name: str) -> str | None:
     return None
 
 
+def debug_kind(name: str) -> str | None:
+    """HANG_STACK, FLIGHT_DUMP or NCCL_LOG for a diagnostics file's name, else None."""
+    return next((kind for kind, shape in DEBUG_KINDS if shape.fullmatch(name)), None)
+
+
+def _collect_debug(
+    source: Source,
+    names: list[str],
+    out: Destination,
+    warn: Callable[[str], None],
+    progress: Callable[[int], None],
+) -> list[DebugFile]:
+    """The diagnostics files into ``out``: each read once to check it and ``out`` (nothing
+    is written before every name is free), then copied, the copy matching the first read."""
+    checked: dict[str, tuple[DebugFile, str]] = {}
+    for name in names:
+        kind = debug_kind(name)
+        assert kind is not None  # the caller picked these names by their shape
+        head = bytearray()  # the first line is shown: keep the start only
+
+        def keep(chunk: bytes, head: bytearray = head) -> None:
+            head.extend(chunk[: max(0, 4096 - len(head))])
+
+        try:
+            size, sha, cut = _bounded_copy(source, name, kind, keep)
+        except Unreadable as exc:
+            warn(f"skipping {shown(name)} in {source.where}: {exc}")
+            continue
+        if cut:
+            mib = MAX_DEBUG >> 20
+            warn(f"{shown(name)} in {source.where} is over {mib} MiB: cut there, with a note")
+        first = bytes(head).split(b"\n", 1)[0]
+        found = DebugFile(name, kind, size, cut, first.decode(errors="replace"))
+        out.check_free(name, sha)
+        checked[name] = (found, sha)
+    copied: list[DebugFile] = []
+    for name, (found, sha) in checked.items():
+        try:
+            out.write(name, _debug_fill(source, found, sha, progress))
+        except (Unreadable, _Mismatch) as exc:
+            warn(f"skipping {shown(name)} in {source.where}: {exc}")
+            continue
+        copied.append(found)
+    return copied
+
+
+def _bounded_copy(
+    source: Source, name: str, kind: str, sink: Callable[[bytes], object]
+) -> tuple[int, str, bool]:
+    """At most MAX_DEBUG bytes of ``name`` into ``sink``, plus a note where the file goes on
+    (a dump that does is Unreadable): (bytes given, their sha256, whether cut)."""
+    digest, got, cut = hashlib.sha256(), 0, False
+    chunks = _chunks(source, name, MAX_DEBUG + 1)
+    try:
+        for chunk in chunks:
+            if len(chunk) > MAX_DEBUG - got:
+                chunk, cut = chunk[: MAX_DEBUG - got], True
+            digest.update(chunk)
+            sink(chunk)
+            got += len(chunk)
+            if cut:
+                break
+    finally:
+        chunks.close()  # closes the source's file: the rest is never read
+    if cut:
+        if kind not in _CUT_KINDS:
+            raise Unreadable(f"is over {MAX_DEBUG >> 20} MiB: refused (a cut {kind} is unreadable)")
+        note = f"\n# ddpdeploy collect: cut here at {MAX_DEBUG} bytes; the file was longer\n"
+        digest.update(note.encode())
+        sink(note.encode())
+        got += len(note)
+    return got, digest.hexdigest(), cut
+
+
+def _debug_fill(
+    source: Source, found: DebugFile, sha256: str, progress: Callable[[int], None]
+) -> Callable[[BinaryIO], None]:
+    """A writer's fill for a diagnostics file: _Mismatch unless it reads as it did."""
+
+    def fill(out: BinaryIO) -> None:
+        def sink(chunk: bytes) -> None:
+            out.write(chunk)
+            progress(len(chunk))
+
+        size, sha, _ = _bounded_copy(source, found.name, found.kind, sink)
+        if (size, sha) != (found.size, sha256):
+            raise _Mismatch("changed between two reads (still being written?)")
+
+    return fill
+
+
 class _Mismatch(Exception):
     """A copy whose sha256 (or size) is not the one expected."""
 
 
-def _chunks(source: Source, name: str) -> Iterator[bytes]:
+def _chunks(source: Source, name: str, limit: int | None = None) -> Iterator[bytes]:
     """The file's bytes; a read error is the file's problem (Unreadable), not ours."""
-    with source.open(name) as src:
+    with source.open(name, limit) if limit is not None else source.open(name) as src:
         while True:
             try:
                 chunk = src.read(CHUNK)

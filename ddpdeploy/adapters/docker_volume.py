@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +33,16 @@ def _image_for(client: Any, volume: str, image: str | None) -> str:
     )
 
 
-def copy_out(volume: str, folder: str, dest: Path, image: str | None = None) -> dict[str, str]:
+def copy_out(
+    volume: str,
+    folder: str,
+    dest: Path,
+    image: str | None = None,
+    limit_of: Callable[[str], int | None] = lambda name: None,
+) -> dict[str, str]:
     """Copy the regular files of ``folder`` (a path inside the volume) into the existing,
-    empty folder ``dest``; return the other entries directly in it: name -> kind."""
+    empty folder ``dest``, each at most ``limit_of(name)`` bytes where that is not None;
+    return the other entries directly in it: name -> kind."""
     import docker
 
     client = connect()
@@ -56,7 +64,7 @@ def copy_out(volume: str, folder: str, dest: Path, image: str | None = None) -> 
     try:
         stream, _ = container.get_archive(f"{MOUNT}/{folder.strip('/')}/.")
         with tarfile.open(fileobj=chunk_reader(stream), mode="r|") as tar:
-            return _extract_files(tar, dest)
+            return _extract_files(tar, dest, limit_of)
     except docker.errors.NotFound:
         raise OperationError(f"volume {volume} has no folder {folder!r}") from None
     except docker.errors.DockerException as exc:
@@ -67,7 +75,9 @@ def copy_out(volume: str, folder: str, dest: Path, image: str | None = None) -> 
         container.remove(force=True)
 
 
-def _extract_files(tar: tarfile.TarFile, dest: Path) -> dict[str, str]:
+def _extract_files(
+    tar: tarfile.TarFile, dest: Path, limit_of: Callable[[str], int | None]
+) -> dict[str, str]:
     others: dict[str, str] = {}
     for member in tar:  # a stream: members in order, each read once
         name = member.name.removeprefix("./")
@@ -91,7 +101,12 @@ def _extract_files(tar: tarfile.TarFile, dest: Path) -> dict[str, str]:
         assert src is not None  # a regular member always has data
         # O_EXCL|O_NOFOLLOW: a new file in our own fresh folder, never through a link.
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        room = limit_of(name)
         with src, os.fdopen(os.open(dest / name, flags, 0o600), "wb") as out:
-            while chunk := src.read(1 << 20):
+            while chunk := src.read(1 << 20 if room is None else min(1 << 20, room)):
                 out.write(chunk)
+                if room is not None:
+                    room -= len(chunk)
+                    if room <= 0:
+                        break  # the stream skips the rest of this member unwritten
     return others

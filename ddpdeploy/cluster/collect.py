@@ -36,14 +36,18 @@ for f in * .[!.]* ..?*; do
 done"""
 # The reader refuses anything but a regular file. GNU dd opens with O_NOFOLLOW (and
 # O_NONBLOCK: a FIFO cannot hang it), so a symlink swapped in after the test is refused at
-# open time too; an image without that dd (busybox) gets the test just before `cat`.
+# open time too; an image without that dd (busybox) gets the test just before `cat`. A second
+# argument N sends at most N MiB (collect --debug's bound), so a huge file never crosses.
 READ = r"""f=$1
 no() { echo "ddpdeploy-refused: $1" >&2; exit 3; }
 [ -L "$f" ] && no "a symlink, not a regular file"
 [ -e "$f" ] || no "vanished (no such file)"
 [ -f "$f" ] || no "not a regular file"
 if dd if=/dev/null of=/dev/null iflag=nofollow status=none 2>/dev/null; then
-  dd if="$f" iflag=nofollow,nonblock bs=1048576 status=none || no "not readable as a regular file"
+  dd if="$f" iflag=nofollow,nonblock bs=1048576 ${2:+count=$2} status=none ||
+    no "not readable as a regular file"
+elif [ -n "$2" ]; then
+  dd if="$f" bs=1048576 count="$2" 2>/dev/null || no "not readable"
 else
   cat -- "$f" || no "not readable"
 fi"""
@@ -79,14 +83,17 @@ class PodSource:
                 entries[name] = _KINDS[kind]
         return entries
 
-    def open(self, name: str) -> contextlib.AbstractContextManager[BinaryIO]:
+    def open(
+        self, name: str, limit: int | None = None
+    ) -> contextlib.AbstractContextManager[BinaryIO]:
         if not plain_name(name):
             raise Unreadable(f"{shown(name)} is not a plain file name")
         path = posixpath.join(self.folder, name)
-        return files.chunk_reader(_refusals_as_unreadable(self._run(READ, path)))  # type: ignore[return-value]
+        mib = [] if limit is None else [str(-(-limit // (1 << 20)))]  # whole MiB, rounded up
+        return files.chunk_reader(_refusals_as_unreadable(self._run(READ, path, *mib)))  # type: ignore[return-value]
 
-    def _run(self, program: str, arg: str) -> Iterator[bytes]:
-        argv = ["sh", "-c", program, "sh", arg]
+    def _run(self, program: str, *args: str) -> Iterator[bytes]:
+        argv = ["sh", "-c", program, "sh", *args]
         return self.kube.exec_stream(self.pod, self.namespace, self.container, argv)
 
 

@@ -40,6 +40,14 @@ def collect(
         bool,
         typer.Option("--overwrite", help="Replace files in --to that differ (default: refuse)."),
     ] = False,
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug",
+            help="Also (with no checkpoint yet: only) bring the diagnostics files into "
+            "--to/debug/: hang stacks, NCCL flight recorder dumps, NCCL debug logs.",
+        ),
+    ] = False,
     volume: Annotated[
         str | None, typer.Option("--volume", help="--from compose: the checkpoint volume.")
     ] = None,
@@ -62,9 +70,10 @@ def collect(
 
     A folder without ddpdeploy checkpoints (any script's own files) is collected as plain
     files, each checked complete, with a SHA256SUMS beside them. Nothing in --to is replaced
-    unless --overwrite.
+    unless --overwrite. --debug brings the run's hang stacks, flight recorder dumps and
+    NCCL debug logs too, into --to/debug/ (each at most 32 MiB).
 
-    Example: ddpdeploy collect ddp-train --to ./ckpt
+    Example: ddpdeploy collect ddp-train --to ./ckpt --debug
     """
     from rich.console import Console
     from rich.progress import DownloadColumn, Progress, TransferSpeedColumn
@@ -105,15 +114,52 @@ def collect(
                 progress=lambda n: bar.advance(task, n),
                 files=files or (),
                 overwrite=overwrite,
+                debug=debug,
             )
 
         if source == "local":
             got = copy(checkpoints.LocalSource(local, str(local_rel)))
         elif source == "compose":
-            got = _from_compose(volume, image, to, copy, bar.console.print)
+            got = _from_compose(volume, image, to, copy, bar.console.print, debug)
         else:
             got = _from_cluster(name, namespace, kubeconfig, context, timeout, image, copy)
-    typer.echo(f"collected {got.describe()} into {to}", err=True)
+    if got.no_checkpoint:
+        _say(err, f"no checkpoint in {got.where} yet: collected the diagnostics only")
+    else:
+        _say(err, f"collected {got.describe()} into {to}")
+    if debug:
+        _say_debug(err, got, to)
+
+
+def _say(err: Any, text: str) -> None:
+    # markup=False, soft_wrap: names and text come from the folder, which may hold `[`.
+    err.print(text, markup=False, soft_wrap=True)
+
+
+def _say_debug(err: Any, got: Any, to: Path) -> None:
+    """One line per diagnostics file (a hang stack's header shown), then the count."""
+    from ddpdeploy.checkpoints import DEBUG_DIR, DEBUG_PATTERNS, HANG_STACK, MAX_DEBUG, shown
+    from ddpdeploy.text import plain
+
+    folder = to / DEBUG_DIR
+    if not got.debug:
+        _say(err, f"debug: no diagnostics files in {got.where} ({DEBUG_PATTERNS})")
+        return
+    for f in got.debug:
+        line = f"debug: {folder / shown(f.name)}  {_size(f.size)}  {f.kind}"
+        if f.cut:
+            line += f" (cut at {MAX_DEBUG >> 20} MiB)"
+        if f.kind == HANG_STACK and f.first_line:
+            head = plain(f.first_line)
+            line += f": {head if len(head) <= 160 else head[:150] + '…'}"
+        _say(err, line)
+    _say(err, f"debug: {got.debug_summary()} into {folder}")
+
+
+def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n} bytes"
+    return f"{n / 1024:.1f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.1f} MiB"
 
 
 def _from_compose(
@@ -122,13 +168,18 @@ def _from_compose(
     to: Path,
     copy: Callable[[Any], Any],
     say: Callable[..., None],
+    debug: bool,
 ) -> Any:
-    """Stage the volume's regular files beside the target folder, then collect from there."""
+    """Stage the volume's regular files beside the target folder, then collect from there
+    (with ``debug``, a diagnostics file staged only as far as collect reads it)."""
     import os
     import tempfile
 
     from ddpdeploy.adapters.docker_volume import copy_out
-    from ddpdeploy.checkpoints import Destination, LocalSource, shown
+    from ddpdeploy.checkpoints import MAX_DEBUG, Destination, LocalSource, debug_kind, shown
+
+    def limit_of(entry: str) -> int | None:
+        return MAX_DEBUG + 1 if debug and debug_kind(entry) else None
 
     if not volume:
         raise UserError("--volume: name the compose run's checkpoint volume (docker volume ls)")
@@ -143,7 +194,7 @@ def _from_compose(
         raise UserError(f"--to: cannot stage files in {near}: {exc.strerror or exc}") from None
     with staging as folder:
         where = f"volume {volume}"
-        for entry, kind in sorted(copy_out(volume, ".", Path(folder), image).items()):
+        for entry, kind in sorted(copy_out(volume, ".", Path(folder), image, limit_of).items()):
             if kind != "folder":
                 say(
                     f"warning: skipping {shown(entry)} in {where}: a {kind}, not a regular file",

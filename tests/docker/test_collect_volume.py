@@ -128,3 +128,48 @@ def test_collect_plain_files_from_a_volume(cli, engine, base_image, tmp_path):
     finally:
         writer.remove(force=True)
         vol.remove(force=True)
+
+
+def test_collect_debug_from_a_volume(cli, engine, base_image, tmp_path):
+    """--debug: the stacks, a dump and an NCCL log come into --to/debug/; a 40 MB stack is cut
+    at the bound (and staged no further), a symlink posing as a stack is refused."""
+    from ddpdeploy.checkpoints import MAX_DEBUG
+
+    name = f"ddpdeploy-test-collect-debug-{os.getpid()}"
+    vol = engine.volumes.create(name)
+    writer = engine.containers.create(base_image, command=["true"], volumes={name: {"bind": "/v"}})
+    files = {
+        "hang-rank0.txt": b"# ddpkit hang watchdog: rank 0 on [red]n0[/]\nThread 0x1\n",
+        "hang-rank1.txt": b"# ddpkit hang watchdog: rank 1 on n0\nThread 0x2\n",
+        "nccl_trace_rank_1": os.urandom(4000),
+        "ddpkit-nccl.n0.77.log": b"n0:77 NCCL INFO Bootstrap : Using eth0\n",
+    }
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for entry, data in {**files, "hang-rank2.txt": b"# big\n" * (7 << 20)}.items():
+            info = tarfile.TarInfo(entry)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        _link(tar, "hang-rank3.txt", tarfile.SYMTYPE, "/etc/passwd")
+    try:
+        assert writer.put_archive("/v", buf.getvalue())
+        dest = tmp_path / "out"
+        args = ["--from", "compose", "--volume", name, "--to", str(dest), "--debug"]
+        out = cli("collect", "job", *args)
+        assert out.returncode == 0, out.stderr
+        err = out.stderr
+        assert f"warning: skipping hang-rank3.txt in volume {name}: a symlink" in err
+        assert f"hang-rank2.txt in volume {name} is over 32 MiB: cut there" in err
+        assert f"no checkpoint in volume {name} yet: collected the diagnostics only" in err
+        assert "hang stack: # ddpkit hang watchdog: rank 0 on [red]n0[/]" in err
+        assert err.strip().splitlines()[-1] == (
+            f"debug: 3 hang stacks, 1 flight recorder dump, 1 NCCL debug log into {dest}/debug"
+        )
+        got = {p.name: p.read_bytes() for p in (dest / "debug").iterdir()}
+        cut = got.pop("hang-rank2.txt")
+        assert got == files
+        assert len(cut) > MAX_DEBUG and cut.startswith(b"# big\n") and b"cut here" in cut[-80:]
+        assert [p.name for p in tmp_path.iterdir()] == ["out"]  # the staging folder is gone
+    finally:
+        writer.remove(force=True)
+        vol.remove(force=True)
