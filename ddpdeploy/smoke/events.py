@@ -37,9 +37,8 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
-# torchrun options, read from the agent's env: tee each worker's stdout/stderr to the
-# console (and to files under PET_LOG_DIR), each line prefixed with the global rank.
-RANK_OUTPUT_ENV = {"PET_TEE": "3", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:"}
+from ddpdeploy.contract import RANK_OUTPUT_ENV  # noqa: F401 (its home; smoke reads it here)
+
 EVENTS = ("start", "step", "checkpoint", "done", "probe", "ranks", "hang")
 DIAGNOSTICS = ("probe", "ranks", "hang")
 
