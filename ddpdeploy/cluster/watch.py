@@ -46,11 +46,11 @@ def container_of(job: Obj) -> str:
     return layout.container if layout else CONTAINER_NAME
 
 
-def parse_duration(text: str) -> float:
+def parse_duration(text: str, flag: str = "--timeout") -> float:
     """ "90", "90s", "15m", "2h" -> seconds."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
     if not match:
-        raise UserError(f"--timeout: {text!r} is not a duration; use e.g. 90s, 15m or 2h")
+        raise UserError(f"{flag}: {text!r} is not a duration; use e.g. 90s, 15m or 2h")
     return float(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[match[2]]
 
 
