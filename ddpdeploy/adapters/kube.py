@@ -31,6 +31,7 @@ CONNECT_TIMEOUT = 10  # seconds to connect (TCP and TLS handshake)
 # Every request (discovery included) gets this unless it says otherwise: a server that
 # accepts and never answers must not hang a command.
 DEFAULT_TIMEOUT = (CONNECT_TIMEOUT, REQUEST_TIMEOUT)
+FOLLOW_QUIET = 7 * 24 * 3600  # seconds a followed log may stay silent
 _SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
@@ -489,8 +490,9 @@ class Kube:
                 previous=previous,
                 timestamps=timestamps,
                 _preload_content=False,
-                # A followed stream may stay quiet for long; connecting is still bounded.
-                _request_timeout=(CONNECT_TIMEOUT, None) if follow else DEFAULT_TIMEOUT,
+                # A followed stream may stay quiet for long (the client takes no None for
+                # "no read timeout", so a week); connecting is still bounded.
+                _request_timeout=(CONNECT_TIMEOUT, FOLLOW_QUIET) if follow else DEFAULT_TIMEOUT,
                 **optional,
             )
             lines = LineSplitter(b"")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddpdeploy.adapters.kube import Kube
-from ddpdeploy.errors import UserError
+from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.smoke.events import Progress, parse_event, progress, split_rank, split_timestamp
 from ddpdeploy.targets import Layout
 
@@ -125,7 +125,7 @@ def merged(
     for source in todo:
         try:
             lines += _read(kube, namespace, container, source, select, follow=False)
-        except Exception as exc:  # noqa: BLE001 (one pod's failure is reported, not fatal)
+        except OperationError as exc:  # one pod's failure is reported, not fatal
             failed(source, exc)
     return sorted(lines, key=lambda line: (not line.previous, line.when))
 
@@ -147,7 +147,7 @@ def followed(
         try:
             for line in _read(kube, namespace, container, source, select, follow=True):
                 out.put(line)
-        except Exception as exc:  # noqa: BLE001 (reported by the main thread)
+        except OperationError as exc:  # reported by the main thread
             out.put((source, exc))
         finally:
             out.put(_END)
@@ -178,7 +178,6 @@ def rank0_progress(kube: Kube, job: Obj, pods: list[Obj], now: float) -> Progres
     """Rank 0's latest events through the log endpoint (nothing runs in the pod); one line
     saying why when its log cannot be read (no pod yet, no kubelet, forbidden)."""
     from ddpdeploy.cluster.watch import container_of, rank0_pod
-    from ddpdeploy.errors import OperationError
 
     namespace = job["metadata"]["namespace"]
     try:

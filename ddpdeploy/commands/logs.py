@@ -3,6 +3,9 @@ node; `--replica/--index` print one pod's log as it is."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -74,7 +77,11 @@ def logs(
         else:
             _merged(found, name, follow, select)
     except KeyboardInterrupt:
-        raise typer.Exit(130) from None  # Ctrl-C ends a followed log: quietly
+        # Ctrl-C ends a followed log, quietly. The reader threads sit in TLS reads nothing
+        # interrupts, and finalizing the interpreter under them can abort: leave at once.
+        with contextlib.suppress(OSError):  # a closed pipe: nothing more to say
+            sys.stdout.flush()
+        os._exit(130)
 
 
 def _ranks(values: list[str] | None) -> frozenset[int] | None:

@@ -22,8 +22,8 @@ sys.path.insert(0, str(HERE))  # apiserver.py and actors.py, plain modules besid
 sys.path.insert(0, str(HERE.parent))  # cli_runner, shared with the other CLI tests
 
 from apiserver import LIMITED_NAMESPACE, ControlPlane, find_binaries  # noqa: E402
-from kubelet import Kubelet  # noqa: E402
 from cli_runner import run_cli  # noqa: E402
+from kubelet import Kubelet  # noqa: E402
 
 CRD_FILE = ROOT / "tests" / "schemas" / "kubeflow.org_pytorchjobs.yaml"
 TRAINJOB_CRD = ROOT / "tests" / "schemas" / "trainer.kubeflow.org_trainjobs.yaml"
