@@ -266,6 +266,15 @@ def read_only_write(lines: list[str]) -> str | None:
 
 # ---- a running job's progress, from rank 0's log ------------------------------------------
 
+
+def probe_line(line: str) -> str | None:
+    """The probe's report line when ``line`` (a pod's, rank prefix optional) is rank 0's
+    ``probe`` event; None for any other line."""
+    rank, text = split_rank(line.strip())
+    event = parse_event(text) if rank in (None, 0) else None
+    return describe(event) if event is not None and event.kind == "probe" else None
+
+
 # What the kubelet writes before each line when asked for timestamps (RFC 3339, up to ns).
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d) ")
 
@@ -387,7 +396,8 @@ def progress(lines: list[str], now: float | None = None) -> Progress:
         elif event.kind in DIAGNOSTICS:
             got[event.kind] = describe(event)
             step_s = _number(f.get("step_s")) if event.kind == "ranks" else step_s
-    got["eta_s"] = _eta(got.get("step"), got.get("total_steps"), steps, step_s)
+    if not got.get("done"):
+        got["eta_s"] = _eta(got.get("step"), got.get("total_steps"), steps, step_s)
     return Progress(**got)
 
 

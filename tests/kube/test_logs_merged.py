@@ -13,7 +13,16 @@ import time
 from pathlib import Path
 
 import pytest
-from actors import container_status, create_pods, finish, get_job, set_pod_status, start_cli
+from actors import (
+    container_status,
+    create_pods,
+    finish,
+    get_job,
+    set_job_conditions,
+    set_pod_status,
+    start_cli,
+    wait_for_job,
+)
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 IMAGE = "registry.invalid/train:v1"
@@ -258,3 +267,19 @@ def test_status_without_events_or_a_readable_log(kube_cli, admin, namespace, kub
     assert "cannot read rank 0's log" in line and master in line
     doc = json.loads(kube_cli("status", "j", "-n", namespace, "-o", "json").stdout)
     assert doc["training"]["error"] == line
+
+
+def test_up_follow_shows_the_probe_line(admin, control_plane, namespace, kubelet):
+    args = ["up", "--image", IMAGE, "--name", "j", "-n", namespace, "--nodes", "2"]
+    proc = start_cli(control_plane.kubeconfig, *args, "--follow", "--timeout", "90s")
+    pods = create_pods(admin, wait_for_job(admin, namespace, "j", proc), node=kubelet.node_name)
+    kubelet.set_log(pods[0], fixture("run2x2-node0.log"))
+    kubelet.close_streams()  # the container has exited: the followed log ends after its lines
+    for pod in pods:
+        running(admin, namespace, pod)
+    _wait_for(proc, kubelet, [pods[0]])
+    set_job_conditions(admin, namespace, "j", ("Created", ""), ("Succeeded", ""))
+    code, out, err = finish(proc)
+    assert code == 0, err
+    assert out.splitlines() == fixture("run2x2-node0.log").splitlines()  # as it is
+    assert "probe: busbw 0.533 GB/s; per size: 1 MB 0.137, 4 MB 0.38, 16 MB 0.533" in err
