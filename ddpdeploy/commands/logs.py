@@ -64,6 +64,11 @@ def logs(
 
     if replica is not None and replica.lower() not in REPLICA_NAMES:
         raise typer.BadParameter(f"use {' or '.join(REPLICA_NAMES)}", param_hint="--replica")
+    if (replica is not None or index is not None) and (rank or node):
+        flag = "--rank" if rank else "--node"
+        raise typer.BadParameter(
+            "--replica/--index print one pod's log as it is; drop one of them", param_hint=flag
+        )
     select = Select(
         ranks=_ranks(rank),
         nodes=frozenset(node) if node else None,

@@ -132,6 +132,8 @@ def test_node_tail_since_and_previous(kube_cli, admin, namespace, kubelet, job):
     bad = kube_cli("logs", "j", "-n", namespace, "--node", "5")
     assert bad.returncode == 2 and "--node: the job has no pod for node 5" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1
+    both = kube_cli("logs", "j", "-n", namespace, "--index", "1", "--rank", "2")
+    assert both.returncode == 2 and "--rank" in both.stderr and "--index" in both.stderr
     since_bad = kube_cli("logs", "j", "-n", namespace, "--since", "ten")
     assert since_bad.returncode == 2 and "--since: 'ten' is not a duration" in since_bad.stderr
 
