@@ -59,16 +59,19 @@ def _restarts(pod: Obj) -> int:
 
 
 def node_numbers(layout: Layout, pods: list[Obj]) -> dict[str, int]:
-    """pod name -> node number: the live pods in the layout's order (replicas in the
-    target's order, master before worker; then the index), counted from 0."""
-    order = {r: i for i, r in enumerate(layout.replica_names)}
-
-    def place(pod: Obj) -> tuple[int, int, str]:
-        replica, index = layout.pod_place(pod)
-        return order.get(replica, len(order)), index, (pod.get("metadata") or {}).get("name", "")
-
+    """pod name -> node number, from the pod's place in the target's layout: its index,
+    after the replicas before its own (PyTorchJob: master-0 is node 0, worker-i node i+1);
+    a replica's count is its highest index seen + 1. Pods being deleted are left out."""
     live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
-    return {place(p)[2]: n for n, p in enumerate(sorted(live, key=place))}
+    places = {(p.get("metadata") or {}).get("name", ""): layout.pod_place(p) for p in live}
+    size: dict[str, int] = {}
+    for replica, index in places.values():
+        size[replica] = max(size.get(replica, 0), index + 1)
+    order = [r for r in layout.replica_names if r in size] + sorted(
+        r for r in size if r not in layout.replica_names
+    )
+    offset = {r: sum(size[q] for q in order[: order.index(r)]) for r in order}
+    return {name: offset[replica] + index for name, (replica, index) in places.items()}
 
 
 def sources(layout: Layout, pods: list[Obj], select: Select) -> list[Source]:
