@@ -30,6 +30,10 @@ COMPLETION_INDEX = f"metadata.annotations['{COMPLETION_INDEX_KEY}']"
 # Where the job's checkpoint volume is, in every process of a job that has one: the pod's
 # mountPath (compose mounts its volume there too); a local run passes its own folder.
 CHECKPOINT_DIR_ENV = "DDPDEPLOY_CHECKPOINT_DIR"
+# torchrun options, read from the agent's env: tee each worker's stdout/stderr to the
+# console (and to files under PET_LOG_DIR), each line prefixed with the global rank, so a
+# smoke run's and a pod's log name the rank of every line alike.
+RANK_OUTPUT_ENV = {"PET_TEE": "3", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:"}
 
 
 @dataclass(frozen=True)
@@ -198,6 +202,7 @@ def launch_contract(
         # Bounded wait for peers' DNS, in seconds (the rendezvous join timeout).
         "DDPDEPLOY_DNS_WAIT": str(spec.rendezvous.join_timeout),
         "DDPDEPLOY_RDZV_HOST": layout.rdzv_address(spec),
+        **RANK_OUTPUT_ENV,
     }
     if spec.checkpoint:
         base_env[CHECKPOINT_DIR_ENV] = spec.checkpoint.mount_path

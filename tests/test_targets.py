@@ -125,7 +125,9 @@ def test_trainjob_carries_the_pod_through_trainer_and_runtime_patch():
     assert trainer["command"][-1] == "torchrun" and trainer["args"][:1] == ["train.py"]
     env = {e["name"]: e["value"] for e in trainer["env"]}
     assert env["DDPDEPLOY_RDZV_HOST"] == "llm-node-0-0.llm"  # Trainer's PET_MASTER_ADDR
-    assert not [n for n in env if n.startswith("PET_")]  # Trainer injects those
+    # Trainer injects the topology (and refuses PET_NNODES, ..._NPROC_PER_NODE, ..._NODE_RANK,
+    # ..._MASTER_ADDR, ..._MASTER_PORT in trainer.env); PET_TEE is the contract's rank prefix.
+    assert not [n for n in env if n.startswith("PET_") and n != "PET_TEE"]
     assert spec["activeDeadlineSeconds"] == 86400
     pod = trainjob_pod_template(job)["template"]
     assert pod["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"

@@ -32,6 +32,7 @@ CONNECT_TIMEOUT = 10  # seconds to connect (TCP and TLS handshake)
 # accepts and never answers must not hang a command.
 DEFAULT_TIMEOUT = (CONNECT_TIMEOUT, REQUEST_TIMEOUT)
 WATCH_SECONDS = 30  # the server ends a watch after this long; it is then resumed
+FOLLOW_QUIET = 7 * 24 * 3600  # seconds a followed log may stay silent
 _SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
@@ -619,21 +620,37 @@ class Kube:
         container: str,
         follow: bool = False,
         tail: int | None = None,
+        *,
+        previous: bool = False,
+        since_seconds: int | None = None,
+        timestamps: bool = False,
+        limit_bytes: int | None = None,
     ) -> Iterator[str]:
-        """A pod's log lines as they come (through the kubelet)."""
+        """A pod's log lines as they come (through the kubelet); ``previous``: the log of
+        the container's last terminated run."""
         from kubernetes import client
 
         core = client.CoreV1Api(self._api)
-        with self.errors(f"reading the logs of pod {pod}"):
+        what = f"reading the {'previous ' if previous else ''}logs of pod {pod}"
+        optional = {
+            k: v
+            for k, v in (("since_seconds", since_seconds), ("limit_bytes", limit_bytes))
+            if v is not None
+        }
+        with self.errors(what):
             resp = core.read_namespaced_pod_log(
                 pod,
                 namespace,
                 container=container,
                 follow=follow,
                 tail_lines=tail,
+                previous=previous,
+                timestamps=timestamps,
                 _preload_content=False,
-                # A followed stream may stay quiet for long; connecting is still bounded.
-                _request_timeout=(CONNECT_TIMEOUT, None) if follow else DEFAULT_TIMEOUT,
+                # A followed stream may stay quiet for long (the client takes no None for
+                # "no read timeout", so a week); connecting is still bounded.
+                _request_timeout=(CONNECT_TIMEOUT, FOLLOW_QUIET) if follow else DEFAULT_TIMEOUT,
+                **optional,
             )
             lines = LineSplitter(b"")
             for chunk in resp.stream(4096):

@@ -22,6 +22,7 @@ from ddpdeploy.cluster.jobstate import JobState, job_state, logs_show_rank0
 from ddpdeploy.cluster.labels import selector
 from ddpdeploy.contract import CONTAINER_NAME
 from ddpdeploy.errors import OperationError, UserError
+from ddpdeploy.smoke.events import probe_line
 from ddpdeploy.targets import DEFAULT_TARGET, TARGETS, Layout, layout_for_kind
 from ddpdeploy.text import plain
 
@@ -50,11 +51,11 @@ def container_of(job: Obj) -> str:
     return layout.container if layout else CONTAINER_NAME
 
 
-def parse_duration(text: str) -> float:
+def parse_duration(text: str, flag: str = "--timeout") -> float:
     """ "90", "90s", "15m", "2h" -> seconds."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
     if not match:
-        raise UserError(f"--timeout: {text!r} is not a duration; use e.g. 90s, 15m or 2h")
+        raise UserError(f"{flag}: {text!r} is not a duration; use e.g. 90s, 15m or 2h")
     return float(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[match[2]]
 
 
@@ -285,7 +286,8 @@ def follow_and_wait(
     say: Callable[[str], None],
 ) -> JobState:
     """Wait for the job's end (streaming rank 0's log through ``log_line`` first when
-    asked); a job that did not succeed is an OperationError with its reason."""
+    asked, with the probe's report line through ``say`` when it passes); a job that did
+    not succeed is an OperationError with its reason."""
     started = time.monotonic()
     if follow:
         with views(False) as show:
@@ -297,6 +299,8 @@ def follow_and_wait(
             say(f"--- logs of {pod} ---")
             for line in kube.logs(pod, namespace, container_of(job), follow=True):
                 log_line(line)
+                if (probe := probe_line(line)) is not None:
+                    say(f"probe: {probe}")
     with views(not follow) as show:
         job, _, state = wait(kube, name, namespace, show, timeout, started=started)
     if not state.ok:

@@ -1,46 +1,140 @@
-"""`ddpdeploy logs NAME`: the training log of one replica's pod (rank 0's by default)."""
+"""`ddpdeploy logs NAME`: every pod's log merged, each line named by its global rank and
+node; `--replica/--index` print one pod's log as it is."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import contextlib
+import os
+import sys
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ddpdeploy.errors import OperationError
 from ddpdeploy.kubeopts import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt
 
+if TYPE_CHECKING:
+    from ddpdeploy.cluster.find import Found
+    from ddpdeploy.cluster.podlogs import Select
+
 
 def logs(
     name: NameArg,
+    rank: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--rank",
+            help="Only these global ranks' lines: repeat it or give a list (--rank 0,3).",
+        ),
+    ] = None,
+    node: Annotated[
+        list[int] | None, typer.Option("--node", min=0, help="Only node I's pods (repeatable).")
+    ] = None,
+    since: Annotated[
+        str | None, typer.Option("--since", help="Only lines of the last 10m (90s, 2h, ...).")
+    ] = None,
     replica: Annotated[
         str | None,
         typer.Option(
             "--replica",
-            help="PyTorchJob: master or worker (default: the pod hosting rank 0); other "
-            "targets: --index alone names the node.",
+            help="One pod as it is: PyTorchJob master or worker; other targets: --index "
+            "alone names the node.",
         ),
     ] = None,
     index: Annotated[
         int | None, typer.Option("--index", min=0, help="Replica (or node) index; default 0.")
     ] = None,
     follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep streaming.")] = False,
-    tail: Annotated[int | None, typer.Option("--tail", min=0, help="Last N lines only.")] = None,
+    tail: Annotated[
+        int | None, typer.Option("--tail", min=0, help="Last N lines of each container only.")
+    ] = None,
     namespace: NamespaceOpt = None,
     kubeconfig: KubeconfigOpt = None,
     context: ContextOpt = None,
 ) -> None:
-    """Print a job's training log.
+    """Print a job's training log: every pod's lines, each prefixed with its global rank
+    and node ([rank5 node1] ...), previous containers of restarted pods first.
 
-    Example: ddpdeploy logs my-job --replica worker --index 1 --tail 50 --follow
+    Example: ddpdeploy logs my-job --rank 0,3 --since 10m --follow
     """
     from ddpdeploy.cluster.find import open_job
-    from ddpdeploy.cluster.watch import container_of, node_pod, rank0_pod, snapshot_of
-    from ddpdeploy.commands.views import log_line
+    from ddpdeploy.cluster.podlogs import Select
+    from ddpdeploy.cluster.watch import parse_duration
     from ddpdeploy.targets import REPLICA_NAMES
 
     if replica is not None and replica.lower() not in REPLICA_NAMES:
         raise typer.BadParameter(f"use {' or '.join(REPLICA_NAMES)}", param_hint="--replica")
+    if (replica is not None or index is not None) and (rank or node):
+        flag = "--rank" if rank else "--node"
+        raise typer.BadParameter(
+            "--replica/--index print one pod's log as it is; drop one of them", param_hint=flag
+        )
+    select = Select(
+        ranks=_ranks(rank),
+        nodes=frozenset(node) if node else None,
+        tail=tail,
+        since_s=max(1, int(parse_duration(since, "--since"))) if since is not None else None,
+    )
     found = open_job(kubeconfig, context, name, namespace)
+    try:
+        if replica is not None or index is not None:
+            _one_pod(found, name, replica, index, follow, select)
+        else:
+            _merged(found, name, follow, select)
+    except KeyboardInterrupt:
+        # Ctrl-C ends a followed log, quietly. The reader threads sit in TLS reads nothing
+        # interrupts, and finalizing the interpreter under them can abort: leave at once.
+        with contextlib.suppress(OSError):  # a closed pipe: nothing more to say
+            sys.stdout.flush()
+        os._exit(130)
+
+
+def _ranks(values: list[str] | None) -> frozenset[int] | None:
+    if not values:
+        return None
+    out: set[int] = set()
+    for part in (p.strip() for v in values for p in v.split(",")):
+        if not part.isdigit():
+            raise typer.BadParameter(
+                f"{part!r} is not a rank; give global ranks like 0 or 0,3", param_hint="--rank"
+            )
+        out.add(int(part))
+    return frozenset(out)
+
+
+def _merged(found: Found, name: str, follow: bool, select: Select) -> None:
+    from ddpdeploy.cluster.podlogs import Source, followed, merged, sources
+    from ddpdeploy.cluster.watch import container_of, snapshot_of
+    from ddpdeploy.commands.views import rank_line, say
+    from ddpdeploy.text import plain
+
+    job, pods, _ = snapshot_of(found)
+    assert job is not None  # found is required
+    todo = sources(found.layout, pods, select)
+    if not todo:
+        raise OperationError(f"{job['kind']} {found.namespace}/{name} has no pods yet")
+    unread: list[str] = []
+
+    def failed(source: Source, exc: Exception) -> None:
+        unread.append(source.pod)
+        say(f"warning: {plain(exc)}")
+
+    read = followed if follow else merged
+    for line in read(found.kube, found.namespace, container_of(job), todo, select, failed):
+        rank_line(line.rank, line.node, line.text, line.previous)
+    if unread:
+        raise OperationError(
+            f"could not read the log of pod {', '.join(sorted(set(unread)))}; "
+            "the other pods' lines are above"
+        )
+
+
+def _one_pod(
+    found: Found, name: str, replica: str | None, index: int | None, follow: bool, select: Select
+) -> None:
+    from ddpdeploy.cluster.watch import container_of, node_pod, rank0_pod, snapshot_of
+    from ddpdeploy.commands.views import log_line
+
     job, pods, _ = snapshot_of(found)
     assert job is not None  # found is required
     kind = job["kind"]
@@ -55,5 +149,8 @@ def logs(
     if pod is None:
         hint = "pass --replica and --index" if found.layout.replica_names else "pass --index"
         raise OperationError(f"no pod of {name} has logged rank 0's start yet; {hint}")
-    for line in found.kube.logs(pod, found.namespace, container_of(job), follow=follow, tail=tail):
+    for line in found.kube.logs(
+        pod, found.namespace, container_of(job), follow=follow, tail=select.tail,
+        since_seconds=select.since_s,
+    ):  # fmt: skip
         log_line(line)

@@ -1,4 +1,5 @@
-"""`ddpdeploy status NAME`: the job's state, its reason, and each replica's pod."""
+"""`ddpdeploy status NAME`: the job's state, its reason, each replica's pod, and the
+training itself as rank 0's latest events tell it (read through the log endpoint)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,16 @@ def status(
     context: ContextOpt = None,
     output: ViewOpt = "table",
 ) -> None:
-    """Show a job's state and pods.
+    """Show a job's state, its pods and its training (step, ETA, loss, checkpoint, probe,
+    stragglers, hang, what ran) from rank 0's latest events.
 
     Example: ddpdeploy status my-job -o yaml
     """
+    import time
+
     from ddpdeploy.adapters.stdout import write_stdout
     from ddpdeploy.cluster.find import open_job
+    from ddpdeploy.cluster.podlogs import rank0_progress
     from ddpdeploy.cluster.watch import snapshot_of
     from ddpdeploy.commands import views
     from ddpdeploy.render.output import to_yaml
@@ -29,10 +34,13 @@ def status(
     hint = "; `ddpdeploy list -n {namespace}` shows the jobs"
     found = open_job(kubeconfig, context, name, namespace, hint=hint)
     snap = snapshot_of(found)
+    job, pods, _ = snap
+    training = rank0_progress(found.kube, job, pods, time.time()) if job and pods else None
     if fmt == "table":
         views.print_out(views.table(name, snap))
+        views.print_training(training)
         return
-    doc = views.status_doc(name, found.namespace, snap)
+    doc = views.status_doc(name, found.namespace, snap, training)
     if fmt == "json":
         views.print_json(doc)
     else:

@@ -26,6 +26,7 @@ from rich.text import Text
 from ddpdeploy.adapters.stdout import write_stdout
 from ddpdeploy.cluster.jobstate import PodView, pod_view
 from ddpdeploy.cluster.watch import Snapshot, kind_of, layout_of_job
+from ddpdeploy.smoke.events import Progress
 from ddpdeploy.text import plain
 
 Obj = dict[str, Any]
@@ -57,6 +58,12 @@ def print_json(doc: Any) -> None:
 def log_line(line: str) -> None:
     """One line of a pod's log on standard output, flushed (`logs -f`, `up --follow`)."""
     write_stdout(plain(line) + "\n")
+
+
+def rank_line(rank: int | None, node: int, text: str, previous: bool = False) -> None:
+    """A line of the merged `logs`: its global rank (none for the agent's own) and node."""
+    who = (f"rank{rank} " if rank is not None else "") + f"node{node}"
+    write_stdout(f"[{who}{' previous' if previous else ''}] {plain(text)}\n")
 
 
 def say(text: str) -> None:
@@ -162,9 +169,26 @@ class WaitViews:
                 self.last = view.last or self.last
 
 
-def status_doc(name: str, namespace: str, snap: Snapshot) -> Obj:
+def print_training(training: Progress | str | None) -> None:
+    """`status`'s lines under the pods: rank 0's progress, or why it is unknown."""
+    if training is None:
+        return
+    lines = [training] if isinstance(training, str) else training.lines()
+    write_stdout("".join(plain(line) + "\n" for line in lines))
+
+
+def _training_doc(training: Progress | str | None) -> Obj | None:
+    if training is None or isinstance(training, str):
+        return None if training is None else {"error": training}
+    return training.doc()
+
+
+def status_doc(
+    name: str, namespace: str, snap: Snapshot, training: Progress | str | None = None
+) -> Obj:
     """`status -o json|yaml`: JSON and YAML escape what they hold; strings stay as the
-    cluster wrote them (a reader of the document may want the exact text)."""
+    cluster wrote them (a reader of the document may want the exact text). ``training``:
+    rank 0's progress as the table shows it (its ``error`` when unreadable)."""
     job, _, state = snap
     return {
         "name": name,
@@ -173,6 +197,7 @@ def status_doc(name: str, namespace: str, snap: Snapshot) -> Obj:
         "reason": state.reason,
         "conditions": ((job or {}).get("status") or {}).get("conditions") or [],
         "pods": [_pod_doc(pod_view(p, layout_of_job(job))) for p in snap[1]],
+        "training": _training_doc(training),
     }
 
 

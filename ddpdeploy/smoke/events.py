@@ -37,9 +37,8 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
-# torchrun options, read from the agent's env: tee each worker's stdout/stderr to the
-# console (and to files under PET_LOG_DIR), each line prefixed with the global rank.
-RANK_OUTPUT_ENV = {"PET_TEE": "3", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:"}
+from ddpdeploy.contract import RANK_OUTPUT_ENV  # noqa: F401 (its home; smoke reads it here)
+
 EVENTS = ("start", "step", "checkpoint", "done", "probe", "ranks", "hang")
 DIAGNOSTICS = ("probe", "ranks", "hang")
 
@@ -263,3 +262,164 @@ def read_only_write(lines: list[str]) -> str | None:
         f"{what} on the read-only root file system, as the pod would refuse it; write under "
         "$DDPDEPLOY_CHECKPOINT_DIR (or /tmp), or pass --writable-rootfs"
     )
+
+
+# ---- a running job's progress, from rank 0's log ------------------------------------------
+
+
+def probe_line(line: str) -> str | None:
+    """The probe's report line when ``line`` (a pod's, rank prefix optional) is rank 0's
+    ``probe`` event; None for any other line."""
+    rank, text = split_rank(line.strip())
+    event = parse_event(text) if rank in (None, 0) else None
+    return describe(event) if event is not None and event.kind == "probe" else None
+
+
+# What the kubelet writes before each line when asked for timestamps (RFC 3339, up to ns).
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d) ")
+
+
+def split_timestamp(line: str) -> tuple[float | None, str]:
+    """A log line read with timestamps as (its time, epoch seconds, or None; its text)."""
+    from datetime import datetime
+
+    match = _STAMP.match(line)
+    if match is None:
+        return None, line
+    zone = "+00:00" if match[3] == "Z" else match[3]
+    when = datetime.fromisoformat(match[1] + zone).timestamp()
+    return when + float(f"0.{match[2] or 0}"), line[match.end() :]
+
+
+@dataclass(frozen=True)
+class Progress:
+    """The training itself as rank 0's latest events tell it; every field may be missing
+    (a script prints what it likes). Times are epoch seconds."""
+
+    events: int = 0  # protocol lines seen
+    step: int | None = None
+    total_steps: int | None = None
+    loss: float | None = None
+    samples_per_s: float | None = None
+    eta_s: float | None = None
+    checkpoint_step: int | None = None
+    checkpoint_age_s: float | None = None
+    done: bool = False
+    ranks: str | None = None  # describe() of the latest of each
+    hang: str | None = None
+    probe: str | None = None
+    run: str | None = None  # the run record's short form
+
+    def lines(self) -> list[str]:
+        """What `status` shows, one line each; the "no events" line when there were none."""
+        if not self.events:
+            return ["no training events in rank 0's log (a script without ddpkit.log)"]
+        out = [self._step_line()]
+        if self.checkpoint_step is not None:
+            age = "" if self.checkpoint_age_s is None else f", {_ago(self.checkpoint_age_s)}"
+            out.append(f"last checkpoint: step {self.checkpoint_step}{age}")
+        out += [f"{k}: {v}" for k, v in (("probe", self.probe), ("ranks", self.ranks)) if v]
+        if self.hang:
+            out.append(self.hang)
+        if self.run:
+            out.append(f"run: {self.run}")
+        return out
+
+    def _step_line(self) -> str:
+        if self.step is None:
+            return "training: started, no step yet"
+        total = f"/{self.total_steps}" if self.total_steps is not None else ""
+        parts = [f"step {self.step}{total}" + (" (done)" if self.done else "")]
+        if self.eta_s is not None and not self.done:
+            parts.append(f"ETA {_duration(self.eta_s)}")
+        if self.loss is not None:
+            parts.append(f"loss {self.loss:.4g}")
+        if self.samples_per_s is not None:
+            parts.append(f"{self.samples_per_s:.1f} samples/s")
+        return "training: " + ", ".join(parts)
+
+    def doc(self) -> dict[str, Any]:
+        """`status -o json|yaml`'s ``training``: the same data."""
+        from dataclasses import asdict
+
+        return {**asdict(self), "lines": self.lines()}
+
+
+def _duration(seconds: float) -> str:
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def _ago(seconds: float) -> str:
+    return f"{_duration(max(0.0, seconds))} ago"
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def progress(lines: list[str], now: float | None = None) -> Progress:
+    """Rank 0's latest state from its log ``lines`` (oldest first; timestamps, as the
+    kubelet writes them, and rank prefixes optional): only rank 0's protocol lines count.
+    ``now`` (epoch seconds) dates the last checkpoint when lines carry their time."""
+    got: dict[str, Any] = {"events": 0}
+    steps: list[tuple[float, int]] = []  # (time, step) of timed step lines, for the ETA
+    step_s: float | None = None
+    for line in lines:
+        when, text = split_timestamp(line.rstrip("\r\n"))
+        rank, text = split_rank(text)
+        event = parse_event(text)
+        if event is None or rank not in (None, 0):
+            continue
+        got["events"] += 1
+        f = event.fields
+        if event.kind in ("start", "done") and isinstance(f.get("run"), dict):
+            got["run"] = run_short(f["run"])
+        if event.kind == "start":
+            if isinstance(f.get("total_steps"), int):
+                got["total_steps"] = f["total_steps"]
+            got["done"], steps = False, []  # a restart: the rate starts over
+        elif event.kind in ("step", "done") and event.step is not None:
+            got["step"], got["done"] = event.step, event.kind == "done"
+            got["loss"] = _number(f.get("loss")) if event.kind == "step" else got.get("loss")
+            if event.kind == "step":
+                got["samples_per_s"] = _number(f.get("samples_per_s"))
+            if when is not None:
+                steps.append((when, event.step))
+        elif event.kind == "checkpoint" and event.step is not None:
+            got["checkpoint_step"] = event.step
+            got["checkpoint_age_s"] = None if now is None or when is None else now - when
+        elif event.kind in DIAGNOSTICS:
+            got[event.kind] = describe(event)
+            step_s = _number(f.get("step_s")) if event.kind == "ranks" else step_s
+    if not got.get("done"):
+        got["eta_s"] = _eta(got.get("step"), got.get("total_steps"), steps, step_s)
+    return Progress(**got)
+
+
+def _eta(
+    step: int | None, total: int | None, steps: list[tuple[float, int]], step_s: float | None
+) -> float | None:
+    """Seconds left at the rate of the timed step lines seen (else the ranks event's)."""
+    if step is None or total is None:
+        return None
+    if len(steps) >= 2 and steps[-1][1] > steps[0][1] and steps[-1][0] > steps[0][0]:
+        step_s = (steps[-1][0] - steps[0][0]) / (steps[-1][1] - steps[0][1])
+    return max(0, total - step) * step_s if step_s is not None else None
+
+
+def run_short(run: dict[str, Any]) -> str:
+    """The record of what ran, short: image, spec sha256[:12], git commit[:12] (+dirty)."""
+    parts = []
+    if run.get("image"):
+        parts.append(f"image {run['image']}")
+    if run.get("spec_sha256"):
+        parts.append(f"spec {str(run['spec_sha256'])[:12]}")
+    if run.get("git_commit"):
+        dirty = " (dirty)" if run.get("git_dirty") else ""
+        parts.append(f"git {str(run['git_commit'])[:12]}{dirty}")
+    return ", ".join(parts) or "no image, spec or git recorded"

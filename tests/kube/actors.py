@@ -1,5 +1,6 @@
 """The tests' stand-ins for the training operator and the kubelet, which the test cluster
-lacks: they create a job's pods and write the statuses those components would write."""
+lacks: they create a job's pods and write the statuses those components would write (the
+kubelet's log endpoint is kubelet.py's)."""
 
 from __future__ import annotations
 
@@ -34,8 +35,9 @@ def wait_for_job(admin: Any, ns: str, name: str, proc: subprocess.Popen | None =
     raise AssertionError(f"PyTorchJob {ns}/{name} never appeared")
 
 
-def create_pods(admin: Any, job: dict) -> list[str]:
-    """One pod per replica, named and labelled as the operator (v1.9) does."""
+def create_pods(admin: Any, job: dict, node: str | None = None) -> list[str]:
+    """One pod per replica, named and labelled as the operator (v1.9) does; ``node``: the
+    Node they run on (the kubelet stand-in's, so that their logs can be read)."""
     meta = job["metadata"]
     names = []
     for replica, rspec in job["spec"]["pytorchReplicaSpecs"].items():
@@ -51,6 +53,8 @@ def create_pods(admin: Any, job: dict) -> list[str]:
                 "metadata": {"name": name, "labels": labels},
                 "spec": {"containers": template["containers"], "volumes": template.get("volumes")},
             }
+            if node is not None:
+                body["spec"]["nodeName"] = node
             res(admin, "v1", "Pod").create(namespace=meta["namespace"], body=body)
             names.append(name)
     return names

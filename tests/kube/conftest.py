@@ -23,6 +23,7 @@ sys.path.insert(0, str(HERE.parent))  # cli_runner, shared with the other CLI te
 
 from apiserver import LIMITED_NAMESPACE, ControlPlane, find_binaries  # noqa: E402
 from cli_runner import run_cli  # noqa: E402
+from kubelet import Kubelet  # noqa: E402
 
 CRD_FILE = ROOT / "tests" / "schemas" / "kubeflow.org_pytorchjobs.yaml"
 TRAINJOB_CRD = ROOT / "tests" / "schemas" / "trainer.kubeflow.org_trainjobs.yaml"
@@ -134,3 +135,16 @@ def kube_cli(control_plane: ControlPlane) -> Any:
         "XDG_CACHE_HOME": str(control_plane.workdir / "cache"),  # discovery cache
     }
     return functools.partial(run_cli, cwd=ROOT, env=env, timeout=120)
+
+
+@pytest.fixture
+def kubelet(admin: Any, tmp_path: Path) -> Iterator[Kubelet]:
+    """A kubelet stand-in with its Node registered: pods created on ``kubelet.node_name``
+    have logs the real apiserver proxies to it."""
+    stand_in = Kubelet(tmp_path).start()
+    stand_in.register(admin)
+    try:
+        yield stand_in
+    finally:
+        stand_in.stop()
+        stand_in.unregister(admin)

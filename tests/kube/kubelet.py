@@ -1,0 +1,191 @@
+"""A kubelet stand-in: the container-log endpoint the real apiserver proxies
+`read_namespaced_pod_log` to, over HTTPS on 127.0.0.1 with a self-signed certificate (the
+apiserver checks a kubelet's certificate only with --kubelet-certificate-authority, which
+tests/kube/apiserver.py does not pass).
+
+Serves ``/containerLogs/{ns}/{pod}/{container}`` with ``tailLines``, ``sinceSeconds``,
+``limitBytes``, ``timestamps``, ``previous`` and ``follow`` from the text a test sets per
+(pod, container, previous); a followed stream stays open, sending lines as the test adds
+them, until the test closes it. ``register`` creates the Node object (InternalIP 127.0.0.1,
+kubeletEndpoint.Port) that pods name in spec.nodeName.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ssl
+import subprocess
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+Key = tuple[str, str, bool]  # (pod, container, previous)
+
+
+def self_signed(folder: Path) -> tuple[Path, Path]:
+    """A key and a self-signed certificate for 127.0.0.1 (openssl, as apiserver.py uses)."""
+    key, cert = folder / "kubelet.key", folder / "kubelet.crt"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=kubelet-stand-in",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return key, cert
+
+
+def stamp(when: float) -> str:
+    """RFC 3339 with nanoseconds, as the kubelet writes timestamps."""
+    dt = datetime.datetime.fromtimestamp(when, datetime.timezone.utc)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond:06d}000Z"
+
+
+@dataclass
+class Kubelet:
+    folder: Path
+    logs: dict[Key, list[tuple[float, str]]] = field(default_factory=dict)
+    failing: dict[str, int] = field(default_factory=dict)  # pod -> HTTP status it answers
+    requests: list[str] = field(default_factory=list)  # the paths asked for, with queries
+    closed: threading.Event = field(default_factory=threading.Event)
+    changed: threading.Condition = field(default_factory=threading.Condition)
+    port: int = 0
+    node_name: str = ""
+
+    def start(self) -> Kubelet:
+        key, cert = self_signed(self.folder)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._server.daemon_threads = True
+        self._server.socket = ctx.wrap_socket(self._server.socket, server_side=True)
+        self.port = self._server.server_address[1]
+        self.node_name = f"kubelet-{self.port}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self.close_streams()
+        self._server.shutdown()
+        self._server.server_close()
+
+    def register(self, admin: Any) -> None:
+        """The Node the apiserver finds this kubelet by (its address and port)."""
+        nodes = admin.resources.get(api_version="v1", kind="Node")
+        nodes.create(
+            body={
+                "metadata": {"name": self.node_name},
+                "status": {
+                    "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+                    "daemonEndpoints": {"kubeletEndpoint": {"Port": self.port}},
+                },
+            }
+        )
+
+    def unregister(self, admin: Any) -> None:
+        admin.resources.get(api_version="v1", kind="Node").delete(name=self.node_name)
+
+    def set_log(
+        self,
+        pod: str,
+        text: str,
+        container: str = "pytorch",
+        previous: bool = False,
+        at: float | None = None,
+        every: float = 0.001,
+    ) -> None:
+        """The container's log: ``text``'s lines, written from ``at`` (default now) on,
+        ``every`` seconds apart."""
+        start = time.time() if at is None else at
+        lines = [(start + i * every, t) for i, t in enumerate(text.splitlines())]
+        with self.changed:
+            self.logs[(pod, container, previous)] = lines
+            self.changed.notify_all()
+
+    def append(self, pod: str, text: str, container: str = "pytorch") -> None:
+        """More lines of a running container (a followed stream sends them)."""
+        with self.changed:
+            log = self.logs.setdefault((pod, container, False), [])
+            log += [(time.time(), t) for t in text.splitlines()]
+            self.changed.notify_all()
+
+    def close_streams(self) -> None:
+        """End every followed stream, as a container's exit does."""
+        with self.changed:
+            self.closed.set()
+            self.changed.notify_all()
+
+    def lines(self, key: Key, query: dict[str, str]) -> list[tuple[float, str]]:
+        log = list(self.logs.get(key, []))
+        if "sinceSeconds" in query:
+            since = time.time() - int(query["sinceSeconds"])
+            log = [(t, s) for t, s in log if t >= since]
+        if "tailLines" in query:
+            tail = int(query["tailLines"])
+            log = log[len(log) - tail :] if tail else []
+        return log
+
+    def follow(self, key: Key, sent: int) -> Iterator[tuple[float, str]]:
+        """Lines after the first ``sent``, as they come, until the streams close."""
+        while True:
+            with self.changed:
+                log = self.logs.get(key, [])
+                while len(log) <= sent and not self.closed.is_set():
+                    self.changed.wait(0.5)
+                    log = self.logs.get(key, [])
+                new = log[sent:]
+            yield from new
+            sent += len(new)
+            if self.closed.is_set() and not new:
+                return
+
+
+def _handler(kubelet: Kubelet) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:  # quiet
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            url = urllib.parse.urlsplit(self.path)
+            kubelet.requests.append(self.path)
+            query = dict(urllib.parse.parse_qsl(url.query))
+            parts = url.path.strip("/").split("/")
+            if len(parts) != 4 or parts[0] != "containerLogs":
+                return self._answer(404, f"no such path {url.path}")
+            _, _ns, pod, container = parts
+            if pod in kubelet.failing:
+                return self._answer(kubelet.failing[pod], "internal error: the log is gone")
+            previous = query.get("previous") == "true"
+            key = (pod, container, previous)
+            if key not in kubelet.logs:
+                what = "previous terminated container" if previous else "container"
+                return self._answer(400, f'{what} "{container}" in pod "{pod}" not found')
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.end_headers()
+            stamps = query.get("timestamps") == "true"
+            limit = int(query["limitBytes"]) if "limitBytes" in query else None
+            lines = kubelet.lines(key, query)
+            self._write(lines, stamps, limit)
+            if query.get("follow") == "true" and not previous:
+                sent = len(kubelet.logs.get(key, []))
+                for line in kubelet.follow(key, sent):
+                    self._write([line], stamps, None)
+
+        def _write(self, lines: list[tuple[float, str]], stamps: bool, limit: int | None) -> None:
+            data = "".join((f"{stamp(t)} " if stamps else "") + f"{s}\n" for t, s in lines)
+            body = data.encode()
+            self.wfile.write(body if limit is None else body[:limit])
+            self.wfile.flush()
+
+        def _answer(self, code: int, message: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", "text/plain")
+            self.end_headers()
+            self.wfile.write(message.encode())
+
+    return Handler
