@@ -25,6 +25,14 @@ def revision(workspace: Path) -> str | None:
     return _git(workspace, "rev-parse", "HEAD")
 
 
+def dirty(workspace: Path) -> bool | None:
+    """Whether the repository holding ``workspace`` has uncommitted changes (untracked
+    files too: they go into the image); None outside git."""
+    if revision(workspace) is None:
+        return None
+    return _git(workspace, "status", "--porcelain") is not None
+
+
 def source(workspace: Path) -> str:
     """The origin URL for the OCI source label, without credentials someone put in it."""
     url = _git(workspace, "remote", "get-url", "origin") or ""
