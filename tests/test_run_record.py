@@ -269,3 +269,13 @@ def test_no_probe_gives_no_probe_event(tmp_path: Path):
 
     assert "probe" in report()  # the default: the probe runs and the report shows it
     assert "probe" not in report("--no-probe")
+
+
+@pytest.mark.slow  # torchrun agents
+def test_the_built_in_trainer_takes_the_specs_diagnostics_settings(tmp_path: Path):
+    pytest.importorskip("torch")
+    res = run_cli("smoke", "--local", "--procs", "2", "--steps", "6", "--ranks-every", "2",
+                  cwd=tmp_path, timeout=300)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    # A `ranks` event every 2 steps (the trainer's default is 50: only the end's).
+    assert "step 2:" in res.stderr and "step 4:" in res.stderr, res.stderr
