@@ -91,6 +91,7 @@ def build_image(
         f"built {repository}:{tag} ({cached}/{len(result.steps)} steps cached)",
         markup=False,
         highlight=False,
+        soft_wrap=True,
     )
     if not push:
         return BuiltImage(f"{repository}:{tag}", result.image_id or "", revision, dirty)
@@ -101,7 +102,8 @@ def build_image(
         if new_tag:
             engine.untag(client, repository, tag)
         raise
-    console.print(f"pushed {repository}:{tag}", markup=False, highlight=False)
+    # soft_wrap: one line however long the reference (a git tag is longer than ctx-…).
+    console.print(f"pushed {repository}:{tag}", markup=False, highlight=False, soft_wrap=True)
     return BuiltImage(f"{repository}@{digest}", digest, revision, dirty)
 
 
