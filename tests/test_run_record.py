@@ -279,3 +279,22 @@ def test_the_built_in_trainer_takes_the_specs_diagnostics_settings(tmp_path: Pat
     assert res.returncode == 0, res.stderr
     # A `ranks` event every 2 steps (the trainer's default is 50: only the end's).
     assert "step 2:" in res.stderr and "step 4:" in res.stderr, res.stderr
+
+
+def test_git_dirty_is_true_false_or_unknown(tmp_path: Path):
+    import subprocess
+
+    from ddpdeploy.adapters import git
+
+    outside = tmp_path / "plain"  # tmp_path is outside any repository here
+    outside.mkdir()
+    assert git.dirty(outside) is None  # not a repository: unknown, not "clean"
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    cmd = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    (repo / "a.py").write_text("x = 1\n")
+    for args in (["init", "-q"], ["add", "a.py"], ["commit", "-q", "-m", "a"]):
+        subprocess.run([*cmd, *args], check=True, capture_output=True)
+    assert git.dirty(repo) is False
+    (repo / "b.py").write_text("untracked, but it goes into the image\n")
+    assert git.dirty(repo) is True
