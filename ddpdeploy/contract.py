@@ -16,7 +16,14 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ddpdeploy.image_layout import TRAINER_IN_IMAGE  # where `ddpdeploy build` puts it
-from ddpdeploy.spec import JobSpec
+from ddpdeploy.rules import (
+    GIT_COMMIT_ENV,
+    GIT_DIRTY_ENV,
+    IMAGE_DIGEST_ENV,
+    IMAGE_ENV,
+    SPEC_SHA256_ENV,
+)
+from ddpdeploy.spec import JobSpec, spec_sha256
 
 CONTAINER_NAME = "pytorch"  # the operator finds the training container by this name
 PORT_NAME = "pytorchjob-port"  # ...and the rendezvous port by this one
@@ -69,6 +76,72 @@ class NodeLayout(Protocol):
     def platform_env(self, contract: LaunchContract, node: Node, rdzv: str) -> dict[str, str]:
         """What the platform (an operator) injects into ``node``'s container."""
         ...
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What ddpdeploy knows of a run beyond its spec, handed to the launch as data (the
+    renderers never look anything up): the image it built, and the spec a target derived
+    its job from. Each unset field adds no env."""
+
+    # The sha256 of the spec the run was asked for, when a target launches a job derived
+    # from it (smoke's and compose --cpu's CPU job); unset: the launched spec's own.
+    spec_sha256: str | None = None
+    image_digest: str | None = None  # a repo digest (pushed) or an engine's image ID
+    git_commit: str | None = None  # from the build's labels
+    git_dirty: bool | None = None
+
+    def of(self, spec: JobSpec) -> RunRecord:
+        """This record with ``spec``'s sha256 as the one asked for, unless one is set:
+        call it before deriving another job from ``spec``."""
+        if self.spec_sha256 is not None:
+            return self
+        return RunRecord(spec_sha256(spec), self.image_digest, self.git_commit, self.git_dirty)
+
+
+def record_env(spec: JobSpec, record: RunRecord | None = None) -> dict[str, str]:
+    """The env ddpkit's run record reads: the spec's sha256, the image and its digest (a
+    digest-pinned image names its own), the git commit and dirty flag of a build."""
+    record = (record or RunRecord()).of(spec)
+    assert record.spec_sha256 is not None
+    env = {SPEC_SHA256_ENV: record.spec_sha256}
+    digest = record.image_digest
+    if spec.image:
+        env[IMAGE_ENV] = spec.image
+        if digest is None and "@" in spec.image:
+            digest = spec.image.split("@", 1)[1]
+    if digest:
+        env[IMAGE_DIGEST_ENV] = digest
+    if record.git_commit:
+        env[GIT_COMMIT_ENV] = record.git_commit
+    if record.git_dirty is not None:
+        env[GIT_DIRTY_ENV] = "1" if record.git_dirty else "0"
+    return env
+
+
+def diagnostics_env(spec: JobSpec) -> dict[str, str]:
+    """ddpkit's diagnostics settings as the env it reads, only those the spec sets."""
+    diag = spec.diagnostics
+    env = {}
+    if not diag.probe:
+        env["DDPDEPLOY_PROBE"] = "0"
+    if diag.probe_min_busbw is not None:
+        env["DDPDEPLOY_PROBE_MIN_BUSBW"] = _number(diag.probe_min_busbw)
+    if diag.hang_timeout_seconds is not None:
+        # ddpkit reads 0 as "auto" and a negative value as "off"; the field's 0 is "off".
+        seconds = diag.hang_timeout_seconds
+        env["DDPDEPLOY_HANG_TIMEOUT_S"] = _number(seconds) if seconds else "-1"
+    if diag.ranks_every is not None:
+        env["DDPDEPLOY_RANKS_EVERY"] = str(diag.ranks_every)
+    if diag.straggler_factor is not None:
+        env["DDPDEPLOY_STRAGGLER_FACTOR"] = _number(diag.straggler_factor)
+    if spec.network.rdma:
+        env["DDPDEPLOY_RDMA"] = "1"  # the probe warns when NCCL fell back to sockets
+    return env
+
+
+def _number(value: float) -> str:
+    return repr(int(value)) if value == int(value) else repr(value)
 
 
 # Peers' DNS records appear only once their pods run; torchrun would fail on the first
@@ -192,12 +265,14 @@ def launch_contract(
     port: int | None = None,
     *,
     run_env: Mapping[str, str] | None = None,
+    record: RunRecord | None = None,
 ) -> LaunchContract:
     """The single decision of how ``spec`` is launched on ``layout`` (its target's; see
     ``targets.launch_contract``). ``port`` replaces the target's rendezvous port (local runs
     take a free one). ``run_env`` is env ddpdeploy itself adds for one run (e.g. a smoke
     run's, whose local checkpoint folder replaces the mount path): set after the spec's env
-    on every node, not checked as user env is."""
+    on every node, not checked as user env is. ``record``: what ddpdeploy knows of the run
+    beyond the spec (``RunRecord``), in every node's env with the spec's sha256."""
     base_env = {
         # Bounded wait for peers' DNS, in seconds (the rendezvous join timeout).
         "DDPDEPLOY_DNS_WAIT": str(spec.rendezvous.join_timeout),
@@ -212,6 +287,7 @@ def launch_contract(
         # refused"). Unshared, each round's rank-0 agent publishes a fresh port and rank 0's
         # worker hosts a fresh store.
         base_env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    base_env |= record_env(spec, record) | diagnostics_env(spec)
     base_env.update(spec.env)
     base_env.update(run_env or {})
     return LaunchContract(

@@ -6,10 +6,12 @@ Progress goes to stderr; the caller gets the image reference back and decides wh
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import IO, TYPE_CHECKING, Any
 
+from ddpdeploy.contract import RunRecord
 from ddpdeploy.errors import UserError
 from ddpdeploy.spec import JobSpec
 
@@ -18,6 +20,23 @@ if TYPE_CHECKING:  # annotations only: rich and the adapters load when a build r
 
     from ddpdeploy.adapters.docker_streams import BuildProgress, PushProgress
     from ddpdeploy.render.image import ContextEntry
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    """An image ddpdeploy built: its reference and what the build knows of it (its
+    labels' revision and dirty flag, the engine's ID or the registry's digest)."""
+
+    reference: str  # repo:tag, or repo@sha256:… when pushed
+    digest: str  # the pushed manifest's digest, else the engine's image ID
+    git_commit: str | None
+    git_dirty: bool | None
+
+    def record(self) -> RunRecord:
+        """What the pods are told of the image (the launch contract's RunRecord)."""
+        return RunRecord(
+            image_digest=self.digest, git_commit=self.git_commit, git_dirty=self.git_dirty
+        )
 
 
 def build_image(
@@ -30,8 +49,9 @@ def build_image(
     network: str | None = None,
     no_cache: bool = False,
     push_flag: str = "--push",
-) -> str:
-    """Build the workspace image; return `repo:tag`, or `repo@sha256:…` when pushed.
+) -> BuiltImage:
+    """Build the workspace image; its reference is `repo:tag`, or `repo@sha256:…` when
+    pushed.
 
     `push_flag` names the flag that asked for the push, for the one-line error without a
     repository (`up --build` pushes without a --push flag of its own).
@@ -56,8 +76,8 @@ def build_image(
     packages = _apt_packages(system_packages or "")
     # The engine first: with no engine, say so before reading a single workspace file.
     client = engine.connect()
-    revision = git.revision(workspace)
-    build_args = image.build_args(base, packages, revision, git.source(workspace))
+    revision, dirty = git.revision(workspace), git.dirty(workspace)
+    build_args = image.build_args(base, packages, revision, git.source(workspace), dirty)
     entries = _context_entries(workspace)
     console = Console(stderr=True)
     with build_context.context_file(entries) as (context, context_sha256):
@@ -71,9 +91,10 @@ def build_image(
         f"built {repository}:{tag} ({cached}/{len(result.steps)} steps cached)",
         markup=False,
         highlight=False,
+        soft_wrap=True,
     )
     if not push:
-        return f"{repository}:{tag}"
+        return BuiltImage(f"{repository}:{tag}", result.image_id or "", revision, dirty)
     try:
         digest = _push_with_progress(console, engine, client, repository, tag)
     except UserError:
@@ -81,8 +102,9 @@ def build_image(
         if new_tag:
             engine.untag(client, repository, tag)
         raise
-    console.print(f"pushed {repository}:{tag}", markup=False, highlight=False)
-    return f"{repository}@{digest}"
+    # soft_wrap: one line however long the reference (a git tag is longer than ctx-…).
+    console.print(f"pushed {repository}:{tag}", markup=False, highlight=False, soft_wrap=True)
+    return BuiltImage(f"{repository}@{digest}", digest, revision, dirty)
 
 
 def _context_entries(workspace: Path) -> list[ContextEntry]:

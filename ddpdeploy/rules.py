@@ -16,8 +16,29 @@ TRAINER_PORT = 29400  # Trainer v2's PET_MASTER_PORT and container port; not con
 DEFAULT_RUNTIME = "torch-distributed"  # Trainer v2's default ClusterTrainingRuntime
 MAX_DNS_LABEL = 63  # a pod hostname and a Service name are DNS labels
 
+# What ran (ddpkit's run record reads these): the launch contract sets them from the spec and
+# from what ddpdeploy knows of the image it built.
+SPEC_SHA256_ENV = "DDPDEPLOY_SPEC_SHA256"
+IMAGE_ENV = "DDPDEPLOY_IMAGE"
+IMAGE_DIGEST_ENV = "DDPDEPLOY_IMAGE_DIGEST"
+GIT_COMMIT_ENV = "DDPDEPLOY_GIT_COMMIT"
+GIT_DIRTY_ENV = "DDPDEPLOY_GIT_DIRTY"
+# ddpkit's diagnostics settings, each set by one spec field (its flag); a user's env value
+# for one is refused with the field to use instead.
+DIAGNOSTICS_ENV = {
+    "DDPDEPLOY_PROBE": "diagnostics.probe (--no-probe)",
+    "DDPDEPLOY_PROBE_MIN_BUSBW": "diagnostics.probeMinBusbw (--probe-min-busbw)",
+    "DDPDEPLOY_HANG_TIMEOUT_S": "diagnostics.hangTimeoutSeconds (--hang-timeout)",
+    "DDPDEPLOY_RANKS_EVERY": "diagnostics.ranksEvery (--ranks-every)",
+    "DDPDEPLOY_STRAGGLER_FACTOR": "diagnostics.stragglerFactor (--straggler-factor)",
+    "DDPDEPLOY_RDMA": "network.rdma (--rdma)",
+}
+RECORD_ENV = frozenset(
+    {SPEC_SHA256_ENV, IMAGE_ENV, IMAGE_DIGEST_ENV, GIT_COMMIT_ENV, GIT_DIRTY_ENV}
+)
+
 # Env the launch contract sets on every node (torchrun's, the operator's and ddpdeploy's own);
-# a user value would silently change the topology or break the launch.
+# a user value would silently change the topology, break the launch or falsify the record.
 RESERVED_ENV = frozenset(
     {
         "WORLD_SIZE",
@@ -33,6 +54,8 @@ RESERVED_ENV = frozenset(
         "MASTER_PORT",
         "PYTHONUNBUFFERED",
         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
+        *RECORD_ENV,
+        *DIAGNOSTICS_ENV,
     }
 )
 RESERVED_ENV_PREFIXES = ("PET_", "TORCHELASTIC_", "DDPDEPLOY_")

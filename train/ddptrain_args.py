@@ -102,11 +102,14 @@ def _diagnostic_flags(a: Callable[..., Any]) -> None:
     a("--probe-min-busbw", type=float, metavar="GBPS",
       default=float(os.environ.get("DDPDEPLOY_PROBE_MIN_BUSBW") or 0) or None,
       help="fail at start (exit 3) when the probe's bus bandwidth is below this")  # fmt: skip
-    a("--ranks-every", type=_non_negative, default=50,
+    # Defaults from the env the spec's diagnostics section sets (ddpkit reads the same).
+    e = os.environ
+    a("--ranks-every", type=_non_negative, default=int(e.get("DDPDEPLOY_RANKS_EVERY") or 50),
       help="steps between `ranks` events (per-rank work times; 0: only at the end)")  # fmt: skip
-    a("--straggler-factor", type=float, default=1.2,
+    a("--straggler-factor", type=float,
+      default=float(e.get("DDPDEPLOY_STRAGGLER_FACTOR") or 1.2),
       help="a rank whose work time exceeds the median by this factor is a straggler")  # fmt: skip
-    a("--hang-timeout-s", type=float, default=0.0,
+    a("--hang-timeout-s", type=float, default=float(e.get("DDPDEPLOY_HANG_TIMEOUT_S") or 0),
       help="seconds without a step before the hang watchdog dumps stacks and ends the run "
       "(0: max(60, 5x the slowest step); negative: off)")  # fmt: skip
 

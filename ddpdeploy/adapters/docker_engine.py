@@ -131,6 +131,21 @@ def tag(client: Any, image_id: str, repository: str, tag_name: str) -> bool:
     return not existed
 
 
+def image_id(client: Any, ref: str) -> str | None:
+    """The engine's ID (sha256:…) of the local image ``ref`` names; None when the engine
+    has no such image (compose will pull it)."""
+    import docker.errors
+    import requests
+
+    try:
+        return str(client.api.inspect_image(ref)["Id"])
+    except docker.errors.ImageNotFound:
+        return None
+    except (docker.errors.DockerException, requests.RequestException) as exc:
+        reason = " ".join(str(exc).split())
+        raise OperationError(f"the engine could not inspect the image {ref} ({reason})") from None
+
+
 def untag(client: Any, repository: str, tag_name: str) -> None:
     import docker.errors
     import requests

@@ -6,7 +6,8 @@ import subprocess
 from pathlib import Path
 
 
-def _git(workspace: Path, *args: str) -> str | None:
+def _run(workspace: Path, *args: str) -> str | None:
+    """git's stdout; None when git is missing or fails."""
     try:
         out = subprocess.run(
             ["git", "-C", str(workspace), *args],
@@ -17,12 +18,25 @@ def _git(workspace: Path, *args: str) -> str | None:
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None
+    return out.stdout
+
+
+def _git(workspace: Path, *args: str) -> str | None:
+    return (_run(workspace, *args) or "").strip() or None
 
 
 def revision(workspace: Path) -> str | None:
     """HEAD's commit of the repository holding ``workspace``, or None outside git."""
     return _git(workspace, "rev-parse", "HEAD")
+
+
+def dirty(workspace: Path) -> bool | None:
+    """Whether the repository holding ``workspace`` has uncommitted changes (untracked
+    files too: they go into the image); None outside git."""
+    if revision(workspace) is None:
+        return None
+    status = _run(workspace, "status", "--porcelain")
+    return None if status is None else bool(status.strip())  # a failed status: unknown
 
 
 def source(workspace: Path) -> str:

@@ -28,6 +28,7 @@ from ddpdeploy.cluster.find import ref as _ref
 from ddpdeploy.cluster.jobstate import job_state
 from ddpdeploy.cluster.labels import ours_selector
 from ddpdeploy.cluster.plan import gpu_nodes, gpu_nodes_free, saved_spec, with_saved_spec
+from ddpdeploy.contract import RunRecord
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.kubeopts import held_signals, interrupted
 from ddpdeploy.spec import JobSpec, spec_with
@@ -80,12 +81,20 @@ def preflight(
     return plan
 
 
-def plan_job(kube: Kube, spec: JobSpec, say: Say, create_namespace: bool = False) -> Plan:
-    """The preflight of ``spec``'s objects (rendered with the saved spec), its warnings
-    said: what `up`, `scale` and `resume` all start from."""
+def plan_job(
+    kube: Kube,
+    spec: JobSpec,
+    say: Say,
+    create_namespace: bool = False,
+    record: RunRecord | None = None,
+) -> Plan:
+    """The preflight of ``spec``'s objects (rendered with the saved spec, and ``record``:
+    what `up --build` knows of its image), its warnings said: what `up`, `scale` and
+    `resume` all start from."""
     from ddpdeploy.targets import render_objects
 
-    plan = preflight(kube, spec, with_saved_spec(render_objects(spec), spec), create_namespace)
+    objects = with_saved_spec(render_objects(spec, record), spec)
+    plan = preflight(kube, spec, objects, create_namespace)
     for warning in plan.warnings:
         say(f"warning: {warning}")
     return plan

@@ -8,7 +8,6 @@ recreate a job even after `down`), GPU capacity from node objects, and the size 
 from __future__ import annotations
 
 import copy
-import json
 from typing import Any
 
 import yaml
@@ -16,7 +15,7 @@ from pydantic import ValidationError
 
 from ddpdeploy.cluster.labels import INSTANCE_LABEL
 from ddpdeploy.errors import UserError
-from ddpdeploy.spec import JobSpec, quantity, spec_with
+from ddpdeploy.spec import JobSpec, canonical_json, quantity, spec_with
 from ddpdeploy.targets import layout_for_kind
 
 Obj = dict[str, Any]
@@ -26,7 +25,8 @@ GPU = "nvidia.com/gpu"
 
 
 def spec_json(spec: JobSpec) -> str:
-    return json.dumps(spec.model_dump(mode="json", by_alias=True), sort_keys=True)
+    # The bytes whose sha256 the pods get as DDPDEPLOY_SPEC_SHA256 (one home: spec/).
+    return canonical_json(spec)
 
 
 def with_saved_spec(objects: list[Obj], spec: JobSpec) -> list[Obj]:

@@ -56,7 +56,7 @@ def build(
     """
     from ddpdeploy.imagebuild import build_image
 
-    reference = build_image(
+    built = build_image(
         spec,
         workspace=workspace,
         base_image=base_image,
@@ -65,4 +65,4 @@ def build(
         network=network,
         no_cache=no_cache,
     )
-    write_stdout(reference + "\n")
+    write_stdout(built.reference + "\n")

@@ -247,13 +247,17 @@ def _docker_target(
 ) -> Callable[[], SmokeTarget]:
     """Check the engine and compose CLI, get the image; each run a fresh project."""
     from ddpdeploy.adapters.compose import ComposeRun, compose_cli, engine
+    from ddpdeploy.adapters.docker_engine import image_id
+    from ddpdeploy.contract import RunRecord
     from ddpdeploy.smoke import plan
     from ddpdeploy.smoke.docker import compose_plan
 
     client = engine()  # no engine: one line pointing to --local, before any build
     cli = compose_cli()
     image = spec.image or _build_image(spec, base_image)
-    job = compose_plan(spec, image, plan.run_env(restarts, spec=spec, image=image))
+    # The record names the image ID that runs (compose runs the local image by its name).
+    record = RunRecord(image_digest=image_id(client, image))
+    job = compose_plan(spec, image, plan.run_env(restarts), record)
 
     def start() -> ComposeRun:
         return ComposeRun(

@@ -79,6 +79,7 @@ def up(
 
     seconds = watch.parse_duration(timeout) if timeout else None
     ns_given = "namespace" in spec.model_fields_set  # -n or the spec file; else the context's
+    record = None  # what is known of the image beyond its reference: only a build's
     if base_image is not None and not build:
         raise UserError("--base-image: only used with --build; add --build or drop it")
     if build:
@@ -86,20 +87,21 @@ def up(
 
         from ddpdeploy.imagebuild import build_image
 
-        ref = build_image(
+        built = build_image(
             spec, workspace=Path.cwd(), base_image=base_image, push=True, push_flag="--build"
         )
-        spec = spec_with(spec, image=ref)
+        spec = spec_with(spec, image=built.reference)
+        record = built.record()  # the pods are told the digest and commit it was built from
     from ddpdeploy.kubeopts import in_context_namespace, interrupted
 
-    render_objects(spec)  # render errors come first, before connecting
+    render_objects(spec, record)  # render errors come first, before connecting
     kube = connect(kubeconfig, context)
     if not ns_given and spec.namespace != kube.default_namespace:
         spec = in_context_namespace(spec, kube.default_namespace)
     try:
         if adopt_pvc:
             spec = deploy.adopt_pvc(kube, spec, _say)
-        plan = deploy.plan_job(kube, spec, _say, create_namespace)
+        plan = deploy.plan_job(kube, spec, _say, create_namespace, record)
         if dry_run:
             deploy.dry_run(kube, plan, replace, _say)
             return

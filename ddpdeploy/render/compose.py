@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from decimal import ROUND_CEILING
 from typing import Any
 
-from ddpdeploy.contract import LaunchContract
+from ddpdeploy.contract import LaunchContract, RunRecord
 from ddpdeploy.errors import UserError
 from ddpdeploy.render.local import cpu_spec
 from ddpdeploy.render.pod import pod_only_env
@@ -178,17 +178,22 @@ def secret_env_note(spec: JobSpec, environ: Mapping[str, str] | None = None) -> 
 
 
 def render_compose(
-    spec: JobSpec, cpu: bool | None = None, run_env: Mapping[str, str] | None = None
+    spec: JobSpec,
+    cpu: bool | None = None,
+    run_env: Mapping[str, str] | None = None,
+    record: RunRecord | None = None,
 ) -> Obj:
     """The compose project for ``spec``: one service per node, named like its pod.
-    ``run_env``: env for one run only (a smoke run's), as the launch contract takes it."""
+    ``run_env``: env for one run only (a smoke run's), as the launch contract takes it;
+    ``record``: what ddpdeploy knows of the run (the image that runs). The record names
+    ``spec``'s sha256, not that of the CPU job compose may run."""
     if not spec.image:
         raise UserError(
             "image: required to render a compose file; set image in ddpdeploy.yaml or pass "
             "--image (ddpdeploy build prints one)"
         )
     job = compose_job(spec, cpu)
-    contract = launch_contract(job, run_env=run_env)
+    contract = launch_contract(job, run_env=run_env, record=(record or RunRecord()).of(spec))
     services = {node.hostname: _service(job, contract, i) for i, node in enumerate(contract.nodes)}
     project: Obj = {
         "services": services,

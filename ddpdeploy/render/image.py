@@ -88,14 +88,20 @@ def plan_context(
 
 
 def build_args(
-    base_image: str, system_packages: str, revision: str | None, source: str
+    base_image: str,
+    system_packages: str,
+    revision: str | None,
+    source: str,
+    dirty: bool | None = None,
 ) -> dict[str, str]:
-    """The Dockerfile's build args: the image layout plus this build's inputs."""
+    """The Dockerfile's build args: the image layout plus this build's inputs (``dirty``:
+    the workspace had uncommitted changes; a label beside the revision's)."""
     return {
         **dockerfile_args(),
         "BASE_IMAGE": base_image,
         "SYSTEM_PACKAGES": system_packages,
         "REVISION": revision or "",
+        "DIRTY": "" if dirty is None else str(dirty).lower(),
         "SOURCE": source,
     }
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ddpdeploy.contract import RunRecord
 from ddpdeploy.render.compose import compose_job, render_compose
 from ddpdeploy.smoke.plan import nodes_of
 from ddpdeploy.smoke.target import Node
@@ -27,9 +28,12 @@ class ComposePlan:
     nodes: list[Node]  # the job's nodes, one service each
 
 
-def compose_plan(spec: JobSpec, image: str, run_env: Mapping[str, str]) -> ComposePlan:
-    """The job on CPU in ``image``, with ``run_env`` (the plan's `run_env`) on every node."""
+def compose_plan(
+    spec: JobSpec, image: str, run_env: Mapping[str, str], record: RunRecord | None = None
+) -> ComposePlan:
+    """The job on CPU in ``image``, with ``run_env`` (the plan's `run_env`) on every node;
+    ``record``: what is known of ``image`` (the engine's image ID)."""
     job = spec_with(spec, {"image": image})
-    project = render_compose(job, cpu=True, run_env=run_env)
+    project = render_compose(job, cpu=True, run_env=run_env, record=record)
     nodes = nodes_of(launch_contract(compose_job(job, cpu=True), run_env=run_env))
     return ComposePlan(job.name, project, nodes)

@@ -10,14 +10,12 @@ torchrun as the launcher.
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 
-from ddpdeploy.contract import CHECKPOINT_DIR_ENV, LaunchContract
+from ddpdeploy.contract import CHECKPOINT_DIR_ENV, LaunchContract, RunRecord
 from ddpdeploy.errors import UserError
 from ddpdeploy.render.local import cpu_spec
-from ddpdeploy.render.output import sha256
 from ddpdeploy.smoke.events import RANK_OUTPUT_ENV
 from ddpdeploy.smoke.runner import KillAt
 from ddpdeploy.smoke.target import Node
@@ -87,36 +85,16 @@ def chaos_spec(spec: JobSpec, kill_at: KillAt) -> tuple[JobSpec, int]:
     return spec, restarts or 1
 
 
-def run_env(
-    restarts: int | None = None,
-    checkpoint_dir: str | None = None,
-    spec: JobSpec | None = None,
-    image: str | None = None,
-) -> dict[str, str]:
+def run_env(restarts: int | None = None, checkpoint_dir: str | None = None) -> dict[str, str]:
     """Env for this run only: torchrun's rank-prefixed output (which the runner reads), a
-    chaos run's restarts, where this run's checkpoint folder is, and what ran (the spec's
-    sha256 and the image, which ddpkit's run record reads)."""
+    chaos run's restarts and where this run's checkpoint folder is. What ran (the spec's
+    sha256, the image) the launch contract adds, as on every target."""
     env = dict(RANK_OUTPUT_ENV)
-    if spec is not None:
-        env[SPEC_SHA256_ENV] = spec_sha256(spec)
-    if image or (spec is not None and spec.image):
-        env[IMAGE_ENV] = image or str(spec.image if spec is not None else "")
     if restarts is not None:
         env["PET_MAX_RESTARTS"] = str(restarts)
     if checkpoint_dir is not None:
         env[CHECKPOINT_ENV] = checkpoint_dir
     return env
-
-
-SPEC_SHA256_ENV = "DDPDEPLOY_SPEC_SHA256"
-IMAGE_ENV = "DDPDEPLOY_IMAGE"
-
-
-def spec_sha256(spec: JobSpec) -> str:
-    """sha256 of the spec as it runs (its canonical JSON: key order and layout of the
-    file do not change it)."""
-    canonical = json.dumps(spec.model_dump(mode="json", by_alias=True), sort_keys=True)
-    return sha256(canonical.encode())
 
 
 def local_nodes(
@@ -145,6 +123,7 @@ def plan(
 ) -> list[LocalNode]:
     """Every node of ``spec`` as a local torchrun agent. ``max_restarts`` overrides the
     contract's torchrun restarts for this run only (chaos runs need at least one)."""
-    env = run_env(max_restarts, checkpoint_dir, spec)
-    contract = launch_contract(cpu_spec(spec), port, run_env=env)
+    env = run_env(max_restarts, checkpoint_dir)
+    # The record names the spec smoke was given, not the CPU job derived from it.
+    contract = launch_contract(cpu_spec(spec), port, run_env=env, record=RunRecord().of(spec))
     return local_nodes(contract, trainer_path, checkpoint_dir)

@@ -32,8 +32,11 @@ try:
         NCCL_FIELDS,
         SCHEMA_FILE,
         Checkpoint,
+        Diagnostics,
         JobSpec,
+        canonical_json,
         json_schema,
+        spec_sha256,
     )
 finally:
     if _USER_PLUGINS is None:
@@ -51,12 +54,15 @@ __all__ = [
     "SCHEMA_FILE",
     "TMP_DIR",
     "Checkpoint",
+    "Diagnostics",
     "ImageRef",
     "JobSpec",
     "Override",
+    "canonical_json",
     "is_reserved_env",
     "json_schema",
     "load_spec",
     "quantity",
+    "spec_sha256",
     "spec_with",
 ]

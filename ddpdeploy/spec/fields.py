@@ -16,7 +16,13 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, Field
 
-from ddpdeploy.rules import MAX_DNS_LABEL, RESERVED_ENV, RESERVED_ENV_PREFIXES
+from ddpdeploy.rules import (
+    DIAGNOSTICS_ENV,
+    MAX_DNS_LABEL,
+    RECORD_ENV,
+    RESERVED_ENV,
+    RESERVED_ENV_PREFIXES,
+)
 
 MAX_DNS_SUBDOMAIN = 253
 INT32_MAX = 2**31 - 1  # replicas, counts and most seconds fields are int32 in the API
@@ -202,6 +208,16 @@ def check_env(env: dict[str, str]) -> dict[str, str]:
             raise ValueError(
                 f"env name {show(key)} is invalid: use letters, digits, '_', '-', '.', "
                 "not starting with a digit"
+            )
+        if key in DIAGNOSTICS_ENV:
+            raise ValueError(
+                f"{key} is set by ddpdeploy's launch contract (the diagnostics settings); "
+                f"use {DIAGNOSTICS_ENV[key]} instead"
+            )
+        if key in RECORD_ENV:
+            raise ValueError(
+                f"{key} is set by ddpdeploy's launch contract (the record of what ran, from "
+                "the spec and the image ddpdeploy built); remove it from env"
             )
         if is_reserved_env(key):
             raise ValueError(

@@ -254,6 +254,7 @@ _HINTS = {
     "scheduling": "{scheduler: volcano}",
     "network": "{policy: true}",
     "security": "{readOnlyRootFilesystem: true}",
+    "diagnostics": "{probe: true}",
 }
 
 

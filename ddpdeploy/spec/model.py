@@ -3,6 +3,8 @@ checks (rules.TARGET_RULES: the spec knows no target's code), and its JSON Schem
 
 from __future__ import annotations
 
+import hashlib
+import json
 import posixpath
 import re
 from typing import Annotated, Any, Literal
@@ -335,6 +337,45 @@ class Network(Model):
     )
 
 
+class Diagnostics(Model):
+    """ddpkit's diagnostics for scripts that use it (the built-in trainer does): the
+    start-up probe, the per-rank timing event and the hang watchdog. Unset: ddpkit's
+    defaults, and no env is added."""
+
+    probe: bool = Field(
+        default=True,
+        description="Run the collective probe once the process group is up (busbw, the "
+        "transport NCCL chose); false (--no-probe) skips it.",
+    )
+    probe_min_busbw: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="The probe's floor in GB/s (--probe-min-busbw): below it the run stops "
+        "before step 1 with one line (exit 3). Default: no floor.",
+    )
+    hang_timeout_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        allow_inf_nan=False,
+        description="Seconds without a finished step before the watchdog dumps every rank's "
+        "stack and ends the run (--hang-timeout); 0 turns the watchdog off. Default: "
+        "max(60, 5x the slowest step), at most 30 min.",
+    )
+    ranks_every: Count | None = Field(
+        default=None,
+        description="Steps between two `ranks` events, per-rank work times (--ranks-every). "
+        "Default: 50.",
+    )
+    straggler_factor: float | None = Field(
+        default=None,
+        gt=1,
+        allow_inf_nan=False,
+        description="A rank whose work time exceeds the median's by this factor is named a "
+        "straggler (--straggler-factor, > 1). Default: 1.2.",
+    )
+
+
 class JobSpec(Model):
     """One training job: what runs, on how many nodes, with what resources."""
 
@@ -442,6 +483,10 @@ class JobSpec(Model):
     network: Network = Field(
         default_factory=Network,
         description="NetworkPolicy, host network, RDMA devices and NCCL settings.",
+    )
+    diagnostics: Diagnostics = Field(
+        default_factory=Diagnostics,
+        description="ddpkit's start-up probe, per-rank timing and hang watchdog settings.",
     )
 
     @model_validator(mode="after")
@@ -564,6 +609,18 @@ class JobSpec(Model):
         if self.backend != "auto":
             return self.backend
         return "nccl" if self.gpus else "gloo"
+
+
+def canonical_json(spec: JobSpec) -> str:
+    """The spec as JSON, every field with its value, keys sorted: the same for any file
+    that describes the same job (key order, layout and defaults left out do not change it).
+    The cluster keeps it on the job (the ddpdeploy.dev/spec annotation)."""
+    return json.dumps(spec.model_dump(mode="json", by_alias=True), sort_keys=True)
+
+
+def spec_sha256(spec: JobSpec) -> str:
+    """sha256 of ``canonical_json(spec)``'s UTF-8 bytes: what DDPDEPLOY_SPEC_SHA256 says."""
+    return hashlib.sha256(canonical_json(spec).encode()).hexdigest()
 
 
 SCHEMA_FILE = ".ddpdeploy.schema.json"  # written by `ddpdeploy init` beside the spec file

@@ -38,17 +38,24 @@ def layout_for_kind(api_version: str, kind: str) -> Layout | None:
 
 
 def launch_contract(
-    spec: JobSpec, port: int | None = None, *, run_env: Mapping[str, str] | None = None
+    spec: JobSpec,
+    port: int | None = None,
+    *,
+    run_env: Mapping[str, str] | None = None,
+    record: contract.RunRecord | None = None,
 ) -> contract.LaunchContract:
     """contract.launch_contract on the spec's own target's layout."""
-    return contract.launch_contract(spec, layout_of(spec.target), port, run_env=run_env)
-
-
-def render_objects(spec: JobSpec) -> list[dict[str, Any]]:
-    """Every object the job needs on its target, dependencies (the PVC, the policy, a
-    Service) first. Pure: no network, no clock, no randomness; same spec, same objects."""
     layout = layout_of(spec.target)
-    launch = contract.launch_contract(spec, layout)  # the objects run on this same layout
+    return contract.launch_contract(spec, layout, port, run_env=run_env, record=record)
+
+
+def render_objects(spec: JobSpec, record: contract.RunRecord | None = None) -> list[dict[str, Any]]:
+    """Every object the job needs on its target, dependencies (the PVC, the policy, a
+    Service) first. Pure: no network, no clock, no randomness; same spec (and ``record``,
+    what ddpdeploy knows of the image it built), same objects."""
+    layout = layout_of(spec.target)
+    # The objects run on this same layout.
+    launch = contract.launch_contract(spec, layout, record=record)
     pvc = checkpoint_pvc(spec)
     policies = beside_job(spec, selector_labels(spec))
     return [*([pvc] if pvc else []), *policies, *layout.objects(spec, launch)]

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from ddpdeploy.adapters.compose import PROJECT_LABEL, ComposeRun, Line
+from ddpdeploy.contract import RunRecord
 from ddpdeploy.render.compose import compose_job, render_compose
 from ddpdeploy.smoke.plan import nodes_of
 from ddpdeploy.spec import JobSpec
@@ -91,7 +92,8 @@ def test_two_by_two_trains_like_smoke_local(
     with compose_run(spec) as run:
         project = run.project_name
         # What runs is what the rendered file says: the pod's command and the operator's env.
-        contract = launch_contract(compose_job(spec))
+        # compose records the spec it was given, not the CPU job it runs (RunRecord.of).
+        contract = launch_contract(compose_job(spec), record=RunRecord().of(spec))
         for node, n in zip(contract.nodes, run.nodes, strict=True):
             config = run.node(n.name).container.attrs["Config"]
             assert config["Hostname"] == n.name == node.hostname

@@ -192,6 +192,7 @@ def test_git_workspace_tag_and_labels(
     assert labels["org.opencontainers.image.revision"] == rev
     # The origin URL without the credentials in it: nothing secret reaches the image.
     assert labels["org.opencontainers.image.source"] == "https://git.example.com/team/proj.git"
+    assert labels["dev.ddpdeploy.git.dirty"] == "false"  # committed, nothing else
     engine.images.remove(ref)
 
     # An uncommitted change: same revision, new tag.
@@ -200,4 +201,6 @@ def test_git_workspace_tag_and_labels(
     assert dirty.returncode == 0, dirty.stderr
     assert dirty.stdout.strip().startswith(f"{GIT_REPO}:git-{rev[:12]}-")
     assert dirty.stdout.strip() != ref
+    labels = engine.images.get(dirty.stdout.strip()).attrs["Config"]["Labels"]
+    assert labels["dev.ddpdeploy.git.dirty"] == "true"
     engine.images.remove(dirty.stdout.strip())

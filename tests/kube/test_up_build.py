@@ -11,6 +11,7 @@ import base64
 import hashlib
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,6 +80,12 @@ def test_up_build_runs_the_pushed_digest(
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "main.py").write_text("print('built by up')\n")
+    # A git workspace with an uncommitted change: the pods are told its commit and dirt.
+    git = ["git", "-C", str(ws), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    for cmd in (["init", "-q"], ["add", "main.py"], ["commit", "-q", "-m", "one"]):
+        subprocess.run([*git, *cmd], check=True, capture_output=True)
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True)
+    (ws / "notes.txt").write_text("not committed\n")
     env = {
         "KUBECONFIG": str(control_plane.kubeconfig),
         "XDG_CACHE_HOME": str(control_plane.workdir / "cache"),
@@ -108,6 +115,15 @@ def test_up_build_runs_the_pushed_digest(
         for c in replica["template"]["spec"]["containers"]
     }
     assert images == {f"{repo}@{digest}"}
+    saved = job["metadata"]["annotations"]["ddpdeploy.dev/spec"]
+    for replica in job["spec"]["pytorchReplicaSpecs"].values():
+        (container,) = replica["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["DDPDEPLOY_IMAGE"] == f"{repo}@{digest}"
+        assert env["DDPDEPLOY_IMAGE_DIGEST"] == digest
+        assert env["DDPDEPLOY_SPEC_SHA256"] == hashlib.sha256(saved.encode()).hexdigest()
+        assert env["DDPDEPLOY_GIT_COMMIT"] == commit.stdout.decode().strip()
+        assert env["DDPDEPLOY_GIT_DIRTY"] == "1"
 
 
 def test_up_build_needs_a_repository(tmp_path: Path) -> None:
