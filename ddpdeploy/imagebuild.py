@@ -61,17 +61,27 @@ def build_image(
     entries = _context_entries(workspace)
     console = Console(stderr=True)
     with build_context.context_file(entries) as (context, context_sha256):
-        tag = image.content_tag(image.inputs_hash(context_sha256, build_args), revision)
-        result = _build_with_progress(
-            console, engine, client, context, build_args, base, no_cache, network
-        )
-    new_tag = engine.tag(client, result.image_id or "", repository, tag)
-    cached = len(result.cached_steps)
-    console.print(
-        f"built {repository}:{tag} ({cached}/{len(result.steps)} steps cached)",
-        markup=False,
-        highlight=False,
-    )
+        inputs = image.inputs_hash(context_sha256, build_args)
+        tag = image.content_tag(inputs, revision)
+        labels = _input_labels(engine, client, base, inputs)
+        if not no_cache and _up_to_date(engine, client, f"{repository}:{tag}", labels):
+            new_tag = False
+            console.print(
+                f"up to date: {repository}:{tag} (same inputs and base)",
+                markup=False,
+                highlight=False,
+            )
+        else:
+            result = _build_with_progress(
+                console, engine, client, context, build_args, labels, base, no_cache, network
+            )
+            new_tag = engine.tag(client, result.image_id or "", repository, tag)
+            cached = len(result.cached_steps)
+            console.print(
+                f"built {repository}:{tag} ({cached}/{len(result.steps)} steps cached)",
+                markup=False,
+                highlight=False,
+            )
     if not push:
         return f"{repository}:{tag}"
     try:
@@ -83,6 +93,32 @@ def build_image(
         raise
     console.print(f"pushed {repository}:{tag}", markup=False, highlight=False)
     return f"{repository}@{digest}"
+
+
+# On every image we build: what it was built from, so the next build of the same inputs can
+# skip the engine (a cached build still costs a context upload and ~20 cache lookups).
+INPUTS_LABEL = "io.ddpdeploy.inputs-sha256"
+BASE_ID_LABEL = "io.ddpdeploy.base-image-id"
+
+
+def _input_labels(engine: ModuleType, client: Any, base: str, inputs: str) -> dict[str, str]:
+    """The build's inputs as labels: the inputs' hash and, when the base is here already,
+    its image ID (the hash names the base by reference only, which a pull can move)."""
+    labels = {INPUTS_LABEL: inputs}
+    found = engine.image_labels(client, base)
+    if found is not None:
+        labels[BASE_ID_LABEL] = found[0]
+    return labels
+
+
+def _up_to_date(engine: ModuleType, client: Any, ref: str, labels: dict[str, str]) -> bool:
+    """Whether ``ref`` is here and was built from exactly these inputs on this base image."""
+    if BASE_ID_LABEL not in labels:
+        return False  # the base is not here: the build pulls it, and we cannot tell
+    found = engine.image_labels(client, ref)
+    if found is None:
+        return False
+    return all(found[1].get(key) == value for key, value in labels.items())
 
 
 def _context_entries(workspace: Path) -> list[ContextEntry]:
@@ -134,6 +170,7 @@ def _build_with_progress(
     client: Any,
     context: IO[bytes],
     build_args: dict[str, str],
+    labels: dict[str, str],
     base: str,
     no_cache: bool,
     network: str | None,
@@ -177,7 +214,14 @@ def _build_with_progress(
                 )
 
         result = engine.build(
-            client, context, build_args, base, on_build, no_cache=no_cache, network=network
+            client,
+            context,
+            build_args,
+            base,
+            on_build,
+            no_cache=no_cache,
+            network=network,
+            labels=labels,
         )
         bar.update(task, completed=result.total)
     return result

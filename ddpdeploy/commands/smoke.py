@@ -8,8 +8,6 @@ import importlib.util
 import os
 import signal
 import socket
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
@@ -264,17 +262,14 @@ def _docker_target(
 
 
 def _build_image(spec: JobSpec, base_image: str | None) -> str:
-    """`ddpdeploy build` for this folder, its progress on our stderr; the reference."""
+    """`ddpdeploy build` of this folder, in this process (no second interpreter to start),
+    its progress on our stderr; the reference. Skipped when the image is up to date."""
+    from ddpdeploy.imagebuild import build_image
     from ddpdeploy.smoke.docker import LOCAL_REPO
+    from ddpdeploy.spec import spec_with
 
-    cmd = [sys.executable, "-m", "ddpdeploy", "build", "--image", f"{LOCAL_REPO}/{spec.name}"]
-    if base_image:
-        cmd += ["--base-image", base_image]
-    done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
-    if done.returncode != 0:
-        # build has said why on stderr, in one line.
-        raise OperationError("the image build failed (see above); or pass a ready --image")
-    return done.stdout.strip()
+    local = spec_with(spec, {"image": f"{LOCAL_REPO}/{spec.name}"})
+    return build_image(local, workspace=Path.cwd(), base_image=base_image)
 
 
 # ---- the view ---------------------------------------------------------------------------
