@@ -68,6 +68,7 @@ def build_image(
             new_tag = False
             console.print(
                 f"up to date: {repository}:{tag} (same inputs and base)",
+                soft_wrap=True,
                 markup=False,
                 highlight=False,
             )

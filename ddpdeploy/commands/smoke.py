@@ -243,20 +243,18 @@ def _local_target(
 def _docker_target(
     spec: JobSpec, restarts: int | None, base_image: str | None, keep_volume: bool
 ) -> Callable[[], SmokeTarget]:
-    """Check the engine and compose CLI, get the image; each run a fresh project."""
-    from ddpdeploy.adapters.compose import ComposeRun, compose_cli, engine
+    """Check the engine, get the image; each run a fresh project (started through the SDK,
+    or the compose CLI for a file the SDK path does not read)."""
+    from ddpdeploy.adapters.compose import ComposeRun, engine
     from ddpdeploy.smoke import plan
     from ddpdeploy.smoke.docker import compose_plan
 
     client = engine()  # no engine: one line pointing to --local, before any build
-    cli = compose_cli()
     image = spec.image or _build_image(spec, base_image)
     job = compose_plan(spec, image, plan.run_env(restarts, spec=spec, image=image))
 
     def start() -> ComposeRun:
-        return ComposeRun(
-            job.project, job.nodes, job.name, keep_volume=keep_volume, client=client, cli=cli
-        )
+        return ComposeRun(job.project, job.nodes, job.name, keep_volume=keep_volume, client=client)
 
     return start
 
