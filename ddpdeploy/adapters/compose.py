@@ -380,11 +380,11 @@ def _need(value: str | None) -> str:
     return value
 
 
-def _restart(text: str) -> dict[str, Any] | None:
+def _restart(text: str) -> dict[str, Any]:
     name, _, count = text.partition(":")
-    if name == "no":
-        return None
-    if name not in ("on-failure", "always", "unless-stopped") or (count and not count.isdigit()):
+    if name not in ("no", "on-failure", "always", "unless-stopped") or (
+        count and not count.isdigit()
+    ):
         raise _Unsupported
     return {"Name": name, "MaximumRetryCount": int(count or 0)}
 
