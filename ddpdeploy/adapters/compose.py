@@ -198,6 +198,8 @@ class ComposeRun(SmokeTarget):
         # Errors end the stream quietly: the container went away (teardown).
         with contextlib.suppress(Exception):
             self._follow(node, stream)
+        # A stream ends when its container stops: ask the engine now, not a poll period on.
+        self._polled = 0.0
 
     def _follow(self, node: str, stream: str) -> None:
         """Follow one stream of a container until it stops; whole lines only."""
