@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -353,6 +354,7 @@ _SERVICE_KEYS = frozenset(
 )
 _GRACE = re.compile(r"(\d+)s")
 _DONE = "service_completed_successfully"
+RDZV_HOST_ENV = "DDPDEPLOY_RDZV_HOST"  # the host the nodes' entrypoint waits to resolve
 
 
 def _plain(value: Any) -> str | None:
@@ -576,20 +578,31 @@ def start_project(
         _run_helper(client, project_name, project, helper)
     nodes = [s for s in services if s not in helpers]
     with ThreadPoolExecutor(max_workers=POOL) as pool:
-        futures = {
-            pool.submit(_create_and_start, client, project_name, project, s): s for s in nodes
-        }
-        for future, service in futures.items():
-            try:
-                future.result()
-            except errors as exc:
-                raise _engine_error(service.name, exc) from None
+        made = _each(pool, errors, nodes, lambda s: _create(client, project_name, s, project))
+        # The rendezvous host first: a node whose entrypoint finds it unresolvable (not
+        # running yet) sleeps a whole second before it asks again.
+        hosts = {s.create["environment"].get(RDZV_HOST_ENV) for s in nodes}
+        first = [s for s in nodes if hosts & set(s.aliases)]
+        _each(pool, errors, first, lambda s: client.api.start(made[s.name]))
+        rest = [s for s in nodes if s not in first]
+        _each(pool, errors, rest, lambda s: client.api.start(made[s.name]))
 
 
-def _create_and_start(
-    client: Any, project_name: str, project: dict[str, Any], service: _Service
-) -> None:
-    client.api.start(_create(client, project_name, service, project))
+def _each(
+    pool: ThreadPoolExecutor,
+    errors: tuple[type[Exception], ...],
+    services: list[_Service],
+    call: Callable[[_Service], Any],
+) -> dict[str, Any]:
+    """``call`` for every service at once; the first engine error as one line."""
+    futures = {s.name: pool.submit(call, s) for s in services}
+    out = {}
+    for name, future in futures.items():
+        try:
+            out[name] = future.result()
+        except errors as exc:
+            raise _engine_error(name, exc) from None
+    return out
 
 
 def _run_helper(client: Any, project_name: str, project: dict[str, Any], helper: _Service) -> None:
