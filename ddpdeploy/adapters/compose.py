@@ -2,11 +2,13 @@
 it down.
 
 What runs is what the rendered file says: the file is written to a temporary project folder
-and started by the compose CLI found here (`docker compose` v2, else `docker-compose`). The
-Docker SDK only watches: it follows each container's stdout and stderr, reads exit codes,
-and execs into a node to kill a worker. The project (containers, network, and the volume
-unless kept) is always removed: on success, on failure and on Ctrl-C (use it as a context
-manager).
+and its objects are created through the Docker SDK as compose would create them
+(`engine_plan`, `start_project`: compose's names and labels); a file with anything that path
+does not read goes to the compose CLI found here (`docker compose` v2, else
+`docker-compose`). The SDK also follows each container's stdout and stderr, reads exit
+codes, and execs into a node to kill a worker. The project (containers, network, and the
+volume unless kept) is always removed by its label: on success, on failure and on Ctrl-C
+(use it as a context manager).
 
 `ComposeRun` is a smoke target (`ddpdeploy.smoke.target.SmokeTarget`), so `smoke --docker`
 drives it with the same loop as local processes; its nodes come from the run plan.
