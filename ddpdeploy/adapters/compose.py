@@ -570,10 +570,13 @@ def start_project(
             client.api.create_volume(
                 f"{project_name}_{vol}", labels=_labels(project_name, volume=vol)
             )
-        for image in {s.create["image"] for s in services}:
-            _ensure_image(client, image)
     except errors as exc:
         raise _engine_error("creating the project", exc) from None
+    for image in sorted({s.create["image"] for s in services}):
+        try:
+            _ensure_image(client, image)
+        except errors as exc:
+            raise _engine_error(f"image {image} is not here and pulling it failed", exc) from None
     helpers = [s for s in services if not s.after]
     helpers = [s for s in helpers if any(s.name in o.after for o in services)]
     for helper in helpers:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from ddpdeploy.adapters.compose import PROJECT_LABEL, ComposeRun, compose_cli, engine_plan
+from ddpdeploy.errors import OperationError
 from ddpdeploy.render.compose import ROLE_LABEL, compose_job, render_compose
 from ddpdeploy.smoke.plan import nodes_of
 from ddpdeploy.spec import JobSpec
@@ -188,3 +189,18 @@ def test_teardown_removes_the_sdk_project_and_only_it(
     assert sdk.leftovers() == []
     assert cli.leftovers()  # the other project is not ours to remove
     sdk.stop()  # idempotent
+
+
+@pytest.mark.docker
+def test_an_image_that_cannot_be_had_is_one_line_and_leaves_nothing(engine: Any) -> None:
+    spec = spec_of("ddpdeploy-test/no-such-image:1", checkpoint={"size": "1Gi"})
+    project, nodes = render_compose(spec), nodes_of(launch_contract(compose_job(spec)))
+    before = {n.name for n in engine.networks.list()} | {v.name for v in engine.volumes.list()}
+    with pytest.raises(OperationError) as err:
+        ComposeRun(project, nodes, spec.name, client=engine)
+    text = str(err.value)
+    assert "\n" not in text
+    image = "ddpdeploy-test/no-such-image:1"
+    assert text.startswith(f"compose up failed: image {image} is not here and pulling it failed: ")
+    after = {n.name for n in engine.networks.list()} | {v.name for v in engine.volumes.list()}
+    assert not {x for x in after - before if x.startswith(f"ddpdeploy-{spec.name}-")}
