@@ -81,20 +81,13 @@ def build_image(
     entries = _context_entries(workspace)
     console = Console(stderr=True)
     with build_context.context_file(entries) as (context, context_sha256):
-        tag = image.content_tag(image.inputs_hash(context_sha256, build_args), revision)
-        result = _build_with_progress(
-            console, engine, client, context, build_args, base, no_cache, network
+        inputs = image.inputs_hash(context_sha256, build_args)
+        tag = image.content_tag(inputs, revision)
+        built_id, new_tag = _build_or_reuse(
+            console, client, context, build_args, inputs, base, no_cache, network, repository, tag
         )
-    new_tag = engine.tag(client, result.image_id or "", repository, tag)
-    cached = len(result.cached_steps)
-    console.print(
-        f"built {repository}:{tag} ({cached}/{len(result.steps)} steps cached)",
-        markup=False,
-        highlight=False,
-        soft_wrap=True,
-    )
     if not push:
-        return BuiltImage(f"{repository}:{tag}", result.image_id or "", revision, dirty)
+        return BuiltImage(f"{repository}:{tag}", built_id, revision, dirty)
     try:
         digest = _push_with_progress(console, engine, client, repository, tag)
     except UserError:
@@ -105,6 +98,74 @@ def build_image(
     # soft_wrap: one line however long the reference (a git tag is longer than ctx-…).
     console.print(f"pushed {repository}:{tag}", markup=False, highlight=False, soft_wrap=True)
     return BuiltImage(f"{repository}@{digest}", digest, revision, dirty)
+
+
+def _build_or_reuse(
+    console: Console,
+    client: Any,
+    context: Any,
+    build_args: dict[str, str],
+    inputs: str,
+    base: str,
+    no_cache: bool,
+    network: str | None,
+    repository: str,
+    tag: str,
+) -> tuple[str, bool]:
+    """(image ID, whether the tag is new): the tagged image when it was built from these
+    inputs on this base image, else a build through the engine, tagged."""
+    from ddpdeploy.adapters import docker_engine as engine
+
+    labels = _input_labels(engine, client, base, inputs)
+    current = None if no_cache else _up_to_date(engine, client, f"{repository}:{tag}", labels)
+    if current is not None:
+        console.print(
+            f"up to date: {repository}:{tag} (same inputs and base)",
+            soft_wrap=True,
+            markup=False,
+            highlight=False,
+        )
+        return current, False
+    result = _build_with_progress(
+        console, engine, client, context, build_args, labels, base, no_cache, network
+    )
+    built_id = result.image_id or ""
+    new_tag = engine.tag(client, built_id, repository, tag)
+    cached = len(result.cached_steps)
+    console.print(
+        f"built {repository}:{tag} ({cached}/{len(result.steps)} steps cached)",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    return built_id, new_tag
+
+
+# On every image we build: what it was built from, so the next build of the same inputs can
+# skip the engine (a cached build still costs a context upload and ~20 cache lookups).
+INPUTS_LABEL = "io.ddpdeploy.inputs-sha256"
+BASE_ID_LABEL = "io.ddpdeploy.base-image-id"
+
+
+def _input_labels(engine: ModuleType, client: Any, base: str, inputs: str) -> dict[str, str]:
+    """The build's inputs as labels: the inputs' hash and, when the base is here already,
+    its image ID (the hash names the base by reference only, which a pull can move)."""
+    labels = {INPUTS_LABEL: inputs}
+    found = engine.image_labels(client, base)
+    if found is not None:
+        labels[BASE_ID_LABEL] = found[0]
+    return labels
+
+
+def _up_to_date(engine: ModuleType, client: Any, ref: str, labels: dict[str, str]) -> str | None:
+    """The image ID of ``ref`` when it is here and was built from exactly these inputs on
+    this base image; None when it must be built."""
+    if BASE_ID_LABEL not in labels:
+        return None  # the base is not here: the build pulls it, and we cannot tell
+    found = engine.image_labels(client, ref)
+    if found is None or any(found[1].get(k) != v for k, v in labels.items()):
+        return None
+    return found[0]
 
 
 def _context_entries(workspace: Path) -> list[ContextEntry]:
@@ -156,6 +217,7 @@ def _build_with_progress(
     client: Any,
     context: IO[bytes],
     build_args: dict[str, str],
+    labels: dict[str, str],
     base: str,
     no_cache: bool,
     network: str | None,
@@ -199,7 +261,14 @@ def _build_with_progress(
                 )
 
         result = engine.build(
-            client, context, build_args, base, on_build, no_cache=no_cache, network=network
+            client,
+            context,
+            build_args,
+            base,
+            on_build,
+            no_cache=no_cache,
+            network=network,
+            labels=labels,
         )
         bar.update(task, completed=result.total)
     return result

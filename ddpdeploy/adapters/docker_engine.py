@@ -76,8 +76,10 @@ def build(
     on_event: Callable[[BuildProgress], None],
     no_cache: bool = False,
     network: str | None = None,
+    labels: dict[str, str] | None = None,
 ) -> BuildProgress:
-    """Build without a tag (so a failure tags nothing); raise OperationError on failure."""
+    """Build without a tag (so a failure tags nothing); raise OperationError on failure.
+    ``labels`` go on the image (the inputs' hash, which a later build checks)."""
     import docker.errors
     import requests
 
@@ -93,6 +95,7 @@ def build(
             decode=True,
             nocache=no_cache,
             network_mode=network,
+            labels=labels,
         )
         for event in stream:
             progress.feed(event)
@@ -109,6 +112,21 @@ def build(
             fh.write("\n".join(progress.log) + "\n")
         raise OperationError(f"{progress.failure_message(base_image)} (full log: {fh.name})")
     return progress
+
+
+def image_labels(client: Any, ref: str) -> tuple[str, dict[str, str]] | None:
+    """(image ID, labels) of a local image, or None when the engine has no such image."""
+    import docker.errors
+    import requests
+
+    try:
+        found = client.api.inspect_image(ref)
+    except docker.errors.ImageNotFound:
+        return None
+    except (docker.errors.DockerException, requests.RequestException) as exc:
+        reason = " ".join(str(exc).split())
+        raise OperationError(f"the engine could not inspect {ref} ({reason})") from None
+    return str(found["Id"]), dict((found.get("Config") or {}).get("Labels") or {})
 
 
 def tag(client: Any, image_id: str, repository: str, tag_name: str) -> bool:

@@ -8,8 +8,6 @@ import importlib.util
 import os
 import signal
 import socket
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
@@ -245,40 +243,35 @@ def _local_target(
 def _docker_target(
     spec: JobSpec, restarts: int | None, base_image: str | None, keep_volume: bool
 ) -> Callable[[], SmokeTarget]:
-    """Check the engine and compose CLI, get the image; each run a fresh project."""
-    from ddpdeploy.adapters.compose import ComposeRun, compose_cli, engine
+    """Check the engine, get the image; each run a fresh project (started through the SDK,
+    or the compose CLI for a file the SDK path does not read)."""
+    from ddpdeploy.adapters.compose import ComposeRun, engine
     from ddpdeploy.adapters.docker_engine import image_id
     from ddpdeploy.contract import RunRecord
     from ddpdeploy.smoke import plan
     from ddpdeploy.smoke.docker import compose_plan
 
     client = engine()  # no engine: one line pointing to --local, before any build
-    cli = compose_cli()
     image = spec.image or _build_image(spec, base_image)
     # The record names the image ID that runs (compose runs the local image by its name).
     record = RunRecord(image_digest=image_id(client, image))
     job = compose_plan(spec, image, plan.run_env(restarts), record)
 
     def start() -> ComposeRun:
-        return ComposeRun(
-            job.project, job.nodes, job.name, keep_volume=keep_volume, client=client, cli=cli
-        )
+        return ComposeRun(job.project, job.nodes, job.name, keep_volume=keep_volume, client=client)
 
     return start
 
 
 def _build_image(spec: JobSpec, base_image: str | None) -> str:
-    """`ddpdeploy build` for this folder, its progress on our stderr; the reference."""
+    """`ddpdeploy build` of this folder, in this process (no second interpreter to start),
+    its progress on our stderr; the reference. Skipped when the image is up to date."""
+    from ddpdeploy.imagebuild import build_image
     from ddpdeploy.smoke.docker import LOCAL_REPO
+    from ddpdeploy.spec import spec_with
 
-    cmd = [sys.executable, "-m", "ddpdeploy", "build", "--image", f"{LOCAL_REPO}/{spec.name}"]
-    if base_image:
-        cmd += ["--base-image", base_image]
-    done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
-    if done.returncode != 0:
-        # build has said why on stderr, in one line.
-        raise OperationError("the image build failed (see above); or pass a ready --image")
-    return done.stdout.strip()
+    local = spec_with(spec, {"image": f"{LOCAL_REPO}/{spec.name}"})
+    return build_image(local, workspace=Path.cwd(), base_image=base_image)
 
 
 # ---- the view ---------------------------------------------------------------------------

@@ -113,6 +113,18 @@ def test_code_only_change_reuses_dependency_layers(
     again, _ = build(cli, built["ws"], torch_image)
     assert again.returncode == 0, again.stderr
     assert again.stdout.strip() == built["ref"]  # same content, same tag
+    # The tagged image carries the same inputs' hash and base image ID: no build at all.
+    assert f"up to date: {built['ref']}" in again.stderr and "step " not in again.stderr
+    labels = engine.images.get(built["ref"]).attrs["Config"]["Labels"]
+    assert labels["io.ddpdeploy.base-image-id"] == engine.images.get(torch_image).id
+
+    # A tag that lies (another image under it, without our labels) is built over.
+    repo, tag = built["ref"].rsplit(":", 1)
+    engine.images.get(torch_image).tag(repo, tag)
+    rebuilt, _ = build(cli, built["ws"], torch_image)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert rebuilt.stdout.strip() == built["ref"] and "step " in rebuilt.stderr
+    assert engine.images.get(built["ref"]).attrs["Config"]["Labels"] == labels
 
     (built["ws"] / "train_user.py").write_text("print('user code v2')\n")
     changed, seconds = build(cli, built["ws"], torch_image)
