@@ -100,6 +100,8 @@ def log(event: str, **fields: Any) -> None:
     """One JSON protocol line on stdout, from global rank 0 only (others: nothing)."""
     if rank() == 0:
         emit({"event": event, **fields})
+    if _HOLD_STEP is not None and event == "step":  # smoke --kill-at STEP only
+        _chaos_hold(fields.get("step"), announce=False)
 
 
 def emit(line: dict[str, Any]) -> None:
@@ -123,6 +125,36 @@ def weights_sha256(module: torch.nn.Module) -> str:
 
 def warn(message: str) -> None:
     print(f"ddpkit: warning: {message}", file=sys.stderr, flush=True)
+
+
+# ---- smoke --kill-at STEP: every rank holds at that step until the kill is done ----------
+# Set by ddpdeploy in the chaos run only: without them nothing below runs. The runner kills
+# one worker while every rank waits here, then creates the release file, so the kill lands
+# at the asked step however fast the run is (a kill sent on the step line alone could reach
+# the container after the ranks had finished: then one node's agent had already succeeded
+# and, under static rendezvous, the restarted node waited for it until the store timeout).
+HOLD_STEP_ENV = "DDPDEPLOY_CHAOS_HOLD_STEP"
+HOLD_RELEASE_ENV = "DDPDEPLOY_CHAOS_RELEASE"  # the file whose existence releases the ranks
+HOLD_MAX_S_ENV = "DDPDEPLOY_CHAOS_HOLD_S"  # the bound: never wait longer than this
+_HOLD_STEP = int(os.environ[HOLD_STEP_ENV]) if os.environ.get(HOLD_STEP_ENV) else None
+_held: list[int] = []
+
+
+def _chaos_hold(step: Any, *, announce: bool) -> None:
+    """Wait (bounded) at the chaos step for the release file; once per process, and not at
+    all once the file exists (the restarted workers pass that step again)."""
+    release = os.environ.get(HOLD_RELEASE_ENV)
+    if step != _HOLD_STEP or _held or not release or os.path.exists(release):
+        return
+    _held.append(int(step))
+    if announce and rank() == 0:  # the runner's cue, also when this step prints no line
+        emit({"event": "step", "step": int(step), "hold": True})
+    t, last_t = _timing, _timing.last_t
+    t.last_t = None  # the hang watchdog does not count the hold as a step that hangs
+    deadline = time.monotonic() + float(os.environ.get(HOLD_MAX_S_ENV, 60))
+    while not os.path.exists(release) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    t.last_t = time.perf_counter() if last_t is not None else None  # the hold is no step time
 
 
 # ---- the process group -------------------------------------------------------------------
@@ -814,6 +846,8 @@ def step_done(step: int) -> None:
         t.window[k] = t.window.get(k, 0.0) + v
     t.step_phase.clear()
     t.window_steps += 1
+    if _HOLD_STEP is not None:  # smoke --kill-at STEP only
+        _chaos_hold(step, announce=True)
     _join_round()  # once, on every rank at its first step (a no-op after the probe)
     _Watchdog.arm()
     if t.every > 0 and t.window_steps >= t.every:

@@ -87,16 +87,36 @@ def chaos_spec(spec: JobSpec, kill_at: KillAt) -> tuple[JobSpec, int]:
     return spec, restarts or 1
 
 
+# ddpkit's chaos hold (train/ddpkit.py reads the same names): every rank waits at the step
+# until the release file exists, so a --kill-at STEP kill lands there (see `hold_env`).
+HOLD_STEP_ENV = "DDPDEPLOY_CHAOS_HOLD_STEP"
+HOLD_RELEASE_ENV = "DDPDEPLOY_CHAOS_RELEASE"
+CONTAINER_RELEASE = "/tmp/ddpdeploy-chaos-release"  # every container's own /tmp (tmpfs)
+
+
+def hold_env(kill_at: KillAt | None, release: str | None = None) -> dict[str, str]:
+    """The chaos run's env that makes every rank hold at a --kill-at STEP (ddpkit's
+    step_done and log("step")) until the runner has killed and created ``release``; empty
+    for a time or checkpoint kill and for every clean run."""
+    if kill_at is None or kill_at.step is None:
+        return {}
+    env = {HOLD_STEP_ENV: str(kill_at.step)}
+    if release is not None:
+        env[HOLD_RELEASE_ENV] = release
+    return env
+
+
 def run_env(
     restarts: int | None = None,
     checkpoint_dir: str | None = None,
     spec: JobSpec | None = None,
     image: str | None = None,
+    hold: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """Env for this run only: torchrun's rank-prefixed output (which the runner reads), a
-    chaos run's restarts, where this run's checkpoint folder is, and what ran (the spec's
-    sha256 and the image, which ddpkit's run record reads)."""
-    env = dict(RANK_OUTPUT_ENV)
+    chaos run's restarts and hold (`hold_env`), where this run's checkpoint folder is, and
+    what ran (the spec's sha256 and the image, which ddpkit's run record reads)."""
+    env = dict(RANK_OUTPUT_ENV) | (hold or {})
     if spec is not None:
         env[SPEC_SHA256_ENV] = spec_sha256(spec)
     if image or (spec is not None and spec.image):
@@ -142,9 +162,11 @@ def plan(
     trainer_path: str,
     checkpoint_dir: str | None = None,
     max_restarts: int | None = None,
+    hold: dict[str, str] | None = None,
 ) -> list[LocalNode]:
     """Every node of ``spec`` as a local torchrun agent. ``max_restarts`` overrides the
-    contract's torchrun restarts for this run only (chaos runs need at least one)."""
-    env = run_env(max_restarts, checkpoint_dir, spec)
+    contract's torchrun restarts for this run only (chaos runs need at least one); ``hold``
+    is a chaos run's `hold_env` (the local target adds the release file)."""
+    env = run_env(max_restarts, checkpoint_dir, spec, hold=hold)
     contract = launch_contract(cpu_spec(spec), port, run_env=env)
     return local_nodes(contract, trainer_path, checkpoint_dir)
