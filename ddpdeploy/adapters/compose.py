@@ -250,8 +250,9 @@ class ComposeRun(SmokeTarget):
                 self._release_everywhere(self.release)
 
     def _release_everywhere(self, path: str) -> None:
-        """Create ``path`` in every node's container at once (each has its own /tmp)."""
-        touch = ["python3", "-c", "import sys; open(sys.argv[1], 'a').close()", path]
+        """Append one byte to ``path`` in every node's container at once (each has its own
+        /tmp): the release of the current hold."""
+        touch = ["python3", "-c", "import sys; open(sys.argv[1], 'ab').write(b'\\n')", path]
         threads = [
             threading.Thread(target=self._quiet_exec, args=(c.container, touch), daemon=True)
             for c in self.containers.values()

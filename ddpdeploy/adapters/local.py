@@ -115,21 +115,25 @@ class LocalRun(SmokeTarget):
                     out[int(rank_dir.name)] = max(stamps)
         return out
 
-    def kill_worker(self, node: str) -> str:
-        """SIGKILL the live worker of ``node`` with the highest local rank; then release the
-        ranks that hold for it (a chaos run's hold), also when there was none to kill."""
+    def kill_worker(self, node: str, local_rank: int | None = None) -> str:
+        """SIGKILL the live worker of ``node`` with ``local_rank`` (default: the highest);
+        then release the ranks that hold for it (a chaos run's hold: one more byte in the
+        release file), also when there was none to kill."""
         try:
-            return self._kill_worker(node)
+            return self._kill_worker(node, local_rank)
         finally:
             if self.release is not None:
-                self.release.touch()
+                with self.release.open("ab") as f:
+                    f.write(b"\n")
 
-    def _kill_worker(self, node: str) -> str:
+    def _kill_worker(self, node: str, want: int | None) -> str:
         workers = [
             (int(env["LOCAL_RANK"]), pid)
             for pid, env in marked_processes(self.marker).items()
             if env.get(NODE_MARKER) == node and env.get("LOCAL_RANK", "").isdigit()
         ]
+        if want is not None:
+            workers = [w for w in workers if w[0] == want]
         if not workers:
             raise NoWorker(f"--kill-at: node {node} had no worker process to kill")
         local_rank, pid = max(workers)

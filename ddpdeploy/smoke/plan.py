@@ -96,11 +96,17 @@ CONTAINER_RELEASE = "/tmp/ddpdeploy-chaos-release"  # every container's own /tmp
 
 def hold_env(kill_at: KillAt | None, release: str | None = None) -> dict[str, str]:
     """The chaos run's env that makes every rank hold at a --kill-at STEP (ddpkit's
-    step_done and log("step")) until the runner has killed and created ``release``; empty
-    for a time or checkpoint kill and for every clean run."""
+    step_done and log("step")) until the runner has killed and appended a byte to
+    ``release``; empty for a time or checkpoint kill and for every clean run."""
     if kill_at is None or kill_at.step is None:
         return {}
-    env = {HOLD_STEP_ENV: str(kill_at.step)}
+    return hold_steps_env([kill_at.step], release)
+
+
+def hold_steps_env(steps: list[int], release: str | None = None) -> dict[str, str]:
+    """Hold at each of ``steps`` in turn (the chaos harness kills several times in one
+    run): the i-th holds until ``release`` has i + 1 bytes."""
+    env = {HOLD_STEP_ENV: ",".join(str(s) for s in sorted(steps))}
     if release is not None:
         env[HOLD_RELEASE_ENV] = release
     return env
