@@ -47,7 +47,7 @@ class LocalRun(SmokeTarget):
         self.log_dir = Path(tempfile.mkdtemp(prefix="ddpdeploy-smoke-"))
         self.agents: dict[str, Agent] = {}
         self.nodes = [Node(n.hostname, n.rank) for n in nodes]
-        # A chaos run's hold (ddpkit): the ranks wait at the step until this file exists.
+        # A chaos run's hold (ddpkit): the ranks wait at a step until this file grows a byte.
         held = any(HOLD_STEP_ENV in n.env for n in nodes)
         self.release = self.log_dir / "chaos-release" if held else None
         self._stopped = False

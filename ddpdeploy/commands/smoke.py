@@ -276,9 +276,14 @@ def _docker_target(
         job = jobs[kill]
         release = plan.CONTAINER_RELEASE if kill and hold else None
         return ComposeRun(
-            job.project, job.nodes, job.name, keep_volume=keep_volume, client=client, cli=cli,
+            job.project,
+            job.nodes,
+            job.name,
+            keep_volume=keep_volume,
+            client=client,
+            cli=cli,
             release=release,
-        )  # fmt: skip
+        )
 
     return start
 

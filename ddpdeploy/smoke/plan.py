@@ -88,7 +88,8 @@ def chaos_spec(spec: JobSpec, kill_at: KillAt) -> tuple[JobSpec, int]:
 
 
 # ddpkit's chaos hold (train/ddpkit.py reads the same names): every rank waits at the step
-# until the release file exists, so a --kill-at STEP kill lands there (see `hold_env`).
+# until the runner appends a byte to the release file, so a --kill-at STEP kill lands
+# there (see `hold_env`).
 HOLD_STEP_ENV = "DDPDEPLOY_CHAOS_HOLD_STEP"
 HOLD_RELEASE_ENV = "DDPDEPLOY_CHAOS_RELEASE"
 CONTAINER_RELEASE = "/tmp/ddpdeploy-chaos-release"  # every container's own /tmp (tmpfs)
