@@ -5,6 +5,7 @@ for 2 nodes x 2 procs and 20 steps, and the `--kill-at` recovery time of both ta
     python benchmarks/bench_smoke.py --targets local --trials 5
     python benchmarks/bench_smoke.py --trace /tmp/trace    # one kill run per target, with
                                                            # every console line time-stamped
+    python benchmarks/bench_smoke.py --load 4              # under 4 busy processes (2 x cores)
 
 Every trial runs the CLI as a user would (`python -m ddpdeploy smoke ...` in a scratch
 workspace with the built-in trainer) and is printed as it ends, with the load average;
@@ -175,7 +176,16 @@ def main() -> None:
     parser.add_argument("--no-kill", action="store_true", help="wall time trials only")
     parser.add_argument("--image", help="a ready image for --docker (else one is built)")
     parser.add_argument("--trace", type=Path, help="write time-stamped kill runs here")
+    parser.add_argument("--load", type=int, default=0,
+                        help="busy processes while it runs (issue 18: 2 x cores)")  # fmt: skip
     opts = parser.parse_args()
+    from bench_chaos import cpu_burner  # beside this script
+
+    with cpu_burner(opts.load):
+        run(opts)
+
+
+def run(opts: argparse.Namespace) -> None:
     targets = opts.targets.split(",")
     image = opts.image or ("" if "docker" not in targets else docker_image("benchsmoke"))
     ws = Path(tempfile.mkdtemp(prefix="bench-smoke-"))

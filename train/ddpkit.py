@@ -100,6 +100,8 @@ def log(event: str, **fields: Any) -> None:
     """One JSON protocol line on stdout, from global rank 0 only (others: nothing)."""
     if rank() == 0:
         emit({"event": event, **fields})
+    if _HOLD_STEPS and event == "step":  # smoke --kill-at STEP only
+        _chaos_hold(fields.get("step"), announce=False)
 
 
 def emit(line: dict[str, Any]) -> None:
@@ -123,6 +125,47 @@ def weights_sha256(module: torch.nn.Module) -> str:
 
 def warn(message: str) -> None:
     print(f"ddpkit: warning: {message}", file=sys.stderr, flush=True)
+
+
+# ---- smoke --kill-at STEP: every rank holds at that step until the kill is done ----------
+# Set by ddpdeploy in the chaos run only: without them nothing below runs. The runner kills
+# one worker while every rank waits here, then creates the release file, so the kill lands
+# at the asked step however fast the run is (a kill sent on the step line alone could reach
+# the container after the ranks had finished: then one node's agent had already succeeded
+# and, under static rendezvous, the restarted node waited for it until the store timeout).
+HOLD_STEP_ENV = "DDPDEPLOY_CHAOS_HOLD_STEP"  # a step, or several: 5,10,15
+HOLD_RELEASE_ENV = "DDPDEPLOY_CHAOS_RELEASE"  # the file: each kill done appends one byte
+HOLD_MAX_S_ENV = "DDPDEPLOY_CHAOS_HOLD_S"  # the bound: never wait longer than this
+_HOLD_STEPS = [int(x) for x in os.environ.get(HOLD_STEP_ENV, "").split(",") if x.strip()]
+_held: set[int] = set()
+
+
+def _releases(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _chaos_hold(step: Any, *, announce: bool) -> None:
+    """Wait (bounded) at the i-th chaos step until the release file has i + 1 bytes; once
+    per step and process, and not at all for a step already released (restarted workers
+    pass the earlier steps again)."""
+    release = os.environ.get(HOLD_RELEASE_ENV)
+    if step not in _HOLD_STEPS or step in _held or not release:
+        return
+    needed = _HOLD_STEPS.index(step) + 1
+    if _releases(release) >= needed:
+        return
+    _held.add(int(step))
+    if announce and rank() == 0:  # the runner's cue, also when this step prints no line
+        emit({"event": "step", "step": int(step), "hold": True})
+    t, last_t = _timing, _timing.last_t
+    t.last_t = None  # the hang watchdog does not count the hold as a step that hangs
+    deadline = time.monotonic() + float(os.environ.get(HOLD_MAX_S_ENV, 60))
+    while _releases(release) < needed and time.monotonic() < deadline:
+        time.sleep(0.02)
+    t.last_t = time.perf_counter() if last_t is not None else None  # the hold is no step time
 
 
 # ---- the process group -------------------------------------------------------------------
@@ -822,6 +865,8 @@ def step_done(step: int) -> None:
         t.window[k] = t.window.get(k, 0.0) + v
     t.step_phase.clear()
     t.window_steps += 1
+    if _HOLD_STEPS:  # smoke --kill-at STEP only
+        _chaos_hold(step, announce=True)
     _join_round()  # once, on every rank at its first step (a no-op after the probe)
     _Watchdog.arm()
     if t.every > 0 and t.window_steps >= t.every:

@@ -135,8 +135,10 @@ class ComposeRun(SmokeTarget):
         keep_volume: bool = False,
         client: Any | None = None,
         cli: list[str] | None = None,
+        release: str | None = None,
     ) -> None:
         super().__init__()
+        self.release = release  # a chaos run's hold: the file, in every node, that ends it
         self.client = client or engine()
         # The SDK starts what it can read (see engine_plan); ``cli`` forces the compose CLI.
         self.plan = None if cli is not None else engine_plan(project)
@@ -256,7 +258,34 @@ class ComposeRun(SmokeTarget):
 
     def kill_worker(self, node: str, local_rank: int | None = None) -> str:
         """SIGKILL one torchrun worker process in ``node`` (by default its highest local
-        rank), as a crash would; torchrun then restarts the worker group."""
+        rank), as a crash would; torchrun then restarts the worker group. Then release the
+        ranks that hold for the kill (a chaos run's hold), also when it failed."""
+        try:
+            return self._kill_worker(node, local_rank)
+        finally:
+            if self.release is not None:
+                self._release_everywhere(self.release)
+
+    def _release_everywhere(self, path: str) -> None:
+        """Append one byte to ``path`` in every node's container at once (each has its own
+        /tmp): the release of the current hold."""
+        touch = ["python3", "-c", "import sys; open(sys.argv[1], 'ab').write(b'\\n')", path]
+        threads = [
+            threading.Thread(target=self._quiet_exec, args=(c.container, touch), daemon=True)
+            for c in self.containers.values()
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+
+    @staticmethod
+    def _quiet_exec(container: Any, cmd: list[str]) -> None:
+        # A node that has already gone (it failed) has no rank left to release.
+        with contextlib.suppress(Exception):
+            container.exec_run(cmd)
+
+    def _kill_worker(self, node: str, local_rank: int | None) -> str:
         rank = "" if local_rank is None else str(local_rank)
         container = self.node(node).container
         code, out = container.exec_run(["python3", "-c", _KILL_WORKER, rank])

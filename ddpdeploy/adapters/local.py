@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ddpdeploy.errors import OperationError
 from ddpdeploy.paths import helpers_dir
-from ddpdeploy.smoke.plan import LocalNode
+from ddpdeploy.smoke.plan import HOLD_RELEASE_ENV, HOLD_STEP_ENV, LocalNode
 from ddpdeploy.smoke.target import Line, Node, NoWorker, SmokeTarget
 
 RUN_MARKER = "DDPDEPLOY_SMOKE_RUN"  # this run's id, in the env of its agents and workers
@@ -47,6 +47,9 @@ class LocalRun(SmokeTarget):
         self.log_dir = Path(tempfile.mkdtemp(prefix="ddpdeploy-smoke-"))
         self.agents: dict[str, Agent] = {}
         self.nodes = [Node(n.hostname, n.rank) for n in nodes]
+        # A chaos run's hold (ddpkit): the ranks wait at a step until this file grows a byte.
+        held = any(HOLD_STEP_ENV in n.env for n in nodes)
+        self.release = self.log_dir / "chaos-release" if held else None
         self._stopped = False
         try:
             for node in nodes:
@@ -61,6 +64,8 @@ class LocalRun(SmokeTarget):
             RUN_MARKER: self.marker,
             NODE_MARKER: node.hostname,
         }
+        if self.release is not None:
+            ours[HOLD_RELEASE_ENV] = str(self.release)
         env = {**os.environ, **node.env, **ours}
         # `import ddpkit` works in a script as in the image (trainer's folder first on the path).
         env["PYTHONPATH"] = os.pathsep.join(
@@ -110,13 +115,25 @@ class LocalRun(SmokeTarget):
                     out[int(rank_dir.name)] = max(stamps)
         return out
 
-    def kill_worker(self, node: str) -> str:
-        """SIGKILL the live worker of ``node`` with the highest local rank."""
+    def kill_worker(self, node: str, local_rank: int | None = None) -> str:
+        """SIGKILL the live worker of ``node`` with ``local_rank`` (default: the highest);
+        then release the ranks that hold for it (a chaos run's hold: one more byte in the
+        release file), also when there was none to kill."""
+        try:
+            return self._kill_worker(node, local_rank)
+        finally:
+            if self.release is not None:
+                with self.release.open("ab") as f:
+                    f.write(b"\n")
+
+    def _kill_worker(self, node: str, want: int | None) -> str:
         workers = [
             (int(env["LOCAL_RANK"]), pid)
             for pid, env in marked_processes(self.marker).items()
             if env.get(NODE_MARKER) == node and env.get("LOCAL_RANK", "").isdigit()
         ]
+        if want is not None:
+            workers = [w for w in workers if w[0] == want]
         if not workers:
             raise NoWorker(f"--kill-at: node {node} had no worker process to kill")
         local_rank, pid = max(workers)

@@ -21,7 +21,7 @@ from ddpdeploy.render.compose import secret_env_note
 from ddpdeploy.spec import JobSpec
 
 if TYPE_CHECKING:
-    from ddpdeploy.smoke.runner import Outcome
+    from ddpdeploy.smoke.runner import KillAt, Outcome
     from ddpdeploy.smoke.target import SmokeTarget
 
 TERMINATED = 143  # 128 + SIGTERM, as a shell reports it
@@ -143,10 +143,10 @@ def smoke(
     )
     with _sigterm_ends_the_run():
         if docker:
-            start = _docker_target(spec, restarts, base_image, keep_volume)
+            start = _docker_target(spec, restarts, base_image, keep_volume, chaos)
             outcomes = dict(runner.smoke(start, _ConsoleView(), options))
         else:
-            start = _local_target(spec, restarts, folder, resume)
+            start = _local_target(spec, restarts, folder, resume, chaos)
             with _workspace_writes(spec):
                 outcomes = dict(runner.smoke(start, _ConsoleView(), options))
     _report(outcomes)
@@ -220,31 +220,42 @@ def _free_port() -> int:
 
 
 def _local_target(
-    spec: JobSpec, restarts: int | None, folder: Path | None, resume: bool
-) -> Callable[[], SmokeTarget]:
+    spec: JobSpec,
+    restarts: int | None,
+    folder: Path | None,
+    resume: bool,
+    chaos: KillAt | None = None,
+) -> Callable[[bool], SmokeTarget]:
     """Start the job's agents on a fresh port, each run in a fresh checkpoint folder unless
-    ``resume``."""
+    ``resume``; the chaos run's with the hold at its --kill-at step."""
     from ddpdeploy.adapters.local import LocalRun, fresh_folder
     from ddpdeploy.paths import trainer_script
-    from ddpdeploy.smoke.plan import plan
+    from ddpdeploy.smoke.plan import hold_env, plan
 
-    def start() -> LocalRun:
+    def start(kill: bool = False) -> LocalRun:
         checkpoint_dir = None
         if folder is not None:
             if fresh_folder(folder, keep=resume):
                 typer.echo(f"smoke: emptied {folder} (--resume keeps it)", err=True)
             checkpoint_dir = str(folder)
-        nodes = plan(spec, _free_port(), str(trainer_script()), checkpoint_dir, restarts)
+        hold = hold_env(chaos) if kill else None
+        trainer = str(trainer_script())
+        nodes = plan(spec, _free_port(), trainer, checkpoint_dir, restarts, hold)
         return LocalRun(nodes, Path.cwd())
 
     return start
 
 
 def _docker_target(
-    spec: JobSpec, restarts: int | None, base_image: str | None, keep_volume: bool
-) -> Callable[[], SmokeTarget]:
+    spec: JobSpec,
+    restarts: int | None,
+    base_image: str | None,
+    keep_volume: bool,
+    chaos: KillAt | None = None,
+) -> Callable[[bool], SmokeTarget]:
     """Check the engine, get the image; each run a fresh project (started through the SDK,
-    or the compose CLI for a file the SDK path does not read)."""
+    or the compose CLI for a file the SDK path does not read; the chaos run's with the hold
+    at its --kill-at step)."""
     from ddpdeploy.adapters.compose import ComposeRun, engine
     from ddpdeploy.adapters.docker_engine import image_id
     from ddpdeploy.contract import RunRecord
@@ -255,10 +266,23 @@ def _docker_target(
     image = spec.image or _build_image(spec, base_image)
     # The record names the image ID that runs (compose runs the local image by its name).
     record = RunRecord(image_digest=image_id(client, image))
-    job = compose_plan(spec, image, plan.run_env(restarts), record)
+    hold = plan.hold_env(chaos, plan.CONTAINER_RELEASE)
+    jobs = {
+        kill: compose_plan(spec, image, plan.run_env(restarts, hold=hold if kill else {}), record)
+        for kill in (False, True)
+    }
 
-    def start() -> ComposeRun:
-        return ComposeRun(job.project, job.nodes, job.name, keep_volume=keep_volume, client=client)
+    def start(kill: bool = False) -> ComposeRun:
+        job = jobs[kill]
+        release = plan.CONTAINER_RELEASE if kill and hold else None
+        return ComposeRun(
+            job.project,
+            job.nodes,
+            job.name,
+            keep_volume=keep_volume,
+            client=client,
+            release=release,
+        )
 
     return start
 

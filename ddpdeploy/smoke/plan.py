@@ -85,11 +85,41 @@ def chaos_spec(spec: JobSpec, kill_at: KillAt) -> tuple[JobSpec, int]:
     return spec, restarts or 1
 
 
-def run_env(restarts: int | None = None, checkpoint_dir: str | None = None) -> dict[str, str]:
+# ddpkit's chaos hold (train/ddpkit.py reads the same names): every rank waits at the step
+# until the runner appends a byte to the release file, so a --kill-at STEP kill lands
+# there (see `hold_env`).
+HOLD_STEP_ENV = "DDPDEPLOY_CHAOS_HOLD_STEP"
+HOLD_RELEASE_ENV = "DDPDEPLOY_CHAOS_RELEASE"
+CONTAINER_RELEASE = "/tmp/ddpdeploy-chaos-release"  # every container's own /tmp (tmpfs)
+
+
+def hold_env(kill_at: KillAt | None, release: str | None = None) -> dict[str, str]:
+    """The chaos run's env that makes every rank hold at a --kill-at STEP (ddpkit's
+    step_done and log("step")) until the runner has killed and appended a byte to
+    ``release``; empty for a time or checkpoint kill and for every clean run."""
+    if kill_at is None or kill_at.step is None:
+        return {}
+    return hold_steps_env([kill_at.step], release)
+
+
+def hold_steps_env(steps: list[int], release: str | None = None) -> dict[str, str]:
+    """Hold at each of ``steps`` in turn (the chaos harness kills several times in one
+    run): the i-th holds until ``release`` has i + 1 bytes."""
+    env = {HOLD_STEP_ENV: ",".join(str(s) for s in sorted(steps))}
+    if release is not None:
+        env[HOLD_RELEASE_ENV] = release
+    return env
+
+
+def run_env(
+    restarts: int | None = None,
+    checkpoint_dir: str | None = None,
+    hold: dict[str, str] | None = None,
+) -> dict[str, str]:
     """Env for this run only: torchrun's rank-prefixed output (which the runner reads), a
-    chaos run's restarts and where this run's checkpoint folder is. What ran (the spec's
-    sha256, the image) the launch contract adds, as on every target."""
-    env = dict(RANK_OUTPUT_ENV)
+    chaos run's restarts and hold (`hold_env`) and where this run's checkpoint folder is.
+    What ran (the spec's sha256, the image) the launch contract adds, as on every target."""
+    env = dict(RANK_OUTPUT_ENV) | (hold or {})
     if restarts is not None:
         env["PET_MAX_RESTARTS"] = str(restarts)
     if checkpoint_dir is not None:
@@ -120,10 +150,12 @@ def plan(
     trainer_path: str,
     checkpoint_dir: str | None = None,
     max_restarts: int | None = None,
+    hold: dict[str, str] | None = None,
 ) -> list[LocalNode]:
     """Every node of ``spec`` as a local torchrun agent. ``max_restarts`` overrides the
-    contract's torchrun restarts for this run only (chaos runs need at least one)."""
-    env = run_env(max_restarts, checkpoint_dir)
+    contract's torchrun restarts for this run only (chaos runs need at least one); ``hold``
+    is a chaos run's `hold_env` (the local target adds the release file)."""
+    env = run_env(max_restarts, checkpoint_dir, hold=hold)
     # The record names the spec smoke was given, not the CPU job derived from it.
     contract = launch_contract(cpu_spec(spec), port, run_env=env, record=RunRecord().of(spec))
     return local_nodes(contract, trainer_path, checkpoint_dir)

@@ -219,7 +219,10 @@ class _Run:
         if self.last_step is None and self.done is None:
             self.view.update(info=f"running, {elapsed:.0f} s")
         kill = self.kill
-        if kill is None or kill.at:
+        # Not once rank 0 said done: a kill after one node's workers have finished restarts
+        # the other node into a round that can never fill (static rendezvous), so its new
+        # workers wait out the trainer's store timeout (docs/smoke.md).
+        if kill is None or kill.at or self.done is not None:
             return
         if kill.at_.seconds is not None and elapsed >= kill.at_.seconds:
             with suppress(NoWorker):  # not started yet: the next tick tries again
@@ -366,14 +369,15 @@ class RunOptions:
 
 
 def run_once(
-    start: Callable[[], SmokeTarget],
+    start: Callable[[bool], SmokeTarget],
     view: View,
     label: str,
     options: RunOptions,
     kill: bool = False,
 ) -> Outcome:
-    """Start a target, follow it to the end, always tear it down."""
-    with view.run(label, options.steps) as shown, start() as target:
+    """Start a target (``start(kill)``: a chaos run's target holds its ranks at a --kill-at
+    STEP until the kill), follow it to the end, always tear it down."""
+    with view.run(label, options.steps) as shown, start(kill) as target:
         run = _Run(
             target,
             shown,
@@ -392,7 +396,7 @@ def run_once(
 
 
 def smoke(
-    start: Callable[[], SmokeTarget], view: View, options: RunOptions
+    start: Callable[[bool], SmokeTarget], view: View, options: RunOptions
 ) -> Iterator[tuple[str, Outcome]]:
     """The smoke run: ("run", outcome). With ``kill_at``: ("clean", outcome) of a clean run
     first, then ("kill", outcome) of the same job with one worker SIGKILLed."""

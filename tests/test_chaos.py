@@ -1,0 +1,200 @@
+"""The chaos harness (benchmarks/bench_chaos.py) as a test: many SIGKILLed workers on both
+smoke targets, static and elastic, at different steps, nodes and local ranks, under a CPU
+burner the harness starts and stops; every kill recovers within 30 s and every run ends
+with the clean run's weights. Also the chaos hold itself (ddpkit) and its plan.
+
+Size: DDPDEPLOY_CHAOS_KILLS kills per target (default 20); the local and docker series run
+side by side to keep the suite's time.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddpdeploy.smoke import plan
+from ddpdeploy.smoke.runner import KillAt
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tests" / "docker"))
+
+import bench_chaos  # noqa: E402
+
+KILLS = int(os.environ.get("DDPDEPLOY_CHAOS_KILLS", "20"))
+
+
+# ---- the plan's hold env (fast) ---------------------------------------------------------
+def test_hold_env_only_for_a_step_kill():
+    assert plan.hold_env(KillAt(step=7), "/tmp/r") == {
+        plan.HOLD_STEP_ENV: "7",
+        plan.HOLD_RELEASE_ENV: "/tmp/r",
+    }
+    assert plan.hold_env(KillAt(seconds=20.0), "/tmp/r") == {}
+    assert plan.hold_env(KillAt(checkpoint=True)) == {}
+    assert plan.hold_env(None) == {}
+    assert plan.hold_steps_env([9, 3]) == {plan.HOLD_STEP_ENV: "3,9"}
+
+
+def test_ddpkit_reads_the_plans_names():
+    text = (ROOT / "train" / "ddpkit.py").read_text()
+    for name in (plan.HOLD_STEP_ENV, plan.HOLD_RELEASE_ENV):
+        assert f'"{name}"' in text
+
+
+def test_configs_spread_kills_over_steps_and_shapes():
+    configs = bench_chaos.configs(["local", "docker"], 20)
+    for target in ("local", "docker"):
+        mine = [c for c in configs if c.target == target]
+        assert sum(len(c.kill_steps) for c in mine) == 20
+        assert {c.elastic for c in mine} == {False, True}
+        assert len({s for c in mine for s in c.kill_steps}) > 1
+    assert bench_chaos.kill_plan(bench_chaos.Config("local", False, (2,)))[0] == (1, 0)
+
+
+# ---- the hold in a process (slow: imports torch) ----------------------------------------
+_HOLDER = """
+import sys, threading, time, ddpkit
+out = []
+def run():
+    for step in range(1, 5):
+        ddpkit.step_done(step)
+        out.append((step, time.monotonic()))
+t = threading.Thread(target=run); t.start()
+time.sleep(1.5)
+held = [s for s, _ in out]
+open(sys.argv[1], "ab").write(b"\\n")
+t.join(10)
+print("held", held, "after", [s for s, _ in out], flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_step_done_holds_at_the_step_until_the_release(tmp_path):
+    release = tmp_path / "release"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "train"),
+        plan.HOLD_STEP_ENV: "2",
+        plan.HOLD_RELEASE_ENV: str(release),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _HOLDER, str(release)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    # Steps 1 and 2 done, held inside step_done(2) until the byte came; then 3 and 4.
+    assert "held [1] after [1, 2, 3, 4]" in done.stdout, done.stdout
+    assert '{"event": "step", "step": 2, "hold": true}' in done.stdout
+
+
+@pytest.mark.slow
+def test_no_hold_without_the_env_or_once_released(tmp_path):
+    release = tmp_path / "release"
+    release.write_bytes(b"\n")  # already released: a restarted worker passes the step
+    for extra in ({}, {plan.HOLD_STEP_ENV: "2", plan.HOLD_RELEASE_ENV: str(release)}):
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "train"), **extra}
+        script = _HOLDER.replace('open(sys.argv[1], "ab").write(b"\\n")', "")
+        done = subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path / "unused")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "held [1, 2, 3, 4]" in done.stdout, done.stdout
+        assert "hold" not in done.stdout.replace("held", "")
+
+
+# ---- the harness under load (slow: torchrun, docker) ------------------------------------
+def _docker_image() -> str | None:
+    """The built-in trainer's image on the local torch test image; None without an
+    engine (a failure under DDPDEPLOY_REQUIRE_DOCKER=1, as in tests/docker)."""
+    import docker
+
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as exc:
+        if os.environ.get("DDPDEPLOY_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"DDPDEPLOY_REQUIRE_DOCKER=1 but no Docker engine: {exc}")
+        return None
+    import base_images
+
+    torch_image = base_images.ensure_images(client)["torch"]
+    return torch_image
+
+
+@pytest.fixture(scope="module")
+def chaos_image(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    torch_image = _docker_image()
+    if torch_image is None:
+        yield None
+        return
+    repo = f"ddpdeploy-test/chaos-{os.getpid()}"
+    ws = tmp_path_factory.mktemp("image-ws")
+    (ws / "README.md").write_text("built-in trainer only\n")
+    cmd = [sys.executable, "-m", "ddpdeploy", "build", "-w", str(ws), "--image", repo]
+    cmd += ["--base-image", torch_image, "--network", "none"]
+    built = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert built.returncode == 0, built.stderr[-2000:]
+    yield built.stdout.strip()
+    import docker
+
+    client = docker.from_env()
+    for image in client.images.list(name=repo):
+        for tag in image.tags:
+            client.images.remove(tag, force=True)
+
+
+def _series(target: str, image: str, ws: Path, out: dict[str, Any]) -> None:
+    done, failed = [], []
+    for config in bench_chaos.configs([target], KILLS):
+        try:
+            done.append(bench_chaos.run_series(config, image, ws, timeout=600))
+        except Exception as exc:  # reported with the table, not lost in the thread
+            failed.append(f"{config.name}: {type(exc).__name__}: {exc}")
+    out[target] = (done, failed)
+
+
+@pytest.mark.slow
+def test_chaos_under_load_recovers_fast_to_the_clean_weights(tmp_path, chaos_image, capsys):
+    targets = ["local"] + (["docker"] if chaos_image else [])
+    results: dict[str, Any] = {}
+    start = time.monotonic()
+    with bench_chaos.cpu_burner(os.cpu_count() or 1):
+        threads = []
+        for target in targets:
+            ws = tmp_path / target
+            ws.mkdir()
+            args = (target, chaos_image or "", ws, results)
+            threads.append(threading.Thread(target=_series, args=args))
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    series = [s for t in targets for s in results[t][0]]
+    failed = [f for t in targets for f in results[t][1]]
+    report = bench_chaos.table(series) + f"\nwall {time.monotonic() - start:.0f} s"
+    with capsys.disabled():
+        print("\n" + report)
+    assert not failed, "\n".join(failed) + "\n" + report
+    for target in targets:
+        kills = [r for s in results[target][0] for r in s.rows]
+        assert len(kills) == KILLS, report
+    for s in series:
+        assert s.clean_sha and s.chaos_sha == s.clean_sha, report
+        for row in s.rows:
+            assert row.recovery is not None, report
+            assert row.recovery <= bench_chaos.RECOVERY_LIMIT_S, report
