@@ -136,7 +136,7 @@ def start_target(config: Config, spec: Any, image: str, ws: Path, kill: bool) ->
     from ddpdeploy.smoke.docker import compose_plan
 
     hold = plan.hold_steps_env(steps, plan.CONTAINER_RELEASE) if steps else {}
-    job = compose_plan(spec, image, plan.run_env(restarts, spec=spec, image=image, hold=hold))
+    job = compose_plan(spec, image, plan.run_env(restarts, hold=hold))
     release = plan.CONTAINER_RELEASE if steps else None
     return ComposeRun(job.project, job.nodes, job.name, release=release)
 
