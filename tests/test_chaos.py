@@ -3,8 +3,10 @@ smoke targets, static and elastic, at different steps, nodes and local ranks, un
 burner the harness starts and stops; every kill recovers within 30 s and every run ends
 with the clean run's weights. Also the chaos hold itself (ddpkit) and its plan.
 
-Size: DDPDEPLOY_CHAOS_KILLS kills per target (default 20); the local and docker series run
-side by side to keep the suite's time.
+Size: DDPDEPLOY_CHAOS_KILLS kills per target (default 8, which fits CI's time: about 1 min
+per target here); `benchmarks/bench_chaos.py` runs the full count (20 per target). The
+targets run one after the other: side by side they loaded the 2 cores far past the burner's
+2 x cores, and the test measured its own neighbour instead of the recovery.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ sys.path.insert(0, str(ROOT / "tests" / "docker"))
 
 import bench_chaos  # noqa: E402
 
-KILLS = int(os.environ.get("DDPDEPLOY_CHAOS_KILLS", "20"))
+KILLS = int(os.environ.get("DDPDEPLOY_CHAOS_KILLS", "8"))
 
 
 # ---- the plan's hold env (fast) ---------------------------------------------------------
@@ -174,16 +175,10 @@ def test_chaos_under_load_recovers_fast_to_the_clean_weights(tmp_path, chaos_ima
     results: dict[str, Any] = {}
     start = time.monotonic()
     with bench_chaos.cpu_burner(os.cpu_count() or 1):
-        threads = []
         for target in targets:
             ws = tmp_path / target
             ws.mkdir()
-            args = (target, chaos_image or "", ws, results)
-            threads.append(threading.Thread(target=_series, args=args))
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+            _series(target, chaos_image or "", ws, results)
     series = [s for t in targets for s in results[t][0]]
     failed = [f for t in targets for f in results[t][1]]
     report = bench_chaos.table(series) + f"\nwall {time.monotonic() - start:.0f} s"
