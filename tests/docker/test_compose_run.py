@@ -18,6 +18,7 @@ import pytest
 from ddpdeploy.adapters.compose import PROJECT_LABEL, ComposeRun, Line
 from ddpdeploy.contract import RunRecord
 from ddpdeploy.render.compose import compose_job, render_compose
+from ddpdeploy.smoke.events import split_rank
 from ddpdeploy.smoke.plan import nodes_of
 from ddpdeploy.spec import JobSpec
 from ddpdeploy.targets import launch_contract
@@ -45,8 +46,10 @@ def compose_run(spec: JobSpec) -> ComposeRun:
 
 
 def done_event(line: Line | None, done: dict[str, Any] | None) -> dict[str, Any] | None:
-    if line and line.stream == "stdout" and line.text.startswith('{"event": "done"'):
-        return json.loads(line.text)
+    # Every process's lines carry torchrun's rank prefix (the launch contract's base env).
+    text = split_rank(line.text)[1] if line else ""
+    if line and line.stream == "stdout" and text.startswith('{"event": "done"'):
+        return json.loads(text)
     return done
 
 
@@ -139,9 +142,10 @@ def test_killed_worker_restarts_and_ends_with_the_same_weights(
     with compose_run(spec) as run:
         for line in run.events():
             done = done_event(line, done)
-            if line and line.stream == "stdout" and line.text.startswith('{"event": "start"'):
+            text = split_rank(line.text)[1] if line else ""
+            if line and line.stream == "stdout" and text.startswith('{"event": "start"'):
                 starts += 1
-            if not killed and line and line.text.startswith('{"event": "step", "step": 3,'):
+            if not killed and line and text.startswith('{"event": "step", "step": 3,'):
                 # A worker of the node without rank 0 (c10d puts rank 0 on either).
                 other = next(n.name for n in run.nodes if n.name != line.node)
                 killed = run.kill_worker(other)
@@ -183,8 +187,10 @@ def test_interrupt_mid_run_tears_down(image: str, engine: Any) -> None:
     spec = job(image, command={"args": ["--steps", "100000"]})
     with pytest.raises(KeyboardInterrupt), compose_run(spec) as run:
         project = run.project_name
+        deadline = time.monotonic() + 300  # a run that never steps fails, not hangs CI
         for line in run.events():
-            if line and line.text.startswith('{"event": "step"'):
+            if line and split_rank(line.text)[1].startswith('{"event": "step"'):
                 raise KeyboardInterrupt  # as Ctrl-C would, once training runs
             assert run.failed() is None
+            assert time.monotonic() < deadline, "no step line within 300 s"
     assert nothing_left(engine, project) == []
