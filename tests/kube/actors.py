@@ -4,8 +4,10 @@ kubelet's log endpoint is kubelet.py's)."""
 
 from __future__ import annotations
 
+import queue
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -122,3 +124,36 @@ def finish(proc: subprocess.Popen[str], timeout: float = 90) -> tuple[int, str, 
         out, err = proc.communicate()
         raise AssertionError(f"the CLI did not finish: {out} {err}") from None
     return proc.returncode, out, err
+
+
+class Lines:
+    """A process's stderr lines as they come (read on a thread)."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc, self.seen, self._q = proc, [], queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stderr:
+            self._q.put(line.rstrip("\n"))
+        self._q.put(None)
+
+    def wait_for(self, text: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self._q.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if line is None:
+                raise AssertionError(f"exited before {text!r}: {self.seen}")
+            self.seen.append(line)
+            if text in line:
+                return
+        raise AssertionError(f"no {text!r} in {self.seen}")
+
+    def finish(self, timeout: float = 90) -> tuple[int, list[str]]:
+        code = self.proc.wait(timeout=timeout)
+        while (line := self._q.get(timeout=10)) is not None:
+            self.seen.append(line)
+        return code, self.seen

@@ -6,17 +6,15 @@ checked afterwards each time."""
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from actors import ROOT, get_job, res
+from actors import ROOT, Lines, get_job, res
 from netstubs import black_hole, kubeconfig_via, slow_proxy
 
 pytestmark = pytest.mark.slow
@@ -34,39 +32,6 @@ def start(kubeconfig: Path, *args: str, stderr: object = subprocess.PIPE) -> sub
         stderr=stderr,
         text=True,
     )
-
-
-class Lines:
-    """A process's stderr lines as they come (read on a thread)."""
-
-    def __init__(self, proc: subprocess.Popen) -> None:
-        self.proc, self.seen, self._q = proc, [], queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stderr:
-            self._q.put(line.rstrip("\n"))
-        self._q.put(None)
-
-    def wait_for(self, text: str, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                line = self._q.get(timeout=0.05)
-            except queue.Empty:
-                continue
-            if line is None:
-                raise AssertionError(f"exited before {text!r}: {self.seen}")
-            self.seen.append(line)
-            if text in line:
-                return
-        raise AssertionError(f"no {text!r} in {self.seen}")
-
-    def finish(self, timeout: float = 90) -> tuple[int, list[str]]:
-        code = self.proc.wait(timeout=timeout)
-        while (line := self._q.get(timeout=10)) is not None:
-            self.seen.append(line)
-        return code, self.seen
 
 
 def state(admin, ns: str) -> dict[str, list[str]]:

@@ -14,7 +14,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from actors import create_pods, get_job, res, set_job_conditions, set_pod_status, start_cli
+from actors import (
+    Lines,
+    create_pods,
+    get_job,
+    res,
+    set_job_conditions,
+    set_pod_status,
+    start_cli,
+)
 from netstubs import kubeconfig_via
 
 from ddpdeploy.adapters.kube import Kube
@@ -173,7 +181,7 @@ def test_the_apiserver_going_away_mid_watch_is_one_line(cuttable, namespace, job
 def test_the_apiserver_going_away_under_up_wait(cuttable, admin, namespace, tmp_path):
     proxy, kubeconfig = cuttable
     proc = start_cli(kubeconfig, "up", "--image", IMAGE, "--name", "j", "-n", namespace, "--wait")
-    lines = _Lines(proc)
+    lines = Lines(proc)
     lines.wait_for("j: Pending")
     proxy.cut()
     code, seen = lines.finish()
@@ -186,7 +194,7 @@ def test_ctrl_c_mid_watch_leaves_the_job_as_it_is(control_plane, admin, namespac
     proc = start_cli(
         control_plane.kubeconfig, "up", "--image", IMAGE, "--name", "j", "-n", namespace, "--wait"
     )
-    lines = _Lines(proc)
+    lines = Lines(proc)
     lines.wait_for("j: Pending")
     pods = create_pods(admin, get_job(admin, namespace, "j"))
     set_pod_status(admin, namespace, pods[0], {"phase": "Running"})
@@ -209,36 +217,3 @@ def _objects(admin, namespace: str) -> dict[str, list[tuple[str, str]]]:
         return sorted((i["metadata"]["name"], i["metadata"]["resourceVersion"]) for i in items)
 
     return {"job": of("kubeflow.org/v1", "PyTorchJob"), "pods": of("v1", "Pod")}
-
-
-class _Lines:
-    """A process's stderr lines as they come (read on a thread)."""
-
-    def __init__(self, proc) -> None:
-        self.proc, self.seen, self._q = proc, [], queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stderr:
-            self._q.put(line.rstrip("\n"))
-        self._q.put(None)
-
-    def wait_for(self, text: str, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                line = self._q.get(timeout=0.05)
-            except queue.Empty:
-                continue
-            if line is None:
-                raise AssertionError(f"exited before {text!r}: {self.seen}")
-            self.seen.append(line)
-            if text in line:
-                return
-        raise AssertionError(f"no {text!r} in {self.seen}")
-
-    def finish(self, timeout: float = 60) -> tuple[int, list[str]]:
-        code = self.proc.wait(timeout=timeout)
-        while (line := self._q.get(timeout=10)) is not None:
-            self.seen.append(line)
-        return code, self.seen
