@@ -21,6 +21,7 @@ from ddpdeploy.render.compose import secret_env_note
 from ddpdeploy.spec import JobSpec
 
 if TYPE_CHECKING:
+    from ddpdeploy.imagebuild import BuiltImage
     from ddpdeploy.smoke.runner import KillAt, Outcome
     from ddpdeploy.smoke.target import SmokeTarget
 
@@ -263,9 +264,11 @@ def _docker_target(
     from ddpdeploy.smoke.docker import compose_plan
 
     client = engine()  # no engine: one line pointing to --local, before any build
-    image = spec.image or _build_image(spec, base_image)
-    # The record names the image ID that runs (compose runs the local image by its name).
-    record = RunRecord(image_digest=image_id(client, image))
+    if spec.image:  # a ready image: the record names the image ID that runs
+        image, record = spec.image, RunRecord(image_digest=image_id(client, spec.image))
+    else:  # built here: its ID and the workspace's git facts, from the build
+        built = _build_image(spec, base_image)
+        image, record = built.reference, built.record()
     hold = plan.hold_env(chaos, plan.CONTAINER_RELEASE)
     jobs = {
         kill: compose_plan(spec, image, plan.run_env(restarts, hold=hold if kill else {}), record)
@@ -287,9 +290,9 @@ def _docker_target(
     return start
 
 
-def _build_image(spec: JobSpec, base_image: str | None) -> str:
+def _build_image(spec: JobSpec, base_image: str | None) -> BuiltImage:
     """`ddpdeploy build` of this folder, in this process (no second interpreter to start),
-    its progress on our stderr; the reference. Skipped when the image is up to date."""
+    its progress on our stderr. Skipped when the image is up to date."""
     from ddpdeploy.imagebuild import build_image
     from ddpdeploy.smoke.docker import LOCAL_REPO
     from ddpdeploy.spec import spec_with
