@@ -230,9 +230,13 @@ def test_api_status_json_shows_as_its_message(control_plane, admin, namespace, t
         body["metadata"] = {"name": pod, "labels": body["metadata"]["labels"]}
         res(admin, "v1", "Pod").create(namespace=namespace, body=body)
     out = cli(config, tmp_path / "c", "logs", "j", "-n", namespace)
-    line = one_line(out)
+    # The merged logs: one warning line per pod it could not read, then the error.
+    lines = out.stderr.strip().splitlines()
     assert out.returncode == 1
-    assert "{" not in line and '"kind"' not in line and "ghost-node" in line, line
+    assert len(lines) == len(pods) + 1 and lines[-1].startswith("error: "), lines
+    for line in lines[:-1]:
+        assert line.startswith("warning: reading the logs of pod "), lines
+        assert "{" not in line and '"kind"' not in line and "ghost-node" in line, line
 
     kube = Kube(str(config))
     with pytest.raises(OperationError) as err:
