@@ -7,12 +7,14 @@ names one):
 
 It starts its own etcd + kube-apiserver (tests/kube/apiserver.py) and plays the operator
 and the kubelet with the test actors (tests/kube/actors.py): each job's pods are created
-and set Running, as the operator and kubelets would. For each size it times, per trial:
+on the kubelet stand-in's Node (tests/kube/kubelet.py, in a process of its own) and set
+Running, as the operator and kubelets would, and each pod's log is a few lines, torchrun's
+``[rankN]:`` prefix on its rank's. For each size it times, per trial:
 
 - ``up --no-wait`` (preflight, server-side dry run, apply),
 - ``status`` of the job with its N pods,
-- ``logs`` (this control plane has no kubelet: the command runs until the log endpoint
-  refuses, which is everything but the transfer of the lines),
+- ``logs`` (every pod's log merged: N log reads through the apiserver from the stand-in;
+  its output is checked for every pod's lines and the stand-in's count of reads),
 - ``down``,
 
 each as the CLI subprocess (wall, Python start-up included) and in-process (``cli.main``
@@ -29,14 +31,18 @@ import argparse
 import contextlib
 import io
 import json
+import multiprocessing
 import os
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +51,86 @@ sys.path.insert(0, str(ROOT / "tests" / "kube"))
 
 from actors import container_status, create_pods, res  # noqa: E402
 from apiserver import ControlPlane, find_binaries  # noqa: E402
+from kubelet import Kubelet  # noqa: E402
 
 IMAGE = "registry.invalid/train:v1"
 MERGE = "application/merge-patch+json"
 VERBS = ("up", "status", "logs", "list", "down")
-# What a verb may answer: logs fails (no kubelet) once it has found rank 0's pod.
-EXPECTED = {"logs": (0, 1)}
+MERGED_LINE = re.compile(r"\[(rank\d+ )?node\d+\] ")  # a line of the merged `logs`
+
+
+def pod_log(node: int) -> str:
+    """Node ``node``'s log (one process per node: its global rank is its node): the agent's
+    line, then its rank's, as torchrun prefixes them."""
+    return (
+        f"agent: node {node} starting 1 worker\n"
+        f"[rank{node}]:worker up: rank {node}, local rank 0, host n{node}\n"
+        f"[rank{node}]:step 1/2 loss 0.5\n"
+        f"[rank{node}]:step 2/2 loss 0.25\n"
+    )
+
+
+def operator_node(pod: str) -> int:
+    """The node of a pod the operator named: master-0 is node 0, worker-i node i + 1."""
+    return 0 if pod.endswith("-master-0") else int(pod.rsplit("-", 1)[1]) + 1
+
+
+def merged_lines(node: int) -> list[str]:
+    """What the merged `logs` shows of ``pod_log(node)``."""
+    rank = f"[rank{node} node{node}]"
+    return [
+        f"[node{node}] agent: node {node} starting 1 worker",
+        f"{rank} worker up: rank {node}, local rank 0, host n{node}",
+        f"{rank} step 1/2 loss 0.5",
+        f"{rank} step 2/2 loss 0.25",
+    ]
+
+
+def serve_kubelet(folder: str, conn: Connection) -> None:
+    """The kubelet stand-in in a process of its own, so that serving N logs costs the timed
+    command (run in the benchmark's interpreter) neither CPU time of its own nor the GIL.
+    Answers ``conn``: ("logs", {pod: text}), ("reads",) -> the log reads since the last ask,
+    ("stop",)."""
+    stand_in = Kubelet(Path(folder)).start()
+    conn.send((stand_in.port, stand_in.node_name))
+    while True:
+        what, *args = conn.recv()
+        if what == "logs":
+            for pod, text in args[0].items():
+                stand_in.set_log(pod, text)
+            conn.send(None)
+        elif what == "reads":
+            reads, stand_in.requests[:] = list(stand_in.requests), []
+            conn.send(reads)
+        else:
+            stand_in.stop()
+            conn.send(None)
+            return
+
+
+class KubeletProcess:
+    def __init__(self, folder: Path) -> None:
+        self.conn, theirs = multiprocessing.Pipe()
+        spawn = multiprocessing.get_context("spawn")  # no fork of a process with threads
+        self.proc = spawn.Process(target=serve_kubelet, args=(str(folder), theirs), daemon=True)
+        self.proc.start()
+        self.port, self.node_name = self.conn.recv()
+
+    def register(self, admin: Any) -> None:
+        Kubelet(Path(), port=self.port, node_name=self.node_name).register(admin)
+
+    def set_logs(self, logs: dict[str, str]) -> None:
+        self.conn.send(("logs", logs))
+        self.conn.recv()
+
+    def reads(self) -> list[str]:
+        self.conn.send(("reads",))
+        return self.conn.recv()
+
+    def stop(self) -> None:
+        self.conn.send(("stop",))
+        self.conn.recv()
+        self.proc.join(timeout=10)
 
 
 class Counter:
@@ -61,11 +141,13 @@ class Counter:
 
         self.count = 0
         self.calls: list[str] = []
+        lock = threading.Lock()  # `logs` reads pods from several threads
         original = rest.RESTClientObject.request
 
         def counted(client: Any, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
-            self.count += 1
-            self.calls.append(f"{method} {url.split('?')[0].split('/', 3)[-1]}")
+            with lock:
+                self.count += 1
+                self.calls.append(f"{method} {url.split('?')[0].split('/', 3)[-1]}")
             return original(client, method, url, *args, **kwargs)
 
         rest.RESTClientObject.request = counted  # type: ignore[method-assign]
@@ -102,10 +184,16 @@ def quiet_fds() -> Iterator[io.StringIO]:
 
 class Bench:
     def __init__(
-        self, plane: ControlPlane, workdir: Path, trials: int, show_requests: bool = False
+        self,
+        plane: ControlPlane,
+        kubelet: KubeletProcess,
+        workdir: Path,
+        trials: int,
+        show_requests: bool = False,
     ) -> None:
         self.show_requests = show_requests
         self.plane = plane
+        self.kubelet = kubelet
         self.admin = plane.admin_client()
         self.workdir = workdir
         self.trials = trials
@@ -131,7 +219,7 @@ class Bench:
             [sys.executable, "-m", "ddpdeploy", *argv],
             env=self.env, cwd=self.workdir, capture_output=True, text=True,
         )  # fmt: skip
-        return time.perf_counter() - start, out.returncode, out.stderr
+        return time.perf_counter() - start, out.returncode, out.stdout + out.stderr
 
     def inproc(self, argv: list[str]) -> tuple[float, int, str, int]:
         from ddpdeploy.cli import main
@@ -149,19 +237,36 @@ class Bench:
         return took, code, text.getvalue(), self.counter.count
 
     def timed(self, kind: str, n: int, verb: str, mode: str, argv: list[str], trial: int) -> None:
+        if verb == "logs":
+            self.kubelet.reads()  # from now on: this run's (`status` reads rank 0's log too)
         if mode == "cli":
-            took, code, err = self.cli(argv)
+            took, code, text = self.cli(argv)
             requests = None
         else:
-            took, code, err, requests = self.inproc(argv)
+            took, code, text, requests = self.inproc(argv)
             self.requests[(kind, n, verb)] = requests
-        if code not in EXPECTED.get(verb, (0,)):
-            sys.exit(f"bench_cluster: {' '.join(argv)} exited {code}: {err.strip()[-600:]}")
-        self.times[(kind, n, verb, mode)].append(took)
+        if code != 0:
+            sys.exit(f"bench_cluster: {' '.join(argv)} exited {code}: {text.strip()[-600:]}")
         more = f", {requests} requests" if requests is not None else ""
+        if verb == "logs":
+            more += self.check_logs(argv, n, text)
+        self.times[(kind, n, verb, mode)].append(took)
         print(f"  {kind} N={n:<3} {verb:<6} {mode:<7} trial {trial}: {took:.3f}s{more}", flush=True)
         if self.show_requests and mode == "inproc" and trial == 1:
             print("".join(f"      {call}\n" for call in self.counter.calls), end="")
+
+    def check_logs(self, argv: list[str], n: int, text: str) -> str:
+        """That the merged `logs` showed every pod's lines, and nothing else, from N reads."""
+        lines = text.splitlines()
+        shown = [line for line in lines if MERGED_LINE.match(line)]
+        missing = [want for node in range(n) for want in merged_lines(node) if want not in lines]
+        reads = [r for r in self.kubelet.reads() if r.startswith("/containerLogs/")]
+        if missing or len(shown) != 4 * n or len(reads) != n:
+            sys.exit(
+                f"bench_cluster: {' '.join(argv)}: {len(shown)} lines of {4 * n}, "
+                f"{len(reads)} log reads of {n}; missing {missing[:3]}"
+            )
+        return f", {len(shown)} lines from {len(reads)} log reads"
 
     # --- the actors ------------------------------------------------------------------
 
@@ -169,18 +274,21 @@ class Bench:
         res(self.admin, "v1", "Namespace").create(body={"metadata": {"name": name}})
         return name
 
-    def pods_running(self, ns: str, names: list[str]) -> None:
+    def pods_running(self, ns: str, nodes: dict[str, int]) -> None:
+        """The pods (name -> node) Running, each with its log at the stand-in."""
         pods = res(self.admin, "v1", "Pod")
         status = {
             "phase": "Running",
             "containerStatuses": [container_status(IMAGE, {"running": {}})],
         }
-        for name in names:
+        for name in nodes:
             pods.status.patch(body={"status": status}, name=name, namespace=ns, content_type=MERGE)
+        self.kubelet.set_logs({name: pod_log(node) for name, node in nodes.items()})
 
     def pytorchjob_pods(self, ns: str, name: str) -> None:
         job = res(self.admin, "kubeflow.org/v1", "PyTorchJob").get(name=name, namespace=ns)
-        self.pods_running(ns, create_pods(self.admin, job.to_dict()))
+        names = create_pods(self.admin, job.to_dict(), node=self.kubelet.node_name)
+        self.pods_running(ns, {pod: operator_node(pod) for pod in names})
 
     def indexed_job(self, ns: str, name: str, n: int) -> None:
         """The Indexed Job's objects, created without the fields 1.20 lacks, and its pods
@@ -198,7 +306,7 @@ class Bench:
                     obj["spec"].pop(field, None)
             res(self.admin, obj["apiVersion"], obj["kind"]).create(namespace=ns, body=obj)
         pods = res(self.admin, "v1", "Pod")
-        names = []
+        nodes = {}
         for index in range(n):
             labels = {
                 "batch.kubernetes.io/job-name": name,
@@ -206,12 +314,12 @@ class Bench:
             }
             body = {
                 "metadata": {"name": f"{name}-{index}-x{index:03d}", "labels": labels},
-                "spec": {"hostname": f"{name}-{index}", "containers": [
-                    {"name": "pytorch", "image": IMAGE}]},
+                "spec": {"hostname": f"{name}-{index}", "nodeName": self.kubelet.node_name,
+                         "containers": [{"name": "pytorch", "image": IMAGE}]},
             }  # fmt: skip
             pods.create(namespace=ns, body=body)
-            names.append(body["metadata"]["name"])
-        self.pods_running(ns, names)
+            nodes[body["metadata"]["name"]] = index
+        self.pods_running(ns, nodes)
 
     def list_jobs(self, ns: str, count: int) -> None:
         """``count`` PyTorchJobs of ours, created directly (what `up` would submit)."""
@@ -301,7 +409,7 @@ class Bench:
 
     # --- the report ------------------------------------------------------------------
 
-    def table(self, sizes: list[int], list_jobs: int) -> None:
+    def table(self, sizes: list[int], list_jobs: int | None) -> None:
         print("\nmedian seconds (in-process / CLI), requests in-process, growth vs. N=2:")
         print(
             f"{'kind':<12} {'verb':<7} {'N':>4} {'in-proc':>8} {'CLI':>7} {'reqs':>5} {'growth':>7}"
@@ -327,6 +435,8 @@ class Bench:
                 med = statistics.median(waited)
                 row = f"{'pytorchjob':<12} {'wait':<7} {n:>4} {'':>8} {med:7.3f}"
                 print(f"{row}   (up --wait: Succeeded -> its line)")
+        if list_jobs is None:
+            return
         inproc = self.times[("pytorchjob", list_jobs, "list", "inproc")]
         cli = self.times[("pytorchjob", list_jobs, "list", "cli")]
         reqs = self.requests[("pytorchjob", list_jobs, "list")]
@@ -368,6 +478,11 @@ def main() -> None:
         "--only-wait", action="store_true", help="only time `up --wait` seeing the end"
     )
     parser.add_argument(
+        "--only-jobs",
+        action="store_true",
+        help="only the jobs' verbs at each size (no start-up, list or `up --wait`)",
+    )
+    parser.add_argument(
         "--show-requests", action="store_true", help="print each in-process run's requests"
     )
     args = parser.parse_args()
@@ -379,24 +494,29 @@ def main() -> None:
           f"load {load()}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         plane = ControlPlane(Path(tmp), str(apiserver), str(etcd))
+        kubelet = None
         try:
             plane.start()
             plane.install_crd(ROOT / "tests" / "schemas" / "kubeflow.org_pytorchjobs.yaml")
-            bench = Bench(plane, Path(tmp), args.trials, args.show_requests)
+            kubelet = KubeletProcess(Path(tmp))
+            kubelet.register(plane.admin_client())
+            bench = Bench(plane, kubelet, Path(tmp), args.trials, args.show_requests)
             bench.warm_up()
             if args.only_wait:
                 for n in sizes:
                     bench.waiting(n)
                 return
-            startup_cost(bench.env, Path(tmp), args.trials)
+            if not args.only_jobs:
+                startup_cost(bench.env, Path(tmp), args.trials)
             for n in sizes:
                 bench.pytorchjob(n)
             if 128 in sizes:
                 bench.indexed(128)
-            bench.listing(args.list_jobs)
-            for n in sizes:
-                bench.waiting(n)
-            bench.table(sizes, args.list_jobs)
+            if not args.only_jobs:
+                bench.listing(args.list_jobs)
+                for n in sizes:
+                    bench.waiting(n)
+            bench.table(sizes, None if args.only_jobs else args.list_jobs)
             print(f"load at the end {load()}")
             if args.json:
                 rows = [
@@ -405,6 +525,8 @@ def main() -> None:
                 ]
                 args.json.write_text(json.dumps(rows, indent=1))
         finally:
+            if kubelet is not None:
+                kubelet.stop()
             plane.stop()
 
 

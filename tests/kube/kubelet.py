@@ -6,7 +6,8 @@ tests/kube/apiserver.py does not pass).
 Serves ``/containerLogs/{ns}/{pod}/{container}`` with ``tailLines``, ``sinceSeconds``,
 ``limitBytes``, ``timestamps``, ``previous`` and ``follow`` from the text a test sets per
 (pod, container, previous); a followed stream stays open, sending lines as the test adds
-them, until the test closes it. ``register`` creates the Node object (InternalIP 127.0.0.1,
+them, until the test closes it; ``delay`` slows every answer, and ``most_in_flight`` counts
+the most requests answered at once. ``register`` creates the Node object (InternalIP 127.0.0.1,
 kubeletEndpoint.Port) that pods name in spec.nodeName.
 """
 
@@ -55,14 +56,20 @@ class Kubelet:
     changed: threading.Condition = field(default_factory=threading.Condition)
     port: int = 0
     node_name: str = ""
+    delay: float = 0.0  # seconds each log answer waits before its first byte
+    in_flight: int = 0  # log requests being answered now...
+    most_in_flight: int = 0  # ...and the most at once
+    _counting: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> Kubelet:
         key, cert = self_signed(self.folder)
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(cert, key)
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._server.daemon_threads = True
-        self._server.socket = ctx.wrap_socket(self._server.socket, server_side=True)
+        self._server = _Server(("127.0.0.1", 0), _handler(self))
+        # The handshake in each request's thread, not in the one accepting them all.
+        self._server.socket = ctx.wrap_socket(
+            self._server.socket, server_side=True, do_handshake_on_connect=False
+        )
         self.port = self._server.server_address[1]
         self.node_name = f"kubelet-{self.port}"
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
@@ -144,12 +151,30 @@ class Kubelet:
                 return
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # A kubelet's listen backlog, not socketserver's 5: more connections at once (`logs`
+    # reads pods concurrently) would have their SYNs dropped and retried a second later.
+    request_queue_size = 1024
+
+
 def _handler(kubelet: Kubelet) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: Any) -> None:  # quiet
             pass
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            with kubelet._counting:
+                kubelet.in_flight += 1
+                kubelet.most_in_flight = max(kubelet.most_in_flight, kubelet.in_flight)
+            try:
+                time.sleep(kubelet.delay)
+                self._get()
+            finally:
+                with kubelet._counting:
+                    kubelet.in_flight -= 1
+
+        def _get(self) -> None:
             url = urllib.parse.urlsplit(self.path)
             kubelet.requests.append(self.path)
             query = dict(urllib.parse.parse_qsl(url.query))

@@ -138,6 +138,26 @@ def test_node_tail_since_and_previous(kube_cli, admin, namespace, kubelet, job):
     assert since_bad.returncode == 2 and "--since: 'ten' is not a duration" in since_bad.stderr
 
 
+def test_logs_reads_the_pods_at_once_at_most_16(kube_cli, admin, namespace, kubelet):
+    # 20 pods, each log answered 0.3 s late: read one after another, never two at a time.
+    args = ["up", "--image", IMAGE, "--name", "j", "-n", namespace, "--nodes", "20"]
+    assert kube_cli(*args, "--no-wait").returncode == 0
+    pods = create_pods(admin, get_job(admin, namespace, "j"), node=kubelet.node_name)
+    t0 = time.time() - 60
+    for pod in pods:
+        running(admin, namespace, pod)
+        node = 0 if pod.endswith("-master-0") else int(pod.rsplit("-", 1)[1]) + 1
+        # Written in reverse node order: the merge, not the reading, orders the output.
+        kubelet.set_log(pod, f"[rank{node}]:hello\nagent: bye", at=t0 + 20 - node, every=0.1)
+    kubelet.delay = 0.3
+    out = kube_cli("logs", "j", "-n", namespace)
+    assert out.returncode == 0, out.stderr
+    hellos = [f"[rank{node} node{node}] hello" for node in range(19, -1, -1)]
+    assert out.stdout.splitlines()[::2] == hellos
+    assert out.stdout.splitlines()[1::2] == [f"[node{n}] agent: bye" for n in range(19, -1, -1)]
+    assert 2 <= kubelet.most_in_flight <= 16
+
+
 def _wait_for(proc, kubelet, pods: list[str]) -> None:
     """Until ``proc`` (`logs -f`) has a stream open to each of ``pods``."""
     deadline = time.monotonic() + 60
