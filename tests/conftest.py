@@ -8,6 +8,9 @@ stays in the fast tier, and a new engine or apiserver test cannot forget the mar
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Iterator
+
 import pytest
 
 # The fixtures that reach a Docker engine or start a kube-apiserver (tests/docker/conftest.py,
@@ -20,3 +23,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         # fixturenames is the closure: a fixture that uses `engine` counts too.
         if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_restored() -> Iterator[None]:
+    """A cluster command run in-process (cli.main) installs its SIGINT/SIGTERM handlers
+    (kubeopts.catch_signals), as the CLI process should; the next test in this process
+    gets Python's own back."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
