@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
+from ddpdeploy.contract import RANK_OUTPUT_ENV
 from ddpdeploy.errors import UserError
 from ddpdeploy.render.local import cpu_spec
 from ddpdeploy.smoke.budget import MAX_WORKERS_PER_CORE, check_cpu_budget
 from ddpdeploy.smoke.events import (
-    RANK_OUTPUT_ENV,
     WorkerFailure,
     parse_event,
     root_cause,

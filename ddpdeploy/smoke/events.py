@@ -1,7 +1,7 @@
 """Reading torchrun's console, line by line: pure (no I/O), so any reader of torchrun's
 output (a smoke run, a pod's log) uses the same functions.
 
-Rank prefixes. With `RANK_OUTPUT_ENV` in the agent's env, torchrun tees every worker line
+Rank prefixes. With `contract.RANK_OUTPUT_ENV` in the agent's env, torchrun tees every worker line
 to the console prefixed with its global rank (`[rank3]:...`); `split_rank` takes it apart.
 Lines without the prefix are the agent's own (its warnings, its failure summary).
 
@@ -36,8 +36,6 @@ import re
 import signal
 from dataclasses import dataclass
 from typing import Any
-
-from ddpdeploy.contract import RANK_OUTPUT_ENV  # noqa: F401 (its home; smoke reads it here)
 
 EVENTS = ("start", "step", "checkpoint", "done", "probe", "ranks", "hang")
 DIAGNOSTICS = ("probe", "ranks", "hang")

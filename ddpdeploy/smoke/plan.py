@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from ddpdeploy.contract import CHECKPOINT_DIR_ENV, LaunchContract, RunRecord
 from ddpdeploy.errors import UserError
 from ddpdeploy.render.local import cpu_spec
-from ddpdeploy.smoke.events import RANK_OUTPUT_ENV
 from ddpdeploy.smoke.runner import KillAt
 from ddpdeploy.smoke.target import Node
 from ddpdeploy.spec import JobSpec, spec_with
@@ -116,10 +115,10 @@ def run_env(
     checkpoint_dir: str | None = None,
     hold: dict[str, str] | None = None,
 ) -> dict[str, str]:
-    """Env for this run only: torchrun's rank-prefixed output (which the runner reads), a
-    chaos run's restarts and hold (`hold_env`) and where this run's checkpoint folder is.
-    What ran (the spec's sha256, the image) the launch contract adds, as on every target."""
-    env = dict(RANK_OUTPUT_ENV) | (hold or {})
+    """Env for this run only: a chaos run's restarts and hold (`hold_env`) and where this
+    run's checkpoint folder is. The rank-prefixed output the runner reads and what ran
+    (the spec's sha256, the image) the launch contract adds, as on every target."""
+    env = dict(hold or {})
     if restarts is not None:
         env["PET_MAX_RESTARTS"] = str(restarts)
     if checkpoint_dir is not None:

@@ -17,8 +17,9 @@ A target subclasses `SmokeTarget`:
 - `stop()`: tear everything down, idempotent, leaving no process, container, network or
   volume behind. `with target:` calls it on every path (success, failure, Ctrl-C).
 
-Agents must run with `events.RANK_OUTPUT_ENV` in their env (the run plan puts it there):
-torchrun then tees every worker line to the console prefixed with its global rank.
+Agents run with `contract.RANK_OUTPUT_ENV` in their env (the launch contract's base env,
+on every target): torchrun then tees every worker line to the console prefixed with its
+global rank.
 """
 
 from __future__ import annotations
