@@ -781,6 +781,10 @@ RANKS_EVERY_ENV = "DDPDEPLOY_RANKS_EVERY"
 STRAGGLER_FACTOR_ENV = "DDPDEPLOY_STRAGGLER_FACTOR"
 HANG_TIMEOUT_ENV = "DDPDEPLOY_HANG_TIMEOUT_S"
 STRAGGLER_MIN_GAP_S = 0.005  # below 5 ms a step the gap is scheduler noise, not a straggler
+# Unset --ranks-every: the first window is RANKS_FIRST steps, then about RANKS_AUTO_S of
+# wall time (never fewer than RANKS_FIRST steps). A gather costs about a millisecond, which
+# was 0.7 % of a 2 ms step every 50 steps; at one per ~10 s it is lost in the noise.
+RANKS_FIRST, RANKS_AUTO_S, RANKS_MAX = 50, 10.0, 100_000
 
 
 class _Timing:
@@ -796,7 +800,9 @@ class _Timing:
         self.slowest_step = 0.0
         self.phase: str | None = None
         self.phase_step: int | None = None
-        self.every = int(os.environ.get(RANKS_EVERY_ENV, 50))
+        every = os.environ.get(RANKS_EVERY_ENV)
+        self.every = int(every) if every else RANKS_FIRST
+        self.auto_every = not every  # the window follows the step time, see next_every()
         self.factor = float(os.environ.get(STRAGGLER_FACTOR_ENV, 1.2))
         self.hang_timeout_s = float(os.environ.get(HANG_TIMEOUT_ENV, 0))  # 0: auto
         self.hang_dir: str | None = None
@@ -815,10 +821,12 @@ def diagnostics(
     """Settings of ``step_done``'s ``ranks`` event (every N steps; straggler factor) and
     of the hang watchdog (seconds without a step: 0 auto, max(60, 5x the slowest step),
     at most 30 min; negative: off; stacks to ``hang_dir``, default the checkpoint folder
-    or the temp folder). Env defaults: DDPDEPLOY_RANKS_EVERY (50),
+    or the temp folder). Env defaults: DDPDEPLOY_RANKS_EVERY (unset: 50 steps, then about
+    every 10 s),
     DDPDEPLOY_STRAGGLER_FACTOR (1.2), DDPDEPLOY_HANG_TIMEOUT_S (0)."""
     t = _timing
-    t.every = ranks_every if ranks_every is not None else t.every
+    if ranks_every is not None:
+        t.every, t.auto_every = ranks_every, False
     t.factor = straggler_factor if straggler_factor is not None else t.factor
     t.hang_timeout_s = hang_timeout_s if hang_timeout_s is not None else t.hang_timeout_s
     t.hang_dir = hang_dir or t.hang_dir
@@ -898,6 +906,8 @@ def report_ranks() -> dict[str, Any] | None:
     dist.all_gather(everyone, local)
     rows = [e.tolist() for e in everyone]
     cost = time.perf_counter() - t0
+    if t.auto_every:  # the same rows on every rank, so the same next window everywhere
+        t.every = next_every(max(r[3] for r in rows))
     t.window.clear()
     t.window_steps, t.window_wall, t.window_walls = 0, 0.0, 0
     if rank() != 0:
@@ -905,6 +915,13 @@ def report_ranks() -> dict[str, Any] | None:
     event = _ranks_event(rows, t.step, k, t.factor, cost)
     emit(event)
     return event
+
+
+def next_every(step_s: float) -> int:
+    """The auto window after a gather: about RANKS_AUTO_S of steps of ``step_s`` seconds."""
+    if step_s <= 0:
+        return RANKS_FIRST
+    return max(RANKS_FIRST, min(RANKS_MAX, round(RANKS_AUTO_S / step_s)))
 
 
 def _ranks_event(

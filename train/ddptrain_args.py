@@ -104,8 +104,9 @@ def _diagnostic_flags(a: Callable[..., Any]) -> None:
       help="fail at start (exit 3) when the probe's bus bandwidth is below this")  # fmt: skip
     # Defaults from the env the spec's diagnostics section sets (ddpkit reads the same).
     e = os.environ
-    a("--ranks-every", type=_non_negative, default=int(e.get("DDPDEPLOY_RANKS_EVERY") or 50),
-      help="steps between `ranks` events (per-rank work times; 0: only at the end)")  # fmt: skip
+    a("--ranks-every", type=_non_negative, default=None,
+      help="steps between `ranks` events (per-rank work times; 0: only at the end; "
+      "default: DDPDEPLOY_RANKS_EVERY, else 50 steps, then about every 10 s)")  # fmt: skip
     a("--straggler-factor", type=float,
       default=float(e.get("DDPDEPLOY_STRAGGLER_FACTOR") or 1.2),
       help="a rank whose work time exceeds the median by this factor is a straggler")  # fmt: skip

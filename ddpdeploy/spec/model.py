@@ -365,7 +365,7 @@ class Diagnostics(Model):
     ranks_every: Count | None = Field(
         default=None,
         description="Steps between two `ranks` events, per-rank work times (--ranks-every). "
-        "Default: 50.",
+        "Default: after 50 steps, then about every 10 s (at least 50 steps apart).",
     )
     straggler_factor: float | None = Field(
         default=None,

@@ -112,6 +112,28 @@ def test_slow_rank_is_named_as_straggler_with_its_host(tmp_path: Path, slowed: b
         assert e["fastest"]["host"] == HOST and e["gather_ms"] > 0
 
 
+def test_default_window_is_50_steps_then_about_10_s(tmp_path: Path) -> None:
+    # Unset --ranks-every: a window of 50 steps, then one sized to ~10 s of steps. A step
+    # here takes milliseconds, so the next event is the last step's; had the ranks derived
+    # different windows, their all_gathers would not match and the run would not finish.
+    with Launcher(tmp_path) as L:
+        p = L.run_ok(["--steps", "200"], nproc=2)
+    ranks = of(p, "ranks")
+    assert [(e["step"], e["steps"]) for e in ranks] == [(50, 50), (200, 150)], ranks
+
+
+def test_next_window_follows_the_step_time() -> None:
+    import sys
+
+    sys.path.insert(0, str(ROOT / "train"))
+    import ddpkit
+
+    assert ddpkit.next_every(0.002) == 5000  # 10 s of 2 ms steps
+    assert ddpkit.next_every(0.5) == 50  # never fewer than the first window
+    assert ddpkit.next_every(1e-7) == ddpkit.RANKS_MAX
+    assert ddpkit.next_every(0.0) == 50  # no step time measured: the first window again
+
+
 def test_script_timing_api_names_the_straggler(tmp_path: Path) -> None:
     env = script_env(DDPDEPLOY_RANKS_EVERY="8")
     with Launcher(tmp_path) as L:
