@@ -14,7 +14,7 @@ import pytest
 from cli_runner import run_cli
 
 from ddpdeploy.cluster.plan import SPEC_ANNOTATION, with_saved_spec
-from ddpdeploy.contract import RunRecord
+from ddpdeploy.contract import RunRecord, facts_env, record_env, record_from_env
 from ddpdeploy.imagebuild import BuiltImage
 from ddpdeploy.options import spec_from_flags
 from ddpdeploy.render import image
@@ -298,3 +298,68 @@ def test_git_dirty_is_true_false_or_unknown(tmp_path: Path):
     assert git.dirty(repo) is False
     (repo / "b.py").write_text("untracked, but it goes into the image\n")
     assert git.dirty(repo) is True
+
+
+# ---- the record read back (what `scale` and `resume` carry forward) ----------------------
+
+COMMIT = "c0ffee" * 6 + "abcd"
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        RunRecord(image_digest=DIGEST, git_commit=COMMIT, git_dirty=True),
+        RunRecord(image_digest=DIGEST, git_commit="ab" * 32, git_dirty=False),  # SHA-256 git
+        RunRecord(git_commit=COMMIT),
+        RunRecord(image_digest=DIGEST),
+        RunRecord(),
+    ],
+)
+def test_the_record_reads_back_from_the_env_it_gave(record):
+    spec = SPECS["pytorchjob"]
+    assert record_from_env(record_env(spec, record)) == (record, [])
+    assert record_from_env(facts_env(record)) == (record, [])
+    for env in pod_envs(render_objects(spec, record)):  # the pods' own env says the same
+        assert record_from_env(env) == (record, [])
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("DDPDEPLOY_GIT_COMMIT", "not-hex"),
+        ("DDPDEPLOY_GIT_COMMIT", COMMIT.upper()),
+        ("DDPDEPLOY_GIT_COMMIT", COMMIT[:12]),  # a build records the full commit
+        ("DDPDEPLOY_GIT_COMMIT", COMMIT + "\n"),
+        ("DDPDEPLOY_GIT_COMMIT", "[bold red]" + COMMIT + "[/]"),
+        ("DDPDEPLOY_GIT_DIRTY", "true"),
+        ("DDPDEPLOY_GIT_DIRTY", 1),
+        ("DDPDEPLOY_IMAGE_DIGEST", "sha256:" + "ab" * 31),
+        ("DDPDEPLOY_IMAGE_DIGEST", "sha512:" + "ab" * 64),
+        ("DDPDEPLOY_IMAGE_DIGEST", "\x1b]0;pwned\x07" + DIGEST),
+    ],
+)
+def test_a_malformed_value_is_dropped_alone(name, value):
+    good = {
+        "DDPDEPLOY_GIT_COMMIT": COMMIT,
+        "DDPDEPLOY_GIT_DIRTY": "1",
+        "DDPDEPLOY_IMAGE_DIGEST": DIGEST,
+    }
+    record, dropped = record_from_env({**good, name: value})
+    assert dropped == [name]
+    kept = {k: v for k, v in good.items() if k != name}
+    assert facts_env(record) == kept
+
+
+def test_a_digest_other_than_the_pinned_images_is_dropped():
+    pinned = f"ghcr.io/me/train@{DIGEST}"
+    other = "sha256:" + "cd" * 32
+    env = {"DDPDEPLOY_IMAGE_DIGEST": other, "DDPDEPLOY_GIT_COMMIT": COMMIT}
+    assert record_from_env(env, pinned) == (
+        RunRecord(git_commit=COMMIT),
+        ["DDPDEPLOY_IMAGE_DIGEST"],
+    )
+    assert record_from_env(env, IMAGE)[0].image_digest == other  # a tag pins nothing
+    assert record_from_env({"DDPDEPLOY_IMAGE_DIGEST": DIGEST}, pinned) == (
+        RunRecord(image_digest=DIGEST),
+        [],
+    )
