@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from cli_runner import run_cli
 
-from ddpdeploy.cluster.plan import SPEC_ANNOTATION, with_saved_spec
+from ddpdeploy.cluster.plan import RECORD_PREFIX, SPEC_ANNOTATION, saved_record, with_saved_spec
 from ddpdeploy.contract import RunRecord, facts_env, record_env, record_from_env
 from ddpdeploy.imagebuild import BuiltImage
 from ddpdeploy.options import spec_from_flags
@@ -26,6 +26,7 @@ from ddpdeploy.targets import render_objects
 
 DIGEST = "sha256:" + "ab" * 32
 IMAGE = "ghcr.io/me/train:v1"
+RECORD = RECORD_PREFIX
 
 
 def pod_envs(objects: list[dict[str, Any]]) -> list[dict[str, str]]:
@@ -363,3 +364,45 @@ def test_a_digest_other_than_the_pinned_images_is_dropped():
         RunRecord(image_digest=DIGEST),
         [],
     )
+
+
+def test_the_saved_record_round_trips_and_is_absent_without_one():
+    spec = SPECS["pytorchjob"]
+    record = RunRecord(image_digest=DIGEST, git_commit=COMMIT, git_dirty=False)
+    objects = with_saved_spec(render_objects(spec, record), spec, record)
+    for obj in objects:  # the PVC too: it outlives `down`, for `resume`
+        assert {k: v for k, v in obj["metadata"]["annotations"].items() if RECORD in k} == {
+            f"{RECORD}DDPDEPLOY_IMAGE_DIGEST": DIGEST,
+            f"{RECORD}DDPDEPLOY_GIT_COMMIT": COMMIT,
+            f"{RECORD}DDPDEPLOY_GIT_DIRTY": "0",
+        }
+    assert {saved_record(o, spec.image) for o in objects} == {(record, None)}
+    for obj in with_saved_spec(render_objects(spec), spec):  # `up` without --build, `render`
+        assert not [k for k in obj["metadata"]["annotations"] if RECORD in k]
+        assert saved_record(obj) == (None, None)
+
+
+def _job_with(annotations: dict[str, Any]) -> dict[str, Any]:
+    spec = SPECS["pytorchjob"]
+    (job,) = [o for o in with_saved_spec(render_objects(spec), spec) if o["kind"] == "PyTorchJob"]
+    job["metadata"]["annotations"].update(annotations)
+    return job
+
+
+def test_a_tampered_saved_record_warns_once_naming_the_field_not_its_value():
+    evil = "[bold red]x[/]\x1b[2J\u202e"
+    job = _job_with(
+        {f"{RECORD}DDPDEPLOY_GIT_COMMIT": evil, f"{RECORD}DDPDEPLOY_GIT_DIRTY": "2"}
+        | {f"{RECORD}DDPDEPLOY_IMAGE_DIGEST": DIGEST}
+    )
+    record, warning = saved_record(job)
+    assert record == RunRecord(image_digest=DIGEST)
+    meta = job["metadata"]
+    assert warning == (
+        f"PyTorchJob {meta['namespace']}/{meta['name']}: its run record is malformed in "
+        f"{RECORD}DDPDEPLOY_GIT_COMMIT, {RECORD}DDPDEPLOY_GIT_DIRTY; left out of the new pods"
+    )
+    assert evil not in warning
+    only_bad = _job_with({f"{RECORD}DDPDEPLOY_GIT_DIRTY": "yes", f"{RECORD}OTHER": "ignored"})
+    assert saved_record(only_bad)[0] is None  # nothing left: no record at all
+    assert saved_record(_job_with({f"{RECORD}OTHER": "x"})) == (None, None)  # not ours to read
