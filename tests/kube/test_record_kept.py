@@ -140,6 +140,23 @@ def test_resume_keeps_the_record_from_the_job_and_from_the_pvc(
     assert records(get_job(admin, namespace, "r")) == [WANT]
 
 
+def test_resume_keeps_the_record_of_a_trainjob(kube_cli, admin, namespace, up_built):
+    """The saved record reads the same on every target (a TrainJob's env is spec.trainer's)."""
+    up_built("tj", **{"--nodes": 2, "--target": "trainjob"})
+    trainjobs = res(admin, "trainer.kubeflow.org/v1alpha1", "TrainJob")
+
+    def trainer_record() -> dict[str, str | None]:
+        job = trainjobs.get(name="tj", namespace=namespace).to_dict()
+        return record_of({e["name"]: e.get("value") for e in job["spec"]["trainer"]["env"]})
+
+    assert trainer_record() == WANT
+    assert kube_cli("down", "tj", "-n", namespace).returncode == 0
+    out = kube_cli("resume", "tj", "-n", namespace)
+    assert out.returncode == 0, out.stderr
+    assert warnings(out) == [], out.stderr
+    assert trainer_record() == WANT
+
+
 def _tamper(admin, kind: tuple[str, str], ns: str, name: str, fact: str, value: str) -> None:
     """An edit by someone else (a merge patch: the key is theirs from now on)."""
     body = {"metadata": {"annotations": {PREFIX + fact: value}}}
