@@ -11,8 +11,9 @@ included, so targets with no operator reproduce it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from ddpdeploy.image_layout import TRAINER_IN_IMAGE  # where `ddpdeploy build` puts it
@@ -105,18 +106,58 @@ def record_env(spec: JobSpec, record: RunRecord | None = None) -> dict[str, str]
     record = (record or RunRecord()).of(spec)
     assert record.spec_sha256 is not None
     env = {SPEC_SHA256_ENV: record.spec_sha256}
-    digest = record.image_digest
     if spec.image:
         env[IMAGE_ENV] = spec.image
-        if digest is None and "@" in spec.image:
-            digest = spec.image.split("@", 1)[1]
-    if digest:
-        env[IMAGE_DIGEST_ENV] = digest
+        if record.image_digest is None and "@" in spec.image:
+            record = replace(record, image_digest=spec.image.split("@", 1)[1])
+    return env | facts_env(record)
+
+
+def facts_env(record: RunRecord) -> dict[str, str]:
+    """The record's own facts, what no spec says (the image's digest, a build's git commit
+    and dirty flag), as the env the pods get; ``record_from_env`` reads them back."""
+    env = {}
+    if record.image_digest:
+        env[IMAGE_DIGEST_ENV] = record.image_digest
     if record.git_commit:
         env[GIT_COMMIT_ENV] = record.git_commit
     if record.git_dirty is not None:
         env[GIT_DIRTY_ENV] = "1" if record.git_dirty else "0"
     return env
+
+
+# What a build gives: `git rev-parse HEAD` (SHA-1 or SHA-256 object names) and a registry's
+# manifest digest or an engine's image ID.
+_COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_DIRTY = {"1": True, "0": False}
+
+
+def record_from_env(
+    env: Mapping[str, object], image: str | None = None
+) -> tuple[RunRecord, list[str]]:
+    """A record's facts back from env named as ``facts_env`` names them (text from outside,
+    e.g. a live job's), and the names of the values dropped: each one that is not what a
+    build gives (a 40- or 64-hex commit, dirty 0/1, a sha256:<64 hex> digest), and a digest
+    other than the one ``image`` pins. The spec's sha256 and image are not read: a
+    re-rendered spec gets its own."""
+    dropped: list[str] = []
+
+    def valid(name: str, ok: Callable[[str], bool]) -> str | None:
+        value = env.get(name)
+        if value is None:
+            return None
+        if isinstance(value, str) and ok(value):
+            return value
+        dropped.append(name)
+        return None
+
+    pinned = image.split("@", 1)[1] if image and "@" in image else None
+    digest = valid(IMAGE_DIGEST_ENV, lambda v: bool(_DIGEST.fullmatch(v)) and pinned in (None, v))
+    commit = valid(GIT_COMMIT_ENV, lambda v: bool(_COMMIT.fullmatch(v)))
+    dirty = valid(GIT_DIRTY_ENV, lambda v: v in _DIRTY)
+    record = RunRecord(image_digest=digest, git_commit=commit, git_dirty=_DIRTY.get(dirty or ""))
+    return record, dropped
 
 
 def diagnostics_env(spec: JobSpec) -> dict[str, str]:

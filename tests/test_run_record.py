@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from cli_runner import run_cli
 
-from ddpdeploy.cluster.plan import SPEC_ANNOTATION, with_saved_spec
-from ddpdeploy.contract import RunRecord
+from ddpdeploy.cluster.plan import RECORD_PREFIX, SPEC_ANNOTATION, saved_record, with_saved_spec
+from ddpdeploy.contract import RunRecord, facts_env, record_env, record_from_env
 from ddpdeploy.imagebuild import BuiltImage
 from ddpdeploy.options import spec_from_flags
 from ddpdeploy.render import image
@@ -26,6 +26,7 @@ from ddpdeploy.targets import render_objects
 
 DIGEST = "sha256:" + "ab" * 32
 IMAGE = "ghcr.io/me/train:v1"
+RECORD = RECORD_PREFIX
 
 
 def pod_envs(objects: list[dict[str, Any]]) -> list[dict[str, str]]:
@@ -298,3 +299,110 @@ def test_git_dirty_is_true_false_or_unknown(tmp_path: Path):
     assert git.dirty(repo) is False
     (repo / "b.py").write_text("untracked, but it goes into the image\n")
     assert git.dirty(repo) is True
+
+
+# ---- the record read back (what `scale` and `resume` carry forward) ----------------------
+
+COMMIT = "c0ffee" * 6 + "abcd"
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        RunRecord(image_digest=DIGEST, git_commit=COMMIT, git_dirty=True),
+        RunRecord(image_digest=DIGEST, git_commit="ab" * 32, git_dirty=False),  # SHA-256 git
+        RunRecord(git_commit=COMMIT),
+        RunRecord(image_digest=DIGEST),
+        RunRecord(),
+    ],
+)
+def test_the_record_reads_back_from_the_env_it_gave(record):
+    spec = SPECS["pytorchjob"]
+    assert record_from_env(record_env(spec, record)) == (record, [])
+    assert record_from_env(facts_env(record)) == (record, [])
+    for env in pod_envs(render_objects(spec, record)):  # the pods' own env says the same
+        assert record_from_env(env) == (record, [])
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("DDPDEPLOY_GIT_COMMIT", "not-hex"),
+        ("DDPDEPLOY_GIT_COMMIT", COMMIT.upper()),
+        ("DDPDEPLOY_GIT_COMMIT", COMMIT[:12]),  # a build records the full commit
+        ("DDPDEPLOY_GIT_COMMIT", COMMIT + "\n"),
+        ("DDPDEPLOY_GIT_COMMIT", "[bold red]" + COMMIT + "[/]"),
+        ("DDPDEPLOY_GIT_DIRTY", "true"),
+        ("DDPDEPLOY_GIT_DIRTY", 1),
+        ("DDPDEPLOY_IMAGE_DIGEST", "sha256:" + "ab" * 31),
+        ("DDPDEPLOY_IMAGE_DIGEST", "sha512:" + "ab" * 64),
+        ("DDPDEPLOY_IMAGE_DIGEST", "\x1b]0;pwned\x07" + DIGEST),
+    ],
+)
+def test_a_malformed_value_is_dropped_alone(name, value):
+    good = {
+        "DDPDEPLOY_GIT_COMMIT": COMMIT,
+        "DDPDEPLOY_GIT_DIRTY": "1",
+        "DDPDEPLOY_IMAGE_DIGEST": DIGEST,
+    }
+    record, dropped = record_from_env({**good, name: value})
+    assert dropped == [name]
+    kept = {k: v for k, v in good.items() if k != name}
+    assert facts_env(record) == kept
+
+
+def test_a_digest_other_than_the_pinned_images_is_dropped():
+    pinned = f"ghcr.io/me/train@{DIGEST}"
+    other = "sha256:" + "cd" * 32
+    env = {"DDPDEPLOY_IMAGE_DIGEST": other, "DDPDEPLOY_GIT_COMMIT": COMMIT}
+    assert record_from_env(env, pinned) == (
+        RunRecord(git_commit=COMMIT),
+        ["DDPDEPLOY_IMAGE_DIGEST"],
+    )
+    assert record_from_env(env, IMAGE)[0].image_digest == other  # a tag pins nothing
+    assert record_from_env({"DDPDEPLOY_IMAGE_DIGEST": DIGEST}, pinned) == (
+        RunRecord(image_digest=DIGEST),
+        [],
+    )
+
+
+def test_the_saved_record_round_trips_and_is_absent_without_one():
+    spec = SPECS["pytorchjob"]
+    record = RunRecord(image_digest=DIGEST, git_commit=COMMIT, git_dirty=False)
+    objects = with_saved_spec(render_objects(spec, record), spec, record)
+    for obj in objects:  # the PVC too: it outlives `down`, for `resume`
+        assert {k: v for k, v in obj["metadata"]["annotations"].items() if RECORD in k} == {
+            f"{RECORD}DDPDEPLOY_IMAGE_DIGEST": DIGEST,
+            f"{RECORD}DDPDEPLOY_GIT_COMMIT": COMMIT,
+            f"{RECORD}DDPDEPLOY_GIT_DIRTY": "0",
+        }
+    assert {saved_record(o, spec.image) for o in objects} == {(record, None)}
+    for obj in with_saved_spec(render_objects(spec), spec):  # `up` without --build, `render`
+        assert not [k for k in obj["metadata"]["annotations"] if RECORD in k]
+        assert saved_record(obj) == (None, None)
+
+
+def _job_with(annotations: dict[str, Any]) -> dict[str, Any]:
+    spec = SPECS["pytorchjob"]
+    (job,) = [o for o in with_saved_spec(render_objects(spec), spec) if o["kind"] == "PyTorchJob"]
+    job["metadata"]["annotations"].update(annotations)
+    return job
+
+
+def test_a_tampered_saved_record_warns_once_naming_the_field_not_its_value():
+    evil = "[bold red]x[/]\x1b[2J\u202e"
+    job = _job_with(
+        {f"{RECORD}DDPDEPLOY_GIT_COMMIT": evil, f"{RECORD}DDPDEPLOY_GIT_DIRTY": "2"}
+        | {f"{RECORD}DDPDEPLOY_IMAGE_DIGEST": DIGEST}
+    )
+    record, warning = saved_record(job)
+    assert record == RunRecord(image_digest=DIGEST)
+    meta = job["metadata"]
+    assert warning == (
+        f"PyTorchJob {meta['namespace']}/{meta['name']}: its run record is malformed in "
+        f"{RECORD}DDPDEPLOY_GIT_COMMIT, {RECORD}DDPDEPLOY_GIT_DIRTY; left out of the new pods"
+    )
+    assert evil not in warning
+    only_bad = _job_with({f"{RECORD}DDPDEPLOY_GIT_DIRTY": "yes", f"{RECORD}OTHER": "ignored"})
+    assert saved_record(only_bad)[0] is None  # nothing left: no record at all
+    assert saved_record(_job_with({f"{RECORD}OTHER": "x"})) == (None, None)  # not ours to read

@@ -27,7 +27,13 @@ from ddpdeploy.cluster.find import Found, no_job, not_ours, owner_of, require_ou
 from ddpdeploy.cluster.find import ref as _ref
 from ddpdeploy.cluster.jobstate import job_state
 from ddpdeploy.cluster.labels import ours_selector
-from ddpdeploy.cluster.plan import gpu_nodes, gpu_nodes_free, saved_spec, with_saved_spec
+from ddpdeploy.cluster.plan import (
+    gpu_nodes,
+    gpu_nodes_free,
+    saved_record,
+    saved_spec,
+    with_saved_spec,
+)
 from ddpdeploy.contract import RunRecord
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.kubeopts import held_signals, interrupted
@@ -89,11 +95,12 @@ def plan_job(
     record: RunRecord | None = None,
 ) -> Plan:
     """The preflight of ``spec``'s objects (rendered with the saved spec, and ``record``:
-    what `up --build` knows of its image), its warnings said: what `up`, `scale` and
-    `resume` all start from."""
+    what `up --build` knows of its image, saved beside it; `scale` and `resume` pass the
+    live one's, ``carried_record``), its warnings said: what `up`, `scale` and `resume` all
+    start from."""
     from ddpdeploy.targets import render_objects
 
-    objects = with_saved_spec(render_objects(spec, record), spec)
+    objects = with_saved_spec(render_objects(spec, record), spec, record)
     plan = preflight(kube, spec, objects, create_namespace)
     for warning in plan.warnings:
         say(f"warning: {warning}")
@@ -484,8 +491,18 @@ def delete_job_and_wait(
 # --- the saved spec --------------------------------------------------------------------
 
 
-def resumable_spec(found: Found) -> JobSpec:
-    """The spec to resume: the job (found with verb "resumed") must have ended, or be gone."""
+def carried_record(obj: Obj, spec: JobSpec, say: Say) -> RunRecord | None:
+    """The run record saved on ``obj`` (ours: found with a verb), for ``spec`` re-rendered
+    from it to keep (`scale`, `resume`); what is malformed in it is dropped, in one warning."""
+    record, warning = saved_record(obj, spec.image)
+    if warning is not None:
+        say(f"warning: {warning}")
+    return record
+
+
+def resumable(found: Found, say: Say) -> tuple[JobSpec, RunRecord | None]:
+    """The spec to resume and the run record saved with it: the job (found with verb
+    "resumed") must have ended, or be gone."""
     job = found.job
     if job is not None:
         state = job_state(job, [])
@@ -494,22 +511,28 @@ def resumable_spec(found: Found) -> JobSpec:
                 f"{job['kind']} {found.namespace}/{found.name} is {state.state}; nothing to "
                 "resume (`ddpdeploy down` it first to restart it)"
             )
-    return saved_spec_of(found)
+    spec, source = _saved(found)
+    return spec, carried_record(source, spec, say)
 
 
 def saved_spec_of(found: Found) -> JobSpec:
     """The spec `up` last submitted: from the job (found with a verb, so ours), else from
     its checkpoint PVC (which outlives `down`); either must name this job in this
     namespace."""
+    return _saved(found)[0]
+
+
+def _saved(found: Found) -> tuple[JobSpec, Obj]:
+    """``saved_spec_of`` and the object it was saved on."""
     name, namespace = found.name, found.namespace
     spec = saved_spec(found.job) if found.job is not None else None
-    if spec is not None:
-        return spec
+    if spec is not None and found.job is not None:
+        return spec, found.job
     claims = found.kube.list("v1", "PersistentVolumeClaim", namespace, labels=ours_selector(name))
     for claim in claims:
         spec = saved_spec(claim)
         if spec is not None and spec.name == name:
-            return spec
+            return spec, claim
     raise OperationError(
         f"no saved spec for {name} in namespace {namespace}: neither a job nor a "
         "checkpoint PVC that `ddpdeploy up` made is there; run `ddpdeploy up` again"

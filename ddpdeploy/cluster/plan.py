@@ -1,8 +1,8 @@
 """What `up` needs to decide before and around applying, as pure functions over dicts.
 
-The saved spec (an annotation on the job and on its checkpoint PVC, so that `resume` can
-recreate a job even after `down`), GPU capacity from node objects, and the size limits
-`scale` enforces.
+The saved spec and run record (annotations on the job and on its checkpoint PVC, so that
+`resume` can recreate a job even after `down`), GPU capacity from node objects, and the size
+limits `scale` enforces.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import yaml
 from pydantic import ValidationError
 
 from ddpdeploy.cluster.labels import INSTANCE_LABEL
+from ddpdeploy.contract import RunRecord, facts_env, record_from_env
 from ddpdeploy.errors import UserError
 from ddpdeploy.spec import JobSpec, canonical_json, quantity, spec_with
 from ddpdeploy.targets import layout_for_kind
@@ -21,6 +22,14 @@ from ddpdeploy.targets import layout_for_kind
 Obj = dict[str, Any]
 
 SPEC_ANNOTATION = "ddpdeploy.dev/spec"
+# What `up --build` knew of the image beyond the spec (contract.RunRecord: its digest and git
+# facts), saved beside the spec for `scale` and `resume` to render with: one annotation per
+# fact, named by the env the pods get it as. Annotations rather than the pod template's env:
+# the PVC keeps them through `down`, as it keeps the spec, and they read the same on every
+# target (a TrainJob keeps its env under spec.trainer). One key each, not one JSON value: a
+# value that is dropped is then left out of the next apply alone, and a key someone else
+# edited (so owns) is left to them rather than conflicting with the apply of the others.
+RECORD_PREFIX = "record.ddpdeploy.dev/"
 GPU = "nvidia.com/gpu"
 
 
@@ -29,15 +38,45 @@ def spec_json(spec: JobSpec) -> str:
     return canonical_json(spec)
 
 
-def with_saved_spec(objects: list[Obj], spec: JobSpec) -> list[Obj]:
-    """Copies of ``objects``, each annotated with the spec that rendered them."""
+def with_saved_spec(
+    objects: list[Obj], spec: JobSpec, record: RunRecord | None = None
+) -> list[Obj]:
+    """Copies of ``objects``, each annotated with the spec that rendered them and the facts
+    of ``record`` they were rendered with (no record: no record annotations)."""
     saved = spec_json(spec)
+    facts = record_annotations(record) if record is not None else {}
     out = []
     for obj in objects:
         obj = copy.deepcopy(obj)
-        obj["metadata"].setdefault("annotations", {})[SPEC_ANNOTATION] = saved
+        obj["metadata"].setdefault("annotations", {}).update({SPEC_ANNOTATION: saved, **facts})
         out.append(obj)
     return out
+
+
+def record_annotations(record: RunRecord) -> dict[str, str]:
+    return {RECORD_PREFIX + name: value for name, value in facts_env(record).items()}
+
+
+def saved_record(obj: Obj, image: str | None = None) -> tuple[RunRecord | None, str | None]:
+    """The run record saved on ``obj`` (None when it has none), for `scale` and `resume` to
+    render with, and one warning line (or None). Text from the cluster: a value that is not
+    what a build gives (contract.record_from_env; ``image``: the spec's, whose pinned digest
+    a digest must be) is dropped, never copied into new pods, and the line names it (not
+    its value)."""
+    meta = obj.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    env = {
+        key.removeprefix(RECORD_PREFIX): value
+        for key, value in annotations.items()
+        if key.startswith(RECORD_PREFIX)
+    }
+    record, dropped = record_from_env(env, image)
+    warning = None
+    if dropped:
+        where = f"{obj.get('kind')} {meta.get('namespace')}/{meta.get('name')}"
+        names = ", ".join(RECORD_PREFIX + name for name in dropped)
+        warning = f"{where}: its run record is malformed in {names}; left out of the new pods"
+    return (record if facts_env(record) else None), warning
 
 
 def saved_spec(obj: Obj) -> JobSpec | None:

@@ -23,8 +23,8 @@ def resume(
 
     try:
         found = open_job(kubeconfig, context, name, namespace, verb="resumed", required=False)
-        spec = apply.resumable_spec(found)
-        plan = apply.plan_job(found.kube, spec, say)
+        spec, record = apply.resumable(found, say)  # the record: `up --build`'s, kept
+        plan = apply.plan_job(found.kube, spec, say, record=record)
     except KeyboardInterrupt as exc:
         raise interrupted(exc, "stopped before any change; nothing was changed") from None
     created = apply.apply(found.kube, plan, replace=True, say=say)

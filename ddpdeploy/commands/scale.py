@@ -32,7 +32,10 @@ def scale(
         found = open_job(kubeconfig, context, name, namespace, verb="scaled", layouts=SCALABLE)
         job = found.job
         assert job is not None  # required
-        plan = apply.plan_job(found.kube, scaled_spec(job, nodes), say)
+        spec = scaled_spec(job, nodes)
+        # The pods keep the image digest and git facts `up --build` recorded.
+        record = apply.carried_record(job, spec, say)
+        plan = apply.plan_job(found.kube, spec, say, record=record)
     except KeyboardInterrupt as exc:
         raise interrupted(exc, "stopped before any change; nothing was changed") from None
     apply.apply(found.kube, plan, False, say, in_place=True)  # says what an interrupt left

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from actors import get_job
+from actors import get_job, set_job_conditions
 from cli_runner import run_cli
 
 # The docker helpers are plain modules beside the docker tests (as tests/docker/conftest.py
@@ -118,12 +118,27 @@ def test_up_build_runs_the_pushed_digest(
     saved = job["metadata"]["annotations"]["ddpdeploy.dev/spec"]
     for replica in job["spec"]["pytorchReplicaSpecs"].values():
         (container,) = replica["template"]["spec"]["containers"]
-        env = {e["name"]: e.get("value") for e in container["env"]}
-        assert env["DDPDEPLOY_IMAGE"] == f"{repo}@{digest}"
-        assert env["DDPDEPLOY_IMAGE_DIGEST"] == digest
-        assert env["DDPDEPLOY_SPEC_SHA256"] == hashlib.sha256(saved.encode()).hexdigest()
-        assert env["DDPDEPLOY_GIT_COMMIT"] == commit.stdout.decode().strip()
-        assert env["DDPDEPLOY_GIT_DIRTY"] == "1"
+        pod_env = {e["name"]: e.get("value") for e in container["env"]}
+        assert pod_env["DDPDEPLOY_IMAGE"] == f"{repo}@{digest}"
+        assert pod_env["DDPDEPLOY_IMAGE_DIGEST"] == digest
+        assert pod_env["DDPDEPLOY_SPEC_SHA256"] == hashlib.sha256(saved.encode()).hexdigest()
+        assert pod_env["DDPDEPLOY_GIT_COMMIT"] == commit.stdout.decode().strip()
+        assert pod_env["DDPDEPLOY_GIT_DIRTY"] == "1"
+    # Saved beside the spec, so that `resume` (and `scale`) tell the new pods the same.
+    record = {k: pod_env[k] for k in ("DDPDEPLOY_IMAGE_DIGEST", "DDPDEPLOY_GIT_COMMIT")}
+    record["DDPDEPLOY_GIT_DIRTY"] = "1"
+    prefix = "record.ddpdeploy.dev/"
+    annotations = job["metadata"]["annotations"]
+    assert {k.removeprefix(prefix): v for k, v in annotations.items() if prefix in k} == record
+    set_job_conditions(admin, namespace, "j", ("Created", ""), ("Failed", "boom"))
+    out = run_cli("resume", "j", "-n", namespace, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    again = get_job(admin, namespace, "j")
+    assert again is not None and again["metadata"]["uid"] != job["metadata"]["uid"]
+    for replica in again["spec"]["pytorchReplicaSpecs"].values():
+        (container,) = replica["template"]["spec"]["containers"]
+        pod_env = {e["name"]: e.get("value") for e in container["env"]}
+        assert {k: pod_env.get(k) for k in record} == record
 
 
 def test_up_build_needs_a_repository(tmp_path: Path) -> None:
