@@ -34,6 +34,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -613,6 +614,7 @@ class Destination:
         self._made_dirs: list[Path] = []
         self._made_files: list[Path] = []
         self._lock: files.FolderLock | None = None
+        self._old: dict[Path, Path] = {}  # a file --overwrite replaced -> its old version
 
     def existing(self) -> Path:
         """`--to`, or its nearest folder above that exists (where it would be created)."""
@@ -664,7 +666,12 @@ class Destination:
             ) from None
 
     def finish(self) -> None:
-        """After success or `rollback`: release the lock."""
+        """After success or `rollback`: drop the old versions kept for a rollback, release
+        the lock."""
+        for old in self._old.values():
+            with contextlib.suppress(OSError):
+                old.unlink()
+        self._old.clear()
         if self._lock is not None:
             self._lock.release()
             self._lock = None
@@ -672,12 +679,32 @@ class Destination:
     def write(self, name: str, fill: bytes | Callable[[BinaryIO], None]) -> None:
         self._ensure()
         target = self.path / name
+        old = self._keep_old(target) if self.overwrite else None
         try:
             created = _write_atomic(target, fill, overwrite=self.overwrite)
-        except OSError as exc:
-            raise UserError(f"--to: writing {target}: {exc.strerror or exc}") from None
+        except BaseException as exc:
+            if old is not None:  # the file was not replaced: its second name goes
+                with contextlib.suppress(OSError):
+                    old.unlink()
+            if isinstance(exc, OSError):
+                raise UserError(f"--to: writing {target}: {exc.strerror or exc}") from None
+            raise
         if created:
             self._made_files.append(target)
+            if old is not None:
+                self._old[target] = old
+
+    def _keep_old(self, target: Path) -> Path | None:
+        """A second name (a hard link: no space taken) for the file at ``target`` that
+        --overwrite is about to replace, so that a rollback can put it back."""
+        if not os.path.lexists(target):
+            return None
+        old = target.with_name(f".{target.name}.{secrets.token_hex(8)}{files.TEMP_SUFFIX}")
+        try:
+            os.link(target, old, follow_symlinks=False)
+        except OSError as exc:
+            raise files.write_error(target, exc, "--to") from None
+        return old
 
     def _ensure(self) -> None:
         missing: list[Path] = []
@@ -698,7 +725,10 @@ class Destination:
     def rollback(self) -> None:
         for path in reversed(self._made_files):
             with contextlib.suppress(OSError):
-                path.unlink()
+                if path in self._old:
+                    os.replace(self._old.pop(path), path)  # the file --overwrite replaced
+                else:
+                    path.unlink()
         for folder in reversed(self._made_dirs):
             with contextlib.suppress(OSError):
                 folder.rmdir()  # only when empty: never what someone else put there

@@ -76,6 +76,8 @@ CASES = {
     "debug": (["--debug"], "debug/nccl_trace_rank_0"),
     # No checkpoint yet: the diagnostics only, into a --to made by this run.
     "debug-only": (["--debug"], "debug/nccl_trace_rank_0"),
+    # --to's own step 2 differs: replaced, then the dump runs out: the old one comes back.
+    "overwrite": (["--debug", "--overwrite"], "debug/nccl_trace_rank_0"),
 }
 
 
@@ -93,6 +95,9 @@ def test_a_disk_that_fills_during_the_copy_leaves_to_as_it_was(mountpoint, proje
         (to / "notes.txt").write_bytes(b"mine")
         for name in (payload_name(1), sidecar_name(1)):
             (to / name).write_bytes((src / name).read_bytes())
+        if case == "overwrite":
+            (to / payload_name(2)).write_bytes(b"an older step 2")
+            (to / sidecar_name(2)).write_bytes(b"{}")
     if args:
         (src / "hang-rank0.txt").write_bytes(b"# ddpkit hang watchdog: rank 0\nThread 0x1\n")
         (src / "nccl_trace_rank_0").write_bytes(os.urandom(BIG))
