@@ -1,6 +1,8 @@
-"""`ddpdeploy collect --from compose` onto a disk that fills up: the volume is staged beside
---to (the same file system), so the staging or the copy out of it runs out; either way one
-line naming the file and "No space left on device", exit 1, nothing left behind."""
+"""`ddpdeploy collect --from compose` into a --to that cannot take it. A disk that fills up:
+the volume is staged beside --to (the same file system), so the staging or the copy out of it
+runs out; either way one line naming the file and "No space left on device", exit 1, nothing
+left behind. A --to another collect is writing: one line, exit 2, nothing left behind (the
+race itself, two processes at once: tests/test_collect_lock.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from typing import Any
 
 import pytest
 from fs_helpers import mount_tmpfs, tmpfs_mountpoint
+
+from ddpdeploy.adapters.files import FolderLock
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -96,3 +100,22 @@ def test_a_full_disk_under_a_compose_collect_is_one_line(
     filler.unlink()
     again = cli("collect", "job", *args)
     assert again.returncode == 0, again.stderr
+
+
+def test_a_to_another_collect_holds_is_refused_and_the_staging_goes(
+    cli: Any, engine: Any, volume: str, tmp_path: Path
+) -> None:
+    to = tmp_path / "out"
+    to.mkdir()
+    (to / "notes").write_bytes(b"mine")
+    users = {c.id for c in engine.containers.list(all=True, filters={"volume": volume})}
+    with FolderLock(to):  # as a collect into it holds it
+        out = cli("collect", "job", "--from", "compose", "--volume", volume, "--to", str(to))
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines() == [
+        f"error: --to: another collect is writing {to}; wait for it to end, or collect into "
+        "another folder"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # the staging folder went
+    assert [p.name for p in to.iterdir()] == ["notes"]
+    assert {c.id for c in engine.containers.list(all=True, filters={"volume": volume})} == users
