@@ -34,6 +34,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -264,6 +265,7 @@ def collect(
         raise UserError("--step and --file: pick one (--step is for ddpdeploy checkpoints)")
     debug_out = Destination(dest / DEBUG_DIR, overwrite)
     try:
+        out.lock()  # before anything in --to is looked at: a parallel collect there is refused
         try:
             got = _collect_any(source, regular, files, step, out, warn, progress)
         except NoCheckpoint as exc:
@@ -282,6 +284,9 @@ def collect(
         debug_out.rollback()
         out.rollback()
         raise
+    finally:
+        debug_out.finish()
+        out.finish()  # after any rollback: the next collect finds this one's end state
 
 
 def _collect_any(
@@ -600,13 +605,16 @@ def _verified_copy(
 
 
 class Destination:
-    """The `--to` folder: checked before anything is read, created when first written, and
-    put back as it was (what this run created removed) on failure."""
+    """The `--to` folder: checked before anything is read, created and locked by `lock`
+    (or created when first written), and put back as it was (what this run created
+    removed) on failure."""
 
     def __init__(self, path: Path, overwrite: bool) -> None:
         self.path, self.overwrite = path, overwrite
         self._made_dirs: list[Path] = []
         self._made_files: list[Path] = []
+        self._lock: files.FolderLock | None = None
+        self._old: dict[Path, Path] = {}  # a file --overwrite replaced -> its old version
 
     def existing(self) -> Path:
         """`--to`, or its nearest folder above that exists (where it would be created)."""
@@ -642,15 +650,61 @@ class Destination:
             "collect into another folder"
         )
 
+    def lock(self) -> None:
+        """Create `--to` if need be and hold its lock until `finish`: a second collect into
+        the same folder meanwhile is refused with one line (exit 2), so the folder never
+        holds a mix of two runs' files."""
+        self._ensure()
+        try:
+            self._lock = files.FolderLock(self.path, "--to")
+        except files.FolderBusy:
+            # Whichever of the two made the folders, they hold the other run's files now.
+            self._made_dirs.clear()
+            raise UserError(
+                f"--to: another collect is writing {self.path}; wait for it to end, or "
+                "collect into another folder"
+            ) from None
+
+    def finish(self) -> None:
+        """After success or `rollback`: drop the old versions kept for a rollback, release
+        the lock."""
+        for old in self._old.values():
+            with contextlib.suppress(OSError):
+                old.unlink()
+        self._old.clear()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
     def write(self, name: str, fill: bytes | Callable[[BinaryIO], None]) -> None:
         self._ensure()
         target = self.path / name
+        old = self._keep_old(target) if self.overwrite else None
         try:
             created = _write_atomic(target, fill, overwrite=self.overwrite)
-        except OSError as exc:
-            raise UserError(f"--to: writing {target}: {exc.strerror or exc}") from None
+        except BaseException as exc:
+            if old is not None:  # the file was not replaced: its second name goes
+                with contextlib.suppress(OSError):
+                    old.unlink()
+            if isinstance(exc, OSError):
+                raise UserError(f"--to: writing {target}: {exc.strerror or exc}") from None
+            raise
         if created:
             self._made_files.append(target)
+            if old is not None:
+                self._old[target] = old
+
+    def _keep_old(self, target: Path) -> Path | None:
+        """A second name (a hard link: no space taken) for the file at ``target`` that
+        --overwrite is about to replace, so that a rollback can put it back."""
+        if not os.path.lexists(target):
+            return None
+        old = target.with_name(f".{target.name}.{secrets.token_hex(8)}{files.TEMP_SUFFIX}")
+        try:
+            os.link(target, old, follow_symlinks=False)
+        except OSError as exc:
+            raise files.write_error(target, exc, "--to") from None
+        return old
 
     def _ensure(self) -> None:
         missing: list[Path] = []
@@ -662,13 +716,19 @@ class Destination:
             try:
                 folder.mkdir()
             except OSError as exc:
-                raise UserError(f"--to: creating {folder}: {exc.strerror or exc}") from None
+                if isinstance(exc, FileExistsError) and folder.is_dir():
+                    continue  # made meanwhile by a parallel collect: never ours to remove
+                # No space or read-only is exit 1, as for a file; a path in the way exit 2.
+                raise files.write_error(folder, exc, "--to", verb="create") from None
             self._made_dirs.append(folder)
 
     def rollback(self) -> None:
         for path in reversed(self._made_files):
             with contextlib.suppress(OSError):
-                path.unlink()
+                if path in self._old:
+                    os.replace(self._old.pop(path), path)  # the file --overwrite replaced
+                else:
+                    path.unlink()
         for folder in reversed(self._made_dirs):
             with contextlib.suppress(OSError):
                 folder.rmdir()  # only when empty: never what someone else put there

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdeploy.adapters.docker_engine import connect
-from ddpdeploy.adapters.files import chunk_reader
+from ddpdeploy.adapters.files import chunk_reader, write_error
 from ddpdeploy.errors import OperationError, UserError
 
 MOUNT = "/ddpdeploy-volume"
@@ -102,11 +102,14 @@ def _extract_files(
         # O_EXCL|O_NOFOLLOW: a new file in our own fresh folder, never through a link.
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
         room = limit_of(name)
-        with src, os.fdopen(os.open(dest / name, flags, 0o600), "wb") as out:
-            while chunk := src.read(1 << 20 if room is None else min(1 << 20, room)):
-                out.write(chunk)
-                if room is not None:
-                    room -= len(chunk)
-                    if room <= 0:
-                        break  # the stream skips the rest of this member unwritten
+        try:
+            with src, os.fdopen(os.open(dest / name, flags, 0o600), "wb") as out:
+                while chunk := src.read(1 << 20 if room is None else min(1 << 20, room)):
+                    out.write(chunk)
+                    if room is not None:
+                        room -= len(chunk)
+                        if room <= 0:
+                            break  # the stream skips the rest of this member unwritten
+        except OSError as exc:  # the staging's disk (beside --to) is full, or read-only
+            raise write_error(dest / name, exc, "--to", verb="stage") from None
     return others

@@ -7,6 +7,7 @@ planted at that name is followed or reused), written, fsync-ed, renamed over the
 the folder fsync-ed; on any failure, Ctrl-C included, the temp file goes and the old file
 stays. Only a regular file is ever replaced: a symlink, a device node, a FIFO or a folder in
 the target's place is refused by name. System errors become one line naming the path.
+`FolderLock` keeps two writers out of one folder at once (a lock on the folder itself).
 (The trainer in train/ keeps its own writer: it never imports the CLI.)
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import io
 import os
@@ -61,10 +63,10 @@ def kind_of(mode: int) -> str:
     return _KINDS.get(stat.S_IFMT(mode), "an unknown kind of file")
 
 
-def write_error(path: Path | str, exc: OSError, label: str = "") -> UserError:
+def write_error(path: Path | str, exc: OSError, label: str = "", verb: str = "write") -> UserError:
     """One line naming ``path``: exit 2 where another path fixes it, 1 where the system
     refused (no space, read-only, no permission)."""
-    text = f"{_prefix(label)}cannot write {path}: {exc.strerror or exc}"
+    text = f"{_prefix(label)}cannot {verb} {path}: {exc.strerror or exc}"
     if exc.errno in _USER_ERRNOS:
         return UserError(text)
     return OperationError(text)
@@ -212,6 +214,75 @@ def fsync_folder(folder: Path | str) -> None:
             raise
     finally:
         os.close(fd)
+
+
+# flock errors that mean "this file system cannot lock" (some network mounts), not "busy".
+_NO_LOCK_ERRNOS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF}
+
+
+class FolderBusy(Exception):
+    """Another writer (another process, or another lock taken here) holds the folder's lock."""
+
+
+class FolderLock:
+    """An exclusive lock on the existing folder ``path`` itself (flock on the folder's own
+    fd), held until `release`, for a writer that must not share the folder with another at
+    once. No lock file, so nothing is left behind; the kernel drops the lock when its process
+    ends however it ends (SIGKILL included), so no stale lock outlives its writer. Never
+    waited for: FolderBusy at once. A file system that cannot lock gives no lock (writes go
+    on as they would without one)."""
+
+    def __init__(self, path: Path | str, label: str = "") -> None:
+        self.path = Path(path)
+        self._fd: int | None = None
+        try:
+            self._fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise write_error(path, exc, label, verb="lock") from None
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.release()
+            raise FolderBusy(str(path)) from None
+        except OSError as exc:
+            if exc.errno not in _NO_LOCK_ERRNOS:
+                self.release()
+                raise write_error(path, exc, label, verb="lock") from None
+        except BaseException:
+            self.release()
+            raise
+        if not self._still_at_path():
+            # Removed or replaced between our open and our lock (its last holder's rollback):
+            # a lock on a folder nobody can reach any more keeps nobody out.
+            self.release()
+            raise FolderBusy(str(path))
+
+    def _still_at_path(self) -> bool:
+        assert self._fd is not None
+        try:
+            now = os.stat(self.path)
+        except OSError:
+            return False
+        held = os.fstat(self._fd)
+        return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
+
+    def release(self) -> None:
+        """Drop the lock (closing the folder's fd is what drops it); idempotent."""
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> FolderLock:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
 
 
 class NotRegularFile(UserError, OSError):
