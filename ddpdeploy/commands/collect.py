@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from ddpdeploy.errors import UserError
 from ddpdeploy.kubeopts import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from ddpdeploy.checkpoints import Collected, Source
 
 SOURCES = ("local", "compose", "cluster")
 
@@ -76,49 +82,18 @@ def collect(
     Example: ddpdeploy collect ddp-train --to ./ckpt --debug
     """
     from rich.console import Console
-    from rich.progress import DownloadColumn, Progress, TransferSpeedColumn
 
     from ddpdeploy import checkpoints
+    from ddpdeploy.paths import local_checkpoints
 
-    local_rel = Path(".ddpdeploy", "checkpoints", name)
-    local = local_rel.resolve()
+    local_rel = local_checkpoints(name)
     err = Console(stderr=True, highlight=False)
-    if source is None:
-        if not local.is_dir():
-            raise UserError(
-                f"--from: no local run's folder {local_rel} here; pass --from cluster for a "
-                "job on the cluster, or --from compose --volume VOLUME for a compose run"
-            )
-        source = "local"
-        err.print(
-            f"collect: reading the local run's folder {local_rel} (--from local)", markup=False
-        )
-    if source not in SOURCES:
-        raise UserError(f"--from: {source!r} is not a source; use local, compose or cluster")
+    source = _source(source, local_rel, err)
     checkpoints.Destination(to, overwrite).check()  # before anything is read or started
-    with Progress(
-        *Progress.get_default_columns(), DownloadColumn(), TransferSpeedColumn(),
-        console=err, transient=True, disable=not err.is_terminal,  # no bar into a log
-    ) as bar:  # fmt: skip
-        task = bar.add_task("copying", total=None)
-
-        def copy(src: checkpoints.Source) -> checkpoints.Collected:
-            return checkpoints.collect(
-                src,
-                to,
-                step,
-                # markup=False: names and reasons come from the folder, which may hold `[`.
-                warn=lambda text: bar.console.print(
-                    f"warning: {text}", markup=False, soft_wrap=True
-                ),
-                progress=lambda n: bar.advance(task, n),
-                files=files or (),
-                overwrite=overwrite,
-                debug=debug,
-            )
-
+    with _copy_bar(err) as bar:
+        copy = _copier(bar, to, step, files or (), overwrite, debug)
         if source == "local":
-            got = copy(checkpoints.LocalSource(local, str(local_rel)))
+            got = copy(checkpoints.LocalSource(local_rel.resolve(), str(local_rel)))
         elif source == "compose":
             got = _from_compose(volume, image, to, copy, bar.console.print, debug)
         else:
@@ -129,6 +104,57 @@ def collect(
         _say(err, f"collected {got.describe()} into {to}")
     if debug:
         _say_debug(err, got, to)
+
+
+def _source(source: str | None, local_rel: Path, err: Console) -> str:
+    """--from as given, else local when the local run's folder is here (said in a line)."""
+    if source is None:
+        if not local_rel.resolve().is_dir():
+            raise UserError(
+                f"--from: no local run's folder {local_rel} here; pass --from cluster for a "
+                "job on the cluster, or --from compose --volume VOLUME for a compose run"
+            )
+        source = "local"
+        err.print(
+            f"collect: reading the local run's folder {local_rel} (--from local)", markup=False
+        )
+    if source not in SOURCES:
+        raise UserError(f"--from: {source!r} is not a source; use local, compose or cluster")
+    return source
+
+
+def _copy_bar(err: Console) -> Progress:
+    """The copy's progress bar on stderr: bytes and speed, gone when done."""
+    from rich.progress import DownloadColumn, Progress, TransferSpeedColumn
+
+    return Progress(
+        *Progress.get_default_columns(), DownloadColumn(), TransferSpeedColumn(),
+        console=err, transient=True, disable=not err.is_terminal,  # no bar into a log
+    )  # fmt: skip
+
+
+def _copier(
+    bar: Progress, to: Path, step: int | None, files: Sequence[str], overwrite: bool, debug: bool
+) -> Callable[[Source], Collected]:
+    """Collect from a source into --to, its bytes counted on ``bar``, its warnings above."""
+    from ddpdeploy import checkpoints
+
+    task = bar.add_task("copying", total=None)
+
+    def copy(src: Source) -> Collected:
+        return checkpoints.collect(
+            src,
+            to,
+            step,
+            # markup=False: names and reasons come from the folder, which may hold `[`.
+            warn=lambda text: bar.console.print(f"warning: {text}", markup=False, soft_wrap=True),
+            progress=lambda n: bar.advance(task, n),
+            files=files,
+            overwrite=overwrite,
+            debug=debug,
+        )
+
+    return copy
 
 
 def _say(err: Any, text: str) -> None:
