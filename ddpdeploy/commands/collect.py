@@ -91,11 +91,12 @@ def collect(
     source = _source(source, local_rel, err)
     checkpoints.Destination(to, overwrite).check()  # before anything is read or started
     with _copy_bar(err) as bar:
-        copy = _copier(bar, to, step, files or (), overwrite, debug)
+        warn = _warner(bar)
+        copy = _copier(bar, to, step, files or (), overwrite, debug, warn)
         if source == "local":
             got = copy(checkpoints.LocalSource(local_rel.resolve(), str(local_rel)))
         elif source == "compose":
-            got = _from_compose(volume, image, to, copy, bar.console.print, debug)
+            got = _from_compose(volume, image, to, copy, warn, debug)
         else:
             got = _from_cluster(name, namespace, kubeconfig, context, timeout, image, copy)
     if got.no_checkpoint:
@@ -133,10 +134,26 @@ def _copy_bar(err: Console) -> Progress:
     )  # fmt: skip
 
 
+def _warner(bar: Progress) -> Callable[[str], None]:
+    """A warning line above the bar."""
+
+    def warn(text: str) -> None:
+        # markup=False: names and reasons come from the folder, which may hold `[`.
+        bar.console.print(f"warning: {text}", markup=False, soft_wrap=True)
+
+    return warn
+
+
 def _copier(
-    bar: Progress, to: Path, step: int | None, files: Sequence[str], overwrite: bool, debug: bool
+    bar: Progress,
+    to: Path,
+    step: int | None,
+    files: Sequence[str],
+    overwrite: bool,
+    debug: bool,
+    warn: Callable[[str], None],
 ) -> Callable[[Source], Collected]:
-    """Collect from a source into --to, its bytes counted on ``bar``, its warnings above."""
+    """Collect from a source into --to, its bytes counted on ``bar``."""
     from ddpdeploy import checkpoints
 
     task = bar.add_task("copying", total=None)
@@ -146,8 +163,7 @@ def _copier(
             src,
             to,
             step,
-            # markup=False: names and reasons come from the folder, which may hold `[`.
-            warn=lambda text: bar.console.print(f"warning: {text}", markup=False, soft_wrap=True),
+            warn=warn,
             progress=lambda n: bar.advance(task, n),
             files=files,
             overwrite=overwrite,
@@ -192,42 +208,17 @@ def _from_compose(
     volume: str | None,
     image: str | None,
     to: Path,
-    copy: Callable[[Any], Any],
-    say: Callable[..., None],
+    copy: Callable[[Source], Collected],
+    warn: Callable[[str], None],
     debug: bool,
-) -> Any:
-    """Stage the volume's regular files beside the target folder, then collect from there
-    (with ``debug``, a diagnostics file staged only as far as collect reads it)."""
-    import os
-    import tempfile
-
-    from ddpdeploy.adapters.docker_volume import copy_out
-    from ddpdeploy.checkpoints import MAX_DEBUG, Destination, LocalSource, debug_kind, shown
-
-    def limit_of(entry: str) -> int | None:
-        return MAX_DEBUG + 1 if debug and debug_kind(entry) else None
+) -> Collected:
+    """Collect from the compose run's checkpoint volume, staged beside --to."""
+    from ddpdeploy.volumecollect import volume_source
 
     if not volume:
         raise UserError("--volume: name the compose run's checkpoint volume (docker volume ls)")
-    # Staged beside --to (or where it would be created): the same file system, no folder
-    # made; inside --to only when its parent is not ours to write.
-    near = Destination(to, overwrite=False).existing()
-    if near == Path(os.path.abspath(to)) and os.access(near.parent, os.W_OK | os.X_OK):
-        near = near.parent
-    try:
-        staging = tempfile.TemporaryDirectory(prefix=".ddpdeploy-collect-", dir=near)
-    except OSError as exc:
-        raise UserError(f"--to: cannot stage files in {near}: {exc.strerror or exc}") from None
-    with staging as folder:
-        where = f"volume {volume}"
-        for entry, kind in sorted(copy_out(volume, ".", Path(folder), image, limit_of).items()):
-            if kind != "folder":
-                say(
-                    f"warning: skipping {shown(entry)} in {where}: a {kind}, not a regular file",
-                    markup=False,
-                    soft_wrap=True,
-                )
-        return copy(LocalSource(Path(folder), where))
+    with volume_source(volume, image, to, debug, warn) as src:
+        return copy(src)
 
 
 def _from_cluster(
@@ -237,8 +228,8 @@ def _from_cluster(
     context: str | None,
     timeout: float,
     image: str | None,
-    copy: Callable[[Any], Any],
-) -> Any:
+    copy: Callable[[Source], Collected],
+) -> Collected:
     from ddpdeploy.cluster.apply import saved_spec_of
     from ddpdeploy.cluster.collect import pod_source
     from ddpdeploy.cluster.find import open_job
