@@ -324,33 +324,38 @@ def _push_with_progress(
 ) -> str:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
-    from ddpdeploy.adapters.docker_streams import PUSH_DONE
-
-    live = console.is_terminal
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         DownloadColumn(),
         console=console,
         transient=True,
-        disable=not live,
+        disable=not console.is_terminal,
     ) as bar:
-        tasks: dict[str, int] = {}
-        done: set[str] = set()
+        return str(engine.push(client, repository, tag, _on_push(console, bar)))
 
-        def on_push(state: PushProgress) -> None:
-            for layer, (status, current, total) in state.layers.items():
-                if layer not in tasks:
-                    tasks[layer] = bar.add_task(layer, total=total or None)
-                bar.update(
-                    tasks[layer],
-                    description=f"{layer} {status}",
-                    completed=current,
-                    total=total or None,
-                )
-                # Non-terminals: one line per layer once it is settled.
-                if not live and layer not in done and status.startswith(PUSH_DONE):
-                    done.add(layer)
-                    console.print(f"layer {layer}: {status}", markup=False, highlight=False)
 
-        return str(engine.push(client, repository, tag, on_push))
+def _on_push(console: Console, bar: Progress) -> Callable[[PushProgress], None]:
+    """The push's progress: a bar per layer on a terminal, else one line per layer done."""
+    from ddpdeploy.adapters.docker_streams import PUSH_DONE
+
+    live = console.is_terminal
+    tasks: dict[str, TaskID] = {}
+    done: set[str] = set()
+
+    def on_push(state: PushProgress) -> None:
+        for layer, (status, current, total) in state.layers.items():
+            if layer not in tasks:
+                tasks[layer] = bar.add_task(layer, total=total or None)
+            bar.update(
+                tasks[layer],
+                description=f"{layer} {status}",
+                completed=current,
+                total=total or None,
+            )
+            # Non-terminals: one line per layer once it is settled.
+            if not live and layer not in done and status.startswith(PUSH_DONE):
+                done.add(layer)
+                console.print(f"layer {layer}: {status}", markup=False, highlight=False)
+
+    return on_push
