@@ -276,23 +276,6 @@ def collect(
         raise
 
 
-def _listing(
-    source: Source, files: Sequence[str], debug: bool, warn: Callable[[str], None]
-) -> tuple[list[str], list[str]]:
-    """(the regular files to collect, the diagnostics files among them with ``debug``); a
-    link or special file is never opened, only named to ``warn``."""
-    entries = source.entries()
-    for name, kind in sorted(entries.items()):
-        if kind in (SYMLINK, SPECIAL):
-            warn(f"skipping {shown(name)} in {source.where}: a {kind}, not a regular file")
-    regular = sorted(n for n, kind in entries.items() if kind == FILE)
-    # A diagnostics file named with --file is that plain file; the rest go to debug/.
-    diagnostics = [n for n in regular if debug_kind(n) and n not in files] if debug else []
-    if diagnostics:  # theirs is debug/, not the plain files' SHA256SUMS
-        regular = [n for n in regular if n not in diagnostics]
-    return regular, diagnostics
-
-
 def _collect_any(
     source: Source,
     regular: list[str],
@@ -311,6 +294,23 @@ def _collect_any(
             )
         return _collect_plain(source, regular, list(files), out, warn, progress)
     return _collect_checkpoint(source, steps, step, out, warn, progress)
+
+
+def _listing(
+    source: Source, files: Sequence[str], debug: bool, warn: Callable[[str], None]
+) -> tuple[list[str], list[str]]:
+    """(the regular files to collect, the diagnostics files among them with ``debug``); a
+    link or special file is never opened, only named to ``warn``."""
+    entries = source.entries()
+    for name, kind in sorted(entries.items()):
+        if kind in (SYMLINK, SPECIAL):
+            warn(f"skipping {shown(name)} in {source.where}: a {kind}, not a regular file")
+    regular = sorted(n for n, kind in entries.items() if kind == FILE)
+    # A diagnostics file named with --file is that plain file; the rest go to debug/.
+    diagnostics = [n for n in regular if debug_kind(n) and n not in files] if debug else []
+    if diagnostics:  # theirs is debug/, not the plain files' SHA256SUMS
+        regular = [n for n in regular if n not in diagnostics]
+    return regular, diagnostics
 
 
 def _collect_checkpoint(
