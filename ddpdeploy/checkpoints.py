@@ -252,15 +252,7 @@ def collect(
     """
     out = Destination(dest, overwrite)
     out.check()
-    entries = source.entries()
-    for name, kind in sorted(entries.items()):
-        if kind in (SYMLINK, SPECIAL):
-            warn(f"skipping {shown(name)} in {source.where}: a {kind}, not a regular file")
-    regular = sorted(n for n, kind in entries.items() if kind == FILE)
-    # A diagnostics file named with --file is that plain file; the rest go to debug/.
-    diagnostics = [n for n in regular if debug_kind(n) and n not in files] if debug else []
-    if diagnostics:  # theirs is debug/, not the plain files' SHA256SUMS
-        regular = [n for n in regular if n not in diagnostics]
+    regular, diagnostics = _listing(source, files, debug, warn)
     if files and step is not None:
         raise UserError("--step and --file: pick one (--step is for ddpdeploy checkpoints)")
     debug_out = Destination(dest / DEBUG_DIR, overwrite)
@@ -307,6 +299,23 @@ def _collect_any(
             )
         return _collect_plain(source, regular, list(files), out, warn, progress)
     return _collect_checkpoint(source, steps, step, out, warn, progress)
+
+
+def _listing(
+    source: Source, files: Sequence[str], debug: bool, warn: Callable[[str], None]
+) -> tuple[list[str], list[str]]:
+    """(the regular files to collect, the diagnostics files among them with ``debug``); a
+    link or special file is never opened, only named to ``warn``."""
+    entries = source.entries()
+    for name, kind in sorted(entries.items()):
+        if kind in (SYMLINK, SPECIAL):
+            warn(f"skipping {shown(name)} in {source.where}: a {kind}, not a regular file")
+    regular = sorted(n for n, kind in entries.items() if kind == FILE)
+    # A diagnostics file named with --file is that plain file; the rest go to debug/.
+    diagnostics = [n for n in regular if debug_kind(n) and n not in files] if debug else []
+    if diagnostics:  # theirs is debug/, not the plain files' SHA256SUMS
+        regular = [n for n in regular if n not in diagnostics]
+    return regular, diagnostics
 
 
 def _collect_checkpoint(
@@ -392,12 +401,30 @@ def _collect_plain(
     progress: Callable[[int], None],
 ) -> Collected:
     """Every regular file (or the ``named`` ones), each read twice, plus SHA256SUMS."""
+    _check_named(source, regular, named)
+    names = _collectable(source, regular, named, warn)
+    first = _first_reads(source, names, bool(named), out, warn)
+    copied = _copy_plain(source, first, bool(named), out, warn, progress)
+    sums = "".join(f"{first[n][1]}  {n}\n" for n in copied).encode()
+    out.check_free(SUMS, hashlib.sha256(sums).hexdigest())
+    out.write(SUMS, sums)
+    return Collected(None, copied, source.where)
+
+
+def _check_named(source: Source, regular: list[str], named: list[str]) -> None:
+    """Each --file must be a regular file directly in the folder."""
     for name in named:
         if not plain_name(name) or name not in regular:
             have = ", ".join(shown(n) for n in regular[:10]) or "none"
             raise UserError(
                 f"--file: {shown(name)} is not a regular file in {source.where} (have: {have})"
             )
+
+
+def _collectable(
+    source: Source, regular: list[str], named: list[str], warn: Callable[[str], None]
+) -> list[str]:
+    """The names to copy: a name collect must not take is refused when named, else skipped."""
     names = []
     for name in named or regular:
         why = _not_collectable(name)
@@ -413,16 +440,34 @@ def _collect_plain(
             f"no checkpoint in {source.where}: the folder {what} (a ddpdeploy checkpoint "
             "is ckpt-step-N.pt + .json; any other script's files are collected as they are)"
         )
+    return names
+
+
+def _first_reads(
+    source: Source, names: list[str], named: bool, out: Destination, warn: Callable[[str], None]
+) -> dict[str, tuple[int, str]]:
+    """The first read of each file: name -> (size, sha256), its place in `--to` checked
+    free before anything is written."""
     first: dict[str, tuple[int, str]] = {}
     for name in names:
         try:
             first[name] = _digest(source, name)
         except Unreadable as exc:
-            if named:
-                raise OperationError(f"--file: {shown(name)} in {source.where}: {exc}") from None
-            warn(f"skipping {shown(name)} in {source.where}: {exc}")
+            _skip(f"{shown(name)} in {source.where}: {exc}", named, warn)
             continue
         out.check_free(name, first[name][1])
+    return first
+
+
+def _copy_plain(
+    source: Source,
+    first: dict[str, tuple[int, str]],
+    named: bool,
+    out: Destination,
+    warn: Callable[[str], None],
+    progress: Callable[[int], None],
+) -> list[str]:
+    """The second read, written into `--to` only when it matches the first."""
     copied: list[str] = []
     for name, (size, sha) in first.items():
         try:
@@ -431,17 +476,19 @@ def _collect_plain(
             text = f"{shown(name)} in {source.where}: {exc}"
             if isinstance(exc, _Mismatch):
                 text += " between two reads (still being written?)"
-            if named:
-                raise OperationError(f"--file: {text}") from None
-            warn(f"skipping {text}")
+            _skip(text, named, warn)
             continue
         copied.append(name)
     if not copied:
         raise NoCheckpoint(f"no complete file in {source.where}")
-    sums = "".join(f"{first[n][1]}  {n}\n" for n in copied).encode()
-    out.check_free(SUMS, hashlib.sha256(sums).hexdigest())
-    out.write(SUMS, sums)
-    return Collected(None, copied, source.where)
+    return copied
+
+
+def _skip(text: str, named: bool, warn: Callable[[str], None]) -> None:
+    """A plain file that cannot be copied: refused when --file named it, else one line."""
+    if named:
+        raise OperationError(f"--file: {text}") from None
+    warn(f"skipping {text}")
 
 
 def _not_collectable(name: str) -> str | None:

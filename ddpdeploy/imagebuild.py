@@ -6,6 +6,7 @@ Progress goes to stderr; the caller gets the image reference back and decides wh
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -17,6 +18,7 @@ from ddpdeploy.spec import JobSpec
 
 if TYPE_CHECKING:  # annotations only: rich and the adapters load when a build runs
     from rich.console import Console
+    from rich.progress import Progress, TaskID
 
     from ddpdeploy.adapters.docker_streams import BuildProgress, PushProgress
     from ddpdeploy.render.image import ContextEntry
@@ -59,8 +61,47 @@ def build_image(
     # Heavy imports here, not at module top: `ddpdeploy --help` and `render` stay docker-free.
     from rich.console import Console
 
-    from ddpdeploy.adapters import build_context, git
     from ddpdeploy.adapters import docker_engine as engine
+
+    job = _inputs(spec, workspace, base_image, push, system_packages, push_flag)
+    # The engine first: with no engine, say so before reading a single workspace file.
+    client = engine.connect()
+    console = Console(stderr=True)
+    local, tag, new_tag = _build_tagged(console, client, job, no_cache, network)
+    if not push:
+        return local
+    try:
+        digest = _push_with_progress(console, engine, client, job.repository, tag)
+    except UserError:
+        # A failed command leaves nothing tagged that was not there before.
+        if new_tag:
+            engine.untag(client, job.repository, tag)
+        raise
+    # soft_wrap: one line however long the reference (a git tag is longer than ctx-…).
+    console.print(f"pushed {job.repository}:{tag}", markup=False, highlight=False, soft_wrap=True)
+    return BuiltImage(f"{job.repository}@{digest}", digest, local.git_commit, local.git_dirty)
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """A build's inputs as checked: the workspace folder, the repository, the base image
+    and the extra system packages."""
+
+    workspace: Path
+    repository: str
+    base: str
+    packages: str
+
+
+def _inputs(
+    spec: JobSpec,
+    workspace: Path,
+    base_image: str | None,
+    push: bool,
+    system_packages: str | None,
+    push_flag: str,
+) -> _Inputs:
+    """The flags checked, before the engine is asked anything."""
     from ddpdeploy.render import image
 
     workspace = workspace.resolve()
@@ -73,48 +114,46 @@ def build_image(
             "(e.g. ghcr.io/me/train) or set image: in ddpdeploy.yaml"
         )
     base = _image_ref("--base-image", base_image or image.DEFAULT_BASE_IMAGE)
-    packages = _apt_packages(system_packages or "")
-    # The engine first: with no engine, say so before reading a single workspace file.
-    client = engine.connect()
-    revision, dirty = git.revision(workspace), git.dirty(workspace)
-    build_args = image.build_args(base, packages, revision, git.source(workspace), dirty)
-    entries = _context_entries(workspace)
-    console = Console(stderr=True)
+    return _Inputs(workspace, repository, base, _apt_packages(system_packages or ""))
+
+
+def _build_tagged(
+    console: Console, client: Any, job: _Inputs, no_cache: bool, network: str | None
+) -> tuple[BuiltImage, str, bool]:
+    """(the image as built here, its content tag, whether the tag is new): the workspace's
+    context and git facts hashed into the tag, then a build unless that image is here."""
+    from ddpdeploy.adapters import build_context, git
+    from ddpdeploy.render import image
+
+    revision, dirty = git.revision(job.workspace), git.dirty(job.workspace)
+    source = git.source(job.workspace)
+    build_args = image.build_args(job.base, job.packages, revision, source, dirty)
+    entries = _context_entries(job.workspace)
     with build_context.context_file(entries) as (context, context_sha256):
         inputs = image.inputs_hash(context_sha256, build_args)
         tag = image.content_tag(inputs, revision)
         built_id, new_tag = _build_or_reuse(
-            console, client, context, build_args, inputs, base, no_cache, network, repository, tag
+            console, client, job, context, build_args, inputs, tag, no_cache, network
         )
-    if not push:
-        return BuiltImage(f"{repository}:{tag}", built_id, revision, dirty)
-    try:
-        digest = _push_with_progress(console, engine, client, repository, tag)
-    except UserError:
-        # A failed command leaves nothing tagged that was not there before.
-        if new_tag:
-            engine.untag(client, repository, tag)
-        raise
-    # soft_wrap: one line however long the reference (a git tag is longer than ctx-…).
-    console.print(f"pushed {repository}:{tag}", markup=False, highlight=False, soft_wrap=True)
-    return BuiltImage(f"{repository}@{digest}", digest, revision, dirty)
+    return BuiltImage(f"{job.repository}:{tag}", built_id, revision, dirty), tag, new_tag
 
 
 def _build_or_reuse(
     console: Console,
     client: Any,
+    job: _Inputs,
     context: Any,
     build_args: dict[str, str],
     inputs: str,
-    base: str,
+    tag: str,
     no_cache: bool,
     network: str | None,
-    repository: str,
-    tag: str,
 ) -> tuple[str, bool]:
     """(image ID, whether the tag is new): the tagged image when it was built from these
     inputs on this base image, else a build through the engine, tagged."""
     from ddpdeploy.adapters import docker_engine as engine
+
+    base, repository = job.base, job.repository
 
     labels = _input_labels(engine, client, base, inputs)
     current = None if no_cache else _up_to_date(engine, client, f"{repository}:{tag}", labels)
@@ -236,36 +275,12 @@ def _build_with_progress(
         disable=not live,
     ) as bar:
         task = bar.add_task("build", total=None, info="sending context")
-        seen: set[int] = set()
-
-        def on_build(state: BuildProgress) -> None:
-            step = state.current
-            if step is None:
-                return
-            instruction = " ".join(step.instruction.split())
-            info = f"{instruction[:60]}{' (cached)' if step.cached else ''}"
-            bar.update(
-                task,
-                total=state.total,
-                completed=step.number - 1,
-                description=f"step {step.number}/{state.total}",
-                info=info,
-            )
-            if not live and step.number not in seen:
-                seen.add(step.number)
-                console.print(
-                    f"step {step.number}/{state.total}: {instruction[:100]}",
-                    markup=False,
-                    highlight=False,
-                    soft_wrap=True,
-                )
-
         result = engine.build(
             client,
             context,
             build_args,
             base,
-            on_build,
+            _on_build(console, bar, task),
             no_cache=no_cache,
             network=network,
             labels=labels,
@@ -274,38 +289,73 @@ def _build_with_progress(
     return result
 
 
+def _on_build(console: Console, bar: Progress, task: TaskID) -> Callable[[BuildProgress], None]:
+    """The build's progress: the bar on a terminal, else one line per step."""
+    live = console.is_terminal
+    seen: set[int] = set()
+
+    def on_build(state: BuildProgress) -> None:
+        step = state.current
+        if step is None:
+            return
+        instruction = " ".join(step.instruction.split())
+        info = f"{instruction[:60]}{' (cached)' if step.cached else ''}"
+        bar.update(
+            task,
+            total=state.total,
+            completed=step.number - 1,
+            description=f"step {step.number}/{state.total}",
+            info=info,
+        )
+        if not live and step.number not in seen:
+            seen.add(step.number)
+            console.print(
+                f"step {step.number}/{state.total}: {instruction[:100]}",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
+
+    return on_build
+
+
 def _push_with_progress(
     console: Console, engine: ModuleType, client: Any, repository: str, tag: str
 ) -> str:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
-    from ddpdeploy.adapters.docker_streams import PUSH_DONE
-
-    live = console.is_terminal
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         DownloadColumn(),
         console=console,
         transient=True,
-        disable=not live,
+        disable=not console.is_terminal,
     ) as bar:
-        tasks: dict[str, int] = {}
-        done: set[str] = set()
+        return str(engine.push(client, repository, tag, _on_push(console, bar)))
 
-        def on_push(state: PushProgress) -> None:
-            for layer, (status, current, total) in state.layers.items():
-                if layer not in tasks:
-                    tasks[layer] = bar.add_task(layer, total=total or None)
-                bar.update(
-                    tasks[layer],
-                    description=f"{layer} {status}",
-                    completed=current,
-                    total=total or None,
-                )
-                # Non-terminals: one line per layer once it is settled.
-                if not live and layer not in done and status.startswith(PUSH_DONE):
-                    done.add(layer)
-                    console.print(f"layer {layer}: {status}", markup=False, highlight=False)
 
-        return str(engine.push(client, repository, tag, on_push))
+def _on_push(console: Console, bar: Progress) -> Callable[[PushProgress], None]:
+    """The push's progress: a bar per layer on a terminal, else one line per layer done."""
+    from ddpdeploy.adapters.docker_streams import PUSH_DONE
+
+    live = console.is_terminal
+    tasks: dict[str, TaskID] = {}
+    done: set[str] = set()
+
+    def on_push(state: PushProgress) -> None:
+        for layer, (status, current, total) in state.layers.items():
+            if layer not in tasks:
+                tasks[layer] = bar.add_task(layer, total=total or None)
+            bar.update(
+                tasks[layer],
+                description=f"{layer} {status}",
+                completed=current,
+                total=total or None,
+            )
+            # Non-terminals: one line per layer once it is settled.
+            if not live and layer not in done and status.startswith(PUSH_DONE):
+                done.add(layer)
+                console.print(f"layer {layer}: {status}", markup=False, highlight=False)
+
+    return on_push

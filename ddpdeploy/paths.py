@@ -1,4 +1,5 @@
-"""Where the files ddpdeploy ships beside its code live (trainer, Dockerfile).
+"""Where the files ddpdeploy ships beside its code live (trainer, Dockerfile), and where a
+local run keeps its checkpoints.
 
 A wheel carries them as package data, ddpdeploy/_data/{train,docker} (setup.py copies them
 there at build time); an editable install or a source checkout has them at the top of the
@@ -44,3 +45,9 @@ def helpers_dir() -> Path:
 def docker_dir() -> Path:
     """The folder holding the image's Dockerfile."""
     return _shipped("docker", "Dockerfile")
+
+
+def local_checkpoints(name: str) -> Path:
+    """Where `smoke --local` keeps job ``name``'s checkpoints and `collect --from local`
+    reads them, relative to the workspace (this folder)."""
+    return Path(".ddpdeploy", "checkpoints", name)

@@ -55,6 +55,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "cluster.*",
             "imagebuild",
             "checkpoints",
+            "volumecollect",  # collect --from compose: the volume staged, read as a folder
             "kubeopts",  # the kube connection (and its interrupt handling) cluster code shares
         ),
     ),

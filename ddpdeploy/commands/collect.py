@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from ddpdeploy.errors import UserError
 from ddpdeploy.kubeopts import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from ddpdeploy.checkpoints import Collected, Source
 
 SOURCES = ("local", "compose", "cluster")
 
@@ -76,15 +82,35 @@ def collect(
     Example: ddpdeploy collect ddp-train --to ./ckpt --debug
     """
     from rich.console import Console
-    from rich.progress import DownloadColumn, Progress, TransferSpeedColumn
 
     from ddpdeploy import checkpoints
+    from ddpdeploy.paths import local_checkpoints
 
-    local_rel = Path(".ddpdeploy", "checkpoints", name)
-    local = local_rel.resolve()
+    local_rel = local_checkpoints(name)
     err = Console(stderr=True, highlight=False)
+    source = _source(source, local_rel, err)
+    checkpoints.Destination(to, overwrite).check()  # before anything is read or started
+    with _copy_bar(err) as bar:
+        warn = _warner(bar)
+        copy = _copier(bar, to, step, files or (), overwrite, debug, warn)
+        if source == "local":
+            got = copy(checkpoints.LocalSource(local_rel.resolve(), str(local_rel)))
+        elif source == "compose":
+            got = _from_compose(volume, image, to, copy, warn, debug)
+        else:
+            got = _from_cluster(name, namespace, kubeconfig, context, timeout, image, copy)
+    if got.no_checkpoint:
+        _say(err, f"no checkpoint in {got.where} yet: collected the diagnostics only")
+    else:
+        _say(err, f"collected {got.describe()} into {to}")
+    if debug:
+        _say_debug(err, got, to)
+
+
+def _source(source: str | None, local_rel: Path, err: Console) -> str:
+    """--from as given, else local when the local run's folder is here (said in a line)."""
     if source is None:
-        if not local.is_dir():
+        if not local_rel.resolve().is_dir():
             raise UserError(
                 f"--from: no local run's folder {local_rel} here; pass --from cluster for a "
                 "job on the cluster, or --from compose --volume VOLUME for a compose run"
@@ -95,40 +121,56 @@ def collect(
         )
     if source not in SOURCES:
         raise UserError(f"--from: {source!r} is not a source; use local, compose or cluster")
-    checkpoints.Destination(to, overwrite).check()  # before anything is read or started
-    with Progress(
+    return source
+
+
+def _copy_bar(err: Console) -> Progress:
+    """The copy's progress bar on stderr: bytes and speed, gone when done."""
+    from rich.progress import DownloadColumn, Progress, TransferSpeedColumn
+
+    return Progress(
         *Progress.get_default_columns(), DownloadColumn(), TransferSpeedColumn(),
         console=err, transient=True, disable=not err.is_terminal,  # no bar into a log
-    ) as bar:  # fmt: skip
-        task = bar.add_task("copying", total=None)
+    )  # fmt: skip
 
-        def copy(src: checkpoints.Source) -> checkpoints.Collected:
-            return checkpoints.collect(
-                src,
-                to,
-                step,
-                # markup=False: names and reasons come from the folder, which may hold `[`.
-                warn=lambda text: bar.console.print(
-                    f"warning: {text}", markup=False, soft_wrap=True
-                ),
-                progress=lambda n: bar.advance(task, n),
-                files=files or (),
-                overwrite=overwrite,
-                debug=debug,
-            )
 
-        if source == "local":
-            got = copy(checkpoints.LocalSource(local, str(local_rel)))
-        elif source == "compose":
-            got = _from_compose(volume, image, to, copy, bar.console.print, debug)
-        else:
-            got = _from_cluster(name, namespace, kubeconfig, context, timeout, image, copy)
-    if got.no_checkpoint:
-        _say(err, f"no checkpoint in {got.where} yet: collected the diagnostics only")
-    else:
-        _say(err, f"collected {got.describe()} into {to}")
-    if debug:
-        _say_debug(err, got, to)
+def _warner(bar: Progress) -> Callable[[str], None]:
+    """A warning line above the bar."""
+
+    def warn(text: str) -> None:
+        # markup=False: names and reasons come from the folder, which may hold `[`.
+        bar.console.print(f"warning: {text}", markup=False, soft_wrap=True)
+
+    return warn
+
+
+def _copier(
+    bar: Progress,
+    to: Path,
+    step: int | None,
+    files: Sequence[str],
+    overwrite: bool,
+    debug: bool,
+    warn: Callable[[str], None],
+) -> Callable[[Source], Collected]:
+    """Collect from a source into --to, its bytes counted on ``bar``."""
+    from ddpdeploy import checkpoints
+
+    task = bar.add_task("copying", total=None)
+
+    def copy(src: Source) -> Collected:
+        return checkpoints.collect(
+            src,
+            to,
+            step,
+            warn=warn,
+            progress=lambda n: bar.advance(task, n),
+            files=files,
+            overwrite=overwrite,
+            debug=debug,
+        )
+
+    return copy
 
 
 def _say(err: Any, text: str) -> None:
@@ -166,42 +208,17 @@ def _from_compose(
     volume: str | None,
     image: str | None,
     to: Path,
-    copy: Callable[[Any], Any],
-    say: Callable[..., None],
+    copy: Callable[[Source], Collected],
+    warn: Callable[[str], None],
     debug: bool,
-) -> Any:
-    """Stage the volume's regular files beside the target folder, then collect from there
-    (with ``debug``, a diagnostics file staged only as far as collect reads it)."""
-    import os
-    import tempfile
-
-    from ddpdeploy.adapters.docker_volume import copy_out
-    from ddpdeploy.checkpoints import MAX_DEBUG, Destination, LocalSource, debug_kind, shown
-
-    def limit_of(entry: str) -> int | None:
-        return MAX_DEBUG + 1 if debug and debug_kind(entry) else None
+) -> Collected:
+    """Collect from the compose run's checkpoint volume, staged beside --to."""
+    from ddpdeploy.volumecollect import volume_source
 
     if not volume:
         raise UserError("--volume: name the compose run's checkpoint volume (docker volume ls)")
-    # Staged beside --to (or where it would be created): the same file system, no folder
-    # made; inside --to only when its parent is not ours to write.
-    near = Destination(to, overwrite=False).existing()
-    if near == Path(os.path.abspath(to)) and os.access(near.parent, os.W_OK | os.X_OK):
-        near = near.parent
-    try:
-        staging = tempfile.TemporaryDirectory(prefix=".ddpdeploy-collect-", dir=near)
-    except OSError as exc:
-        raise UserError(f"--to: cannot stage files in {near}: {exc.strerror or exc}") from None
-    with staging as folder:
-        where = f"volume {volume}"
-        for entry, kind in sorted(copy_out(volume, ".", Path(folder), image, limit_of).items()):
-            if kind != "folder":
-                say(
-                    f"warning: skipping {shown(entry)} in {where}: a {kind}, not a regular file",
-                    markup=False,
-                    soft_wrap=True,
-                )
-        return copy(LocalSource(Path(folder), where))
+    with volume_source(volume, image, to, debug, warn) as src:
+        return copy(src)
 
 
 def _from_cluster(
@@ -211,8 +228,8 @@ def _from_cluster(
     context: str | None,
     timeout: float,
     image: str | None,
-    copy: Callable[[Any], Any],
-) -> Any:
+    copy: Callable[[Source], Collected],
+) -> Collected:
     from ddpdeploy.cluster.apply import saved_spec_of
     from ddpdeploy.cluster.collect import pod_source
     from ddpdeploy.cluster.find import open_job

@@ -22,7 +22,7 @@ from ddpdeploy.spec import JobSpec
 
 if TYPE_CHECKING:
     from ddpdeploy.imagebuild import BuiltImage
-    from ddpdeploy.smoke.runner import KillAt, Outcome
+    from ddpdeploy.smoke.runner import Kill, KillAt, Outcome, Ranks
     from ddpdeploy.smoke.target import SmokeTarget
 
 TERMINATED = 143  # 128 + SIGTERM, as a shell reports it
@@ -92,47 +92,14 @@ def smoke(
 
     Example: ddpdeploy smoke --local --nodes 2 --procs 2 --steps 20
     """
-    from ddpdeploy.smoke import plan, runner
-    from ddpdeploy.smoke.budget import check_cpu_budget
+    from ddpdeploy.smoke import runner
 
-    if not (local or docker):
-        raise UserError("--no-local: pass --local (processes here) or --docker (compose)")
-    shown = runner.Ranks.parse(ranks)
-    chaos = runner.KillAt.parse(kill_at) if kill_at is not None else None
-    if resume and docker:
-        raise UserError("--resume: only with --local (each --docker run gets a new volume)")
-    if resume and chaos:
-        raise UserError("--resume: not with --kill-at, whose runs each start from empty")
-    spec = plan.with_steps(spec, steps)
-    check_cpu_budget(spec.nodes, spec.procs_per_node, force)
-    if not docker or not spec.image:  # a ready --image carries its own workspace
-        _check_script(spec)
-    if not docker and importlib.util.find_spec("torch") is None:
-        raise UserError(
-            "torch is not installed here: pip install torch==2.13.0 (CPU) or 'ddpdeploy[train]'"
-        )
+    shown, chaos = _checked_flags(local, docker, ranks, kill_at, resume)
+    spec = _runnable(spec, steps, force, docker)
     restarts = None
     if chaos is not None:
-        spec, restarts = plan.chaos_spec(spec, chaos)
-        if not spec.command.builtin and not spec.elastic:
-            # The launch contract makes restarts safe under c10d only (train/README.md).
-            typer.echo(
-                "smoke: note: under static rendezvous torch 2.13's restarted workers share "
-                "the agent's store, so a plain init_process_group may fail with 'Connection "
-                "refused' or hang; ddpkit.init_process_group, or --elastic N:N (c10d), "
-                "restarts it safely (docs/own-script.md)",
-                err=True,
-            )
-    world = spec.nodes * spec.procs_per_node
-    where = "in docker-compose" if docker else "on 127.0.0.1"
-    typer.echo(
-        f"smoke: {spec.name}: {spec.nodes} node(s) x {spec.procs_per_node} proc(s) = "
-        f"world size {world}, gloo {where}",
-        err=True,
-    )
-    note = secret_env_note(spec, os.environ)
-    if note:
-        typer.echo(f"smoke: {note}", err=True)
+        spec, restarts = _chaos_spec(spec, chaos)
+    world = _announce(spec, docker)
     folder = None if docker else _checkpoint_folder(spec, chaos is not None)
     options = runner.RunOptions(
         world_size=world,
@@ -153,6 +120,72 @@ def smoke(
     _report(outcomes)
 
 
+def _checked_flags(
+    local: bool, docker: bool, ranks: str, kill_at: str | None, resume: bool
+) -> tuple[Ranks, KillAt | None]:
+    """The flags that go together, and the ranks shown and the kill, parsed."""
+    from ddpdeploy.smoke import runner
+
+    if not (local or docker):
+        raise UserError("--no-local: pass --local (processes here) or --docker (compose)")
+    shown = runner.Ranks.parse(ranks)
+    chaos = runner.KillAt.parse(kill_at) if kill_at is not None else None
+    if resume and docker:
+        raise UserError("--resume: only with --local (each --docker run gets a new volume)")
+    if resume and chaos:
+        raise UserError("--resume: not with --kill-at, whose runs each start from empty")
+    return shown, chaos
+
+
+def _runnable(spec: JobSpec, steps: int | None, force: bool, docker: bool) -> JobSpec:
+    """The job with --steps, once this host can run it: its cores, its script, torch."""
+    from ddpdeploy.smoke import plan
+    from ddpdeploy.smoke.budget import check_cpu_budget
+
+    spec = plan.with_steps(spec, steps)
+    check_cpu_budget(spec.nodes, spec.procs_per_node, force)
+    if not docker or not spec.image:  # a ready --image carries its own workspace
+        _check_script(spec)
+    if not docker and importlib.util.find_spec("torch") is None:
+        raise UserError(
+            "torch is not installed here: pip install torch==2.13.0 (CPU) or 'ddpdeploy[train]'"
+        )
+    return spec
+
+
+def _chaos_spec(spec: JobSpec, chaos: KillAt) -> tuple[JobSpec, int]:
+    """The job as --kill-at runs it, and its restarts; a note where an own script's
+    restart may not come back."""
+    from ddpdeploy.smoke import plan
+
+    spec, restarts = plan.chaos_spec(spec, chaos)
+    if not spec.command.builtin and not spec.elastic:
+        # The launch contract makes restarts safe under c10d only (train/README.md).
+        typer.echo(
+            "smoke: note: under static rendezvous torch 2.13's restarted workers share "
+            "the agent's store, so a plain init_process_group may fail with 'Connection "
+            "refused' or hang; ddpkit.init_process_group, or --elastic N:N (c10d), "
+            "restarts it safely (docs/own-script.md)",
+            err=True,
+        )
+    return spec, restarts
+
+
+def _announce(spec: JobSpec, docker: bool) -> int:
+    """One line of what runs where (and a note on secret env); the world size."""
+    world = spec.nodes * spec.procs_per_node
+    where = "in docker-compose" if docker else "on 127.0.0.1"
+    typer.echo(
+        f"smoke: {spec.name}: {spec.nodes} node(s) x {spec.procs_per_node} proc(s) = "
+        f"world size {world}, gloo {where}",
+        err=True,
+    )
+    note = secret_env_note(spec, os.environ)
+    if note:
+        typer.echo(f"smoke: {note}", err=True)
+    return world
+
+
 def _check_script(spec: JobSpec) -> None:
     """A script the job names must exist in the workspace (this folder) before anything
     starts."""
@@ -170,7 +203,9 @@ def _checkpoint_folder(spec: JobSpec, chaos: bool) -> Path | None:
     checkpoint volume (a chaos run of the built-in trainer gets one)."""
     if spec.checkpoint is None and not chaos:
         return None
-    return Path(".ddpdeploy", "checkpoints", spec.name).resolve()
+    from ddpdeploy.paths import local_checkpoints
+
+    return local_checkpoints(spec.name).resolve()
 
 
 @contextlib.contextmanager
@@ -364,8 +399,6 @@ class _Shown:
 
 def _report(outcomes: dict[str, Outcome]) -> None:
     """The last run's report on stdout; with --kill-at, the kill and the comparison."""
-    from ddpdeploy.smoke.runner import same_weights
-
     outcome = outcomes.get("run") or outcomes["kill"]
     typer.echo(f"wall time       {outcome.wall:.1f} s")
     if outcome.steps is not None:
@@ -380,8 +413,14 @@ def _report(outcomes: dict[str, Outcome]) -> None:
     for node, code in outcome.exit_codes.items():
         typer.echo(f"exit code       {code}  {node}")
     kill, clean = outcome.kill, outcomes.get("clean")
-    if kill is None or clean is None:
-        return
+    if kill is not None and clean is not None:
+        _report_kill(outcome, kill, clean)
+
+
+def _report_kill(outcome: Outcome, kill: Kill, clean: Outcome) -> None:
+    """The kill, the recovery, and the weights compared with the clean run's."""
+    from ddpdeploy.smoke.runner import same_weights
+
     typer.echo(f"killed          {kill.what} of {kill.node} at {kill.at_}")
     if kill.recovered_at is None:
         typer.echo("recovery        not observed (no step event after a restart of the workers)")

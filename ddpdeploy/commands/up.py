@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
-from typing import Annotated
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -11,6 +14,10 @@ from ddpdeploy.errors import UserError
 from ddpdeploy.kubeopts import CLUSTER_PANEL, ContextOpt, KubeconfigOpt, connect
 from ddpdeploy.options import spec_command
 from ddpdeploy.spec import JobSpec, spec_with
+
+if TYPE_CHECKING:
+    from ddpdeploy.adapters.kube import Kube
+    from ddpdeploy.contract import RunRecord
 
 
 @spec_command
@@ -74,46 +81,88 @@ def up(
     """
     from ddpdeploy.cluster import apply as deploy
     from ddpdeploy.cluster import watch
-    from ddpdeploy.commands.views import say as _say
-    from ddpdeploy.targets import render_objects
 
     seconds = watch.parse_duration(timeout) if timeout else None
     ns_given = "namespace" in spec.model_fields_set  # -n or the spec file; else the context's
-    record = None  # what is known of the image beyond its reference: only a build's
-    if base_image is not None and not build:
-        raise UserError("--base-image: only used with --build; add --build or drop it")
-    if build:
-        from pathlib import Path
-
-        from ddpdeploy.imagebuild import build_image
-
-        built = build_image(
-            spec, workspace=Path.cwd(), base_image=base_image, push=True, push_flag="--build"
-        )
-        spec = spec_with(spec, image=built.reference)
-        record = built.record()  # the pods are told the digest and commit it was built from
-    from ddpdeploy.kubeopts import in_context_namespace, interrupted
-
-    render_objects(spec, record)  # render errors come first, before connecting
-    kube = connect(kubeconfig, context)
-    if not ns_given and spec.namespace != kube.default_namespace:
-        spec = in_context_namespace(spec, kube.default_namespace)
-    try:
+    spec, record = _with_image(spec, build, base_image)
+    kube, spec = _connect(spec, record, ns_given, kubeconfig, context)
+    with _nothing_changed_on_interrupt():
         if adopt_pvc:
             spec = deploy.adopt_pvc(kube, spec, _say)
         plan = deploy.plan_job(kube, spec, _say, create_namespace, record)
         if dry_run:
             deploy.dry_run(kube, plan, replace, _say)
             return
-    except KeyboardInterrupt as exc:
-        raise interrupted(exc, "stopped before any change; nothing was changed") from None
     deploy.apply(kube, plan, replace, _say)  # says itself what an interrupt left
     if wait is None:
         wait = sys.stdout.isatty()
     if not (wait or follow):
         _say(f"submitted; `ddpdeploy status {spec.name} -n {spec.namespace}` shows progress")
         return
+    _wait(kube, spec, seconds, follow)
+
+
+def _say(text: str) -> None:
+    """A line of ours on stderr (the views load on first use: start-up time)."""
+    from ddpdeploy.commands.views import say
+
+    say(text)
+
+
+def _with_image(
+    spec: JobSpec, build: bool, base_image: str | None
+) -> tuple[JobSpec, RunRecord | None]:
+    """The spec with the image the job runs, and what is known of it beyond its reference:
+    only a build's (--build pushes, and the pods are told the digest and commit)."""
+    if base_image is not None and not build:
+        raise UserError("--base-image: only used with --build; add --build or drop it")
+    if not build:
+        return spec, None
+    from ddpdeploy.imagebuild import build_image
+
+    built = build_image(
+        spec, workspace=Path.cwd(), base_image=base_image, push=True, push_flag="--build"
+    )
+    return spec_with(spec, image=built.reference), built.record()
+
+
+def _connect(
+    spec: JobSpec,
+    record: RunRecord | None,
+    ns_given: bool,
+    kubeconfig: str | None,
+    context: str | None,
+) -> tuple[Kube, JobSpec]:
+    """Render first (its errors come before connecting), then connect; a spec that names
+    no namespace goes into the kubeconfig context's."""
+    from ddpdeploy.kubeopts import in_context_namespace
+    from ddpdeploy.targets import render_objects
+
+    render_objects(spec, record)
+    kube = connect(kubeconfig, context)
+    if not ns_given and spec.namespace != kube.default_namespace:
+        spec = in_context_namespace(spec, kube.default_namespace)
+    return kube, spec
+
+
+@contextlib.contextmanager
+def _nothing_changed_on_interrupt() -> Iterator[None]:
+    """Ctrl-C before the apply (adopting the PVC, the preflight, the dry run) has changed
+    nothing, and says so."""
+    from ddpdeploy.kubeopts import interrupted
+
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        raise interrupted(exc, "stopped before any change; nothing was changed") from None
+
+
+def _wait(kube: Kube, spec: JobSpec, seconds: float | None, follow: bool) -> None:
+    """Watch the submitted job to its end (rank 0's log too with --follow); Ctrl-C stops
+    the watching only, and says so."""
+    from ddpdeploy.cluster import watch
     from ddpdeploy.commands.views import WaitViews, log_line
+    from ddpdeploy.kubeopts import interrupted
     from ddpdeploy.targets import layout_of
     from ddpdeploy.text import plain
 
