@@ -176,8 +176,8 @@ def _lines_of(proc):
     return lambda: lines.get(timeout=30)
 
 
-def test_follow_merges_as_lines_come_and_ends_with_the_streams(
-    control_plane, namespace, kubelet, job
+def test_follow_merges_as_lines_come_and_ends_with_the_job(
+    control_plane, admin, namespace, kubelet, job
 ):
     master, worker = job()
     kubelet.set_log(master, "[rank0]:first")
@@ -192,8 +192,11 @@ def test_follow_merges_as_lines_come_and_ends_with_the_streams(
     assert read() == "[rank3 node1] later, on node 1\n"
     kubelet.append(master, "agent: later, on node 0")
     assert read() == "[node0] agent: later, on node 0\n"
-    kubelet.close_streams()  # the containers exit: every stream ends, and so does `logs -f`
-    code, out, err = finish(proc)
+    kubelet.close_streams()  # the containers exit: every stream ends...
+    time.sleep(1.5)
+    assert proc.poll() is None  # ...but a container may start again while the job runs
+    set_job_conditions(admin, namespace, "j", ("Created", ""), ("Succeeded", ""))
+    code, out, err = finish(proc)  # the job is final and the streams are drained
     assert code == 0 and out == "", (out, err)
 
 
