@@ -221,7 +221,7 @@ def next_runs(
     waits for it to end (a container's exit ends it), so no line is read twice."""
     container = layout.container
     numbers = node_numbers(layout, pods)
-    out = []
+    out: list[tuple[Source, Run, str]] = []
     for pod in sorted(pods, key=lambda p: numbers.get(p["metadata"]["name"], -1)):
         name = pod["metadata"]["name"]
         run = run_of(pod, container)
