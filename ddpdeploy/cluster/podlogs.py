@@ -293,15 +293,16 @@ def followed(
     streams = _Streams(found.kube, found.namespace, container)
     by_name = {p["metadata"]["name"]: p for p in pods}
     seen = Followed({}, set(), {p["metadata"].get("uid", "") for p in pods})
-    for source in (s for s in todo if not s.previous):
-        run = run_of(by_name[source.pod], container)
-        if run is None:  # not started: read when the watch shows it running
-            continue
-        seen.shown[source.pod] = run
-        seen.open.add(source.pod)
-        streams.start(source, select)
     again = replace(select, tail=None, since_s=None)  # a new run is read from its start
+    # The watch first: its lists are under way before the streams' first lines come.
     with _Watch(found) as watching:
+        for source in (s for s in todo if not s.previous):
+            run = run_of(by_name[source.pod], container)
+            if run is None:  # not started: read when the watch shows it running
+                continue
+            seen.shown[source.pod] = run
+            seen.open.add(source.pod)
+            streams.start(source, select)
         yield from _follow_loop(found, job, watching, streams, seen, again, failed, notice)
 
 
