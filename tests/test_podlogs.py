@@ -6,7 +6,18 @@ from __future__ import annotations
 
 import pytest
 
-from ddpdeploy.cluster.podlogs import Select, Source, attribute, node_numbers, sources
+from ddpdeploy.cluster.podlogs import (
+    Followed,
+    Run,
+    Select,
+    Source,
+    attribute,
+    made_for,
+    next_runs,
+    node_numbers,
+    run_of,
+    sources,
+)
 from ddpdeploy.errors import UserError
 from ddpdeploy.targets import TARGETS
 
@@ -60,3 +71,75 @@ def test_attribute_reads_stamp_rank_and_keeps_the_rest():
     agent = attribute("torchrun says hi", Source("p", 1, previous=True))
     assert (agent.rank, agent.previous, agent.when) == (None, True, 0.0)
     assert not Select(ranks=frozenset({0})).keeps(agent) and Select().keeps(agent)
+
+
+# ---- following: which run of which pod to read next ------------------------------------
+
+JOB = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+       "metadata": {"name": "j", "uid": "job-uid"}}  # fmt: skip
+OURS = {"app.kubernetes.io/managed-by": "ddpdeploy", "app.kubernetes.io/instance": "j"}
+
+
+def pod_run(replica: str, index: int, uid: str, restarts: int = 0, state: str = "running",
+            labels: dict | None = None, owner: str | None = None) -> dict:  # fmt: skip
+    pod = operator_pod(replica, index, restarts)
+    pod["metadata"]["uid"] = uid
+    pod["metadata"]["labels"].update(labels or {})
+    if owner is not None:
+        ref = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "uid": owner}
+        pod["metadata"]["ownerReferences"] = [{**ref, "controller": True}]
+    (status,) = pod["status"]["containerStatuses"]
+    status["state"] = {state: {}}
+    return pod
+
+
+def test_run_of_is_the_run_a_log_read_gets():
+    assert run_of(pod_run("master", 0, "u1", restarts=2), "pytorch") == Run("u1", 2)
+    assert run_of(pod_run("master", 0, "u1", state="waiting"), "pytorch") is None
+    backoff = pod_run("master", 0, "u1", restarts=3, state="waiting")
+    backoff["status"]["containerStatuses"][0]["lastState"] = {"terminated": {"exitCode": 1}}
+    assert run_of(backoff, "pytorch") == Run("u1", 3)  # the last run, until the next starts
+    assert run_of(pod_run("master", 0, "u1"), "istio-proxy") is None
+    assert run_of({"metadata": {"name": "p"}}, "pytorch") is None
+
+
+def test_made_for_needs_our_labels_and_the_jobs_uid():
+    assert made_for(pod_run("worker", 0, "u", labels=OURS, owner="job-uid"), JOB)
+    assert made_for(pod_run("worker", 0, "u", labels=OURS), JOB)  # a JobSet's pod: labels
+    assert not made_for(pod_run("worker", 0, "u"), JOB)  # the operator's labels only
+    assert not made_for(pod_run("worker", 0, "u", labels=OURS, owner="other-uid"), JOB)
+    other = {**OURS, "app.kubernetes.io/instance": "k"}
+    assert not made_for(pod_run("worker", 0, "u", labels=other, owner="job-uid"), JOB)
+
+
+def test_next_runs_restart_replace_new_and_never_twice():
+    layout = TARGETS["pytorchjob"]
+    seen = Followed({"j-master-0": Run("m", 0), "j-worker-0": Run("w", 0)}, set(), {"m", "w"})
+    pods = [pod_run("master", 0, "m"), pod_run("worker", 0, "w")]
+    assert next_runs(layout, JOB, pods, seen, None) == []  # nothing new
+    pods = [
+        pod_run("master", 0, "m", restarts=1),
+        pod_run("worker", 0, "w2", labels=OURS, owner="job-uid"),
+        pod_run("worker", 1, "w3", labels=OURS, owner="job-uid"),
+        pod_run("worker", 2, "x", labels={}),  # a look-alike: never
+    ]
+    got = next_runs(layout, JOB, pods, seen, None)
+    assert [(source, run) for source, run, _ in got] == [
+        (Source("j-master-0", 0), Run("m", 1)),
+        (Source("j-worker-0", 1), Run("w2", 0)),
+        (Source("j-worker-1", 2), Run("w3", 0)),
+    ]
+    assert [line for *_, line in got] == [
+        "[node0] container restarted (restart 1); following the new one",
+        "[node1] pod j-worker-0 replaced (a new pod); following it",
+        "[node2] new pod j-worker-1; following it",
+    ]
+    # A stream still open is waited for; --node keeps to its nodes.
+    busy = Followed(dict(seen.shown), {"j-master-0"}, seen.known)
+    assert [s.pod for s, *_ in next_runs(layout, JOB, pods, busy, frozenset({0, 2}))] == [
+        "j-worker-1"
+    ]
+    # A pod of the first list whose container had not started: its first run, trusted.
+    late = Followed({}, set(), {"m"})
+    (only,) = next_runs(layout, JOB, [pod_run("master", 0, "m")], late, None)
+    assert only[2] == "[node0] container started; following it"

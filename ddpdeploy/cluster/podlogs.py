@@ -5,21 +5,28 @@ Under c10d the global ranks follow join order, so a node's ranks are read from i
 never computed from its place. Lines without a rank prefix (the agent's own, a launcher's)
 belong to their node only. Previous containers (of pods that restarted) come first. Read
 with the kubelet's timestamps, so lines of different pods merge in the order written.
+Followed, the job's pods are watched too: the next run of a container (a restart, a pod
+replaced, a new pod) is read from its start once the stream of the one before has ended.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from ddpdeploy.adapters.kube import Kube
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.smoke.events import Progress, parse_event, progress, split_rank, split_timestamp
 from ddpdeploy.targets import Layout
+
+if TYPE_CHECKING:
+    from ddpdeploy.cluster.find import Found
+    from ddpdeploy.cluster.watch import _Watch
 
 Obj = dict[str, Any]
 
@@ -151,42 +158,195 @@ def merged(
     return sorted(lines, key=lambda line: (not line.previous, line.when))
 
 
+# ---- following: every stream at once, and the next run of a container ------------------
+
+FINAL = ("Succeeded", "Failed")  # job states after which no container starts again
+TICK = 0.25  # seconds: the follow loop looks at the pods' watch this often while quiet
+Notice = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run of a pod's container: the pod object (its uid) and the restart it is."""
+
+    uid: str
+    restarts: int
+
+
+def run_of(pod: Obj, container: str) -> Run | None:
+    """The run of ``container`` a read of the pod's log gets now (the running one, or the
+    last that ran while the next waits); None while none has started (the kubelet answers
+    "waiting to start")."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    st = next((s for s in statuses if s.get("name") == container), None) or {}
+    state, last = st.get("state") or {}, st.get("lastState") or {}
+    if not ("running" in state or "terminated" in state or "terminated" in last):
+        return None
+    return Run((pod.get("metadata") or {}).get("uid", ""), int(st.get("restartCount") or 0))
+
+
+def made_for(pod: Obj, job: Obj) -> bool:
+    """A pod that appears while following is ours when its labels say ddpdeploy made it for
+    this job (the controllers copy them from our pod template) and a controller of the
+    job's kind that it names is this job (by uid): a look-alike is never read."""
+    from ddpdeploy.cluster.labels import ours
+
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    if any(labels.get(k) != v for k, v in ours(job["metadata"]["name"]).items()):
+        return False
+    for owner in meta.get("ownerReferences") or []:
+        same_kind = (owner.get("apiVersion"), owner.get("kind")) == (job["apiVersion"], job["kind"])
+        if owner.get("controller") and same_kind:
+            return owner.get("uid") == job["metadata"].get("uid")
+    return True
+
+
+@dataclass
+class Followed:
+    """What the follow has read: the run of each pod read (or being read), the pods with a
+    stream open now, and the uids of the pods it started with (trusted as `logs` trusts
+    them; a newcomer must be ``made_for`` the job)."""
+
+    shown: dict[str, Run]
+    open: set[str]
+    known: set[str]
+
+
+def next_runs(
+    layout: Layout, job: Obj, pods: list[Obj], seen: Followed, nodes: frozenset[int] | None
+) -> list[tuple[Source, Run, str]]:
+    """The runs to read now, each with its line for the user: a container that restarted,
+    a pod replaced (a new uid), a new pod of the job. A pod whose stream is still open
+    waits for it to end (a container's exit ends it), so no line is read twice."""
+    container = layout.container
+    numbers = node_numbers(layout, pods)
+    out: list[tuple[Source, Run, str]] = []
+    for pod in sorted(pods, key=lambda p: numbers.get(p["metadata"]["name"], -1)):
+        name = pod["metadata"]["name"]
+        run = run_of(pod, container)
+        if name not in numbers or name in seen.open or run is None or seen.shown.get(name) == run:
+            continue
+        if run.uid not in seen.known and not made_for(pod, job):
+            continue
+        node = numbers[name]
+        if nodes is not None and node not in nodes:
+            continue
+        before = seen.shown.get(name)
+        if before is not None and before.uid == run.uid:
+            what = f"container restarted (restart {run.restarts}); following the new one"
+        elif before is not None:
+            what = f"pod {name} replaced (a new pod); following it"
+        elif run.uid in seen.known:
+            what = "container started; following it"
+        else:
+            what = f"new pod {name}; following it"
+        out.append((Source(name, node), run, f"[node{node}] {what}"))
+    return out
+
+
 _END = object()
 
 
+class _Streams:
+    """The followed streams, one reader thread each, into one queue."""
+
+    def __init__(self, kube: Kube, namespace: str, container: str) -> None:
+        self.kube, self.namespace, self.container = kube, namespace, container
+        self.out: queue.Queue[Any] = queue.Queue()
+
+    def start(self, source: Source, select: Select) -> None:
+        def pump() -> None:
+            try:
+                for line in _read(
+                    self.kube, self.namespace, self.container, source, select, follow=True
+                ):
+                    self.out.put(line)
+            except OperationError as exc:  # reported by the main thread
+                self.out.put((source, exc))
+            finally:
+                self.out.put((_END, source.pod))
+
+        # A daemon: Ctrl-C in the main thread ends the command.
+        threading.Thread(target=pump, name=f"log {source.pod}", daemon=True).start()
+
+
 def followed(
-    kube: Kube, namespace: str, container: str, todo: list[Source], select: Select, failed: Failed
+    found: Found,
+    job: Obj,
+    pods: list[Obj],
+    todo: list[Source],
+    select: Select,
+    failed: Failed,
+    notice: Notice,
 ) -> Iterator[Line]:
-    """The previous runs' lines, then every running container's at once, one reader thread
-    per pod, merged as they come; ends when every stream has ended."""
+    """The previous runs' lines, then every running container's at once, merged as they
+    come. The job and its pods are watched meanwhile: a container that restarts, a pod
+    replaced or a new pod of the job is read from its start (``notice`` says so). Ends
+    once the job is final (or gone) and every stream has ended; without the watch (it
+    failed: ``notice`` says so), when every stream has ended."""
+    from ddpdeploy.cluster.watch import _Watch, container_of
+
+    container = container_of(job)
     previous = [s for s in todo if s.previous]
-    yield from merged(kube, namespace, container, previous, select, failed)
-    current = [s for s in todo if not s.previous]
-    out: queue.Queue[Any] = queue.Queue()
+    yield from merged(found.kube, found.namespace, container, previous, select, failed)
+    streams = _Streams(found.kube, found.namespace, container)
+    by_name = {p["metadata"]["name"]: p for p in pods}
+    seen = Followed({}, set(), {p["metadata"].get("uid", "") for p in pods})
+    again = replace(select, tail=None, since_s=None)  # a new run is read from its start
+    # The watch first: its lists are under way before the streams' first lines come.
+    with _Watch(found) as watching:
+        for source in (s for s in todo if not s.previous):
+            run = run_of(by_name[source.pod], container)
+            if run is None:  # not started: read when the watch shows it running
+                continue
+            seen.shown[source.pod] = run
+            seen.open.add(source.pod)
+            streams.start(source, select)
+        yield from _follow_loop(found, job, watching, streams, seen, again, failed, notice)
 
-    def pump(source: Source) -> None:
-        try:
-            for line in _read(kube, namespace, container, source, select, follow=True):
-                out.put(line)
-        except OperationError as exc:  # reported by the main thread
-            out.put((source, exc))
-        finally:
-            out.put(_END)
 
-    for source in current:  # daemons: Ctrl-C in the main thread ends the command
-        threading.Thread(target=pump, args=(source,), daemon=True).start()
-    running = len(current)
-    while running:
+def _follow_loop(
+    found: Found,
+    job: Obj,
+    watching: _Watch,
+    streams: _Streams,
+    seen: Followed,
+    again: Select,
+    failed: Failed,
+    notice: Notice,
+) -> Iterator[Line]:
+    watch: _Watch | None = watching
+    changed, final = True, False
+    while True:
+        if watch is not None:
+            try:
+                changed = watch.take(time.monotonic()) or changed  # what came, no waiting
+            except OperationError as exc:
+                notice(f"warning: {exc}; a container that restarts now is not followed")
+                watch, final = None, True
+        if changed and watch is not None and watch.ready:
+            now_job, now_pods, state = watch.current()
+            final = now_job is None or state.state in FINAL
+            for source, run, line in next_runs(found.layout, job, now_pods, seen, again.nodes):
+                notice(line)
+                seen.shown[source.pod] = run
+                seen.open.add(source.pod)
+                streams.start(source, again)
+        changed = False
+        if final and not seen.open:
+            return
         try:
-            item = out.get(timeout=0.5)  # a timeout keeps the main thread interruptible
+            item = streams.out.get(timeout=TICK)  # a timeout keeps the main thread interruptible
         except queue.Empty:
             continue
-        if item is _END:
-            running -= 1
-        elif isinstance(item, tuple):
-            failed(*item)
-        else:
+        if isinstance(item, Line):
             yield item
+        elif item[0] is _END:
+            seen.open.discard(item[1])
+            changed = True  # a restart seen while it was open is read now
+        else:
+            failed(*item)
 
 
 # ---- rank 0's progress, for `status` --------------------------------------------------------

@@ -44,7 +44,15 @@ def logs(
     index: Annotated[
         int | None, typer.Option("--index", min=0, help="Replica (or node) index; default 0.")
     ] = None,
-    follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep streaming.")] = False,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "-f",
+            "--follow",
+            help="Keep streaming. Merged, it reads a container's next run too (a restart, "
+            "a replaced pod) and ends when the job has succeeded or failed.",
+        ),
+    ] = False,
     tail: Annotated[
         int | None, typer.Option("--tail", min=0, help="Last N lines of each container only.")
     ] = None,
@@ -53,7 +61,8 @@ def logs(
     context: ContextOpt = None,
 ) -> None:
     """Print a job's training log: every pod's lines, each prefixed with its global rank
-    and node ([rank5 node1] ...), previous containers of restarted pods first.
+    and node ([rank5 node1] ...), previous containers of restarted pods first; --follow
+    goes on to the next run of a container that restarts, or of a pod replaced.
 
     Example: ddpdeploy logs my-job --rank 0,3 --since 10m --follow
     """
@@ -119,8 +128,11 @@ def _merged(found: Found, name: str, follow: bool, select: Select) -> None:
         unread.append(source.pod)
         say(f"warning: {plain(exc)}")
 
-    read = followed if follow else merged
-    for line in read(found.kube, found.namespace, container_of(job), todo, select, failed):
+    if follow:  # the notices (a restart, a new pod) through say, which makes them plain
+        lines = followed(found, job, pods, todo, select, failed, say)
+    else:
+        lines = iter(merged(found.kube, found.namespace, container_of(job), todo, select, failed))
+    for line in lines:
         rank_line(line.rank, line.node, line.text, line.previous)
     if unread:
         raise OperationError(

@@ -157,3 +157,58 @@ class Lines:
         while (line := self._q.get(timeout=10)) is not None:
             self.seen.append(line)
         return code, self.seen
+
+
+def make_pod(
+    admin: Any,
+    job: dict,
+    name: str,
+    labels: dict[str, str],
+    node: str,
+    owner: dict | None = None,
+) -> dict:
+    """One pod of ``job``'s master template with exactly ``labels`` (and ``owner`` as its
+    controller), on Node ``node``: a replacement the operator makes, or a look-alike."""
+    meta = job["metadata"]
+    template = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    body: dict = {
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "containers": template["containers"],
+            "volumes": template.get("volumes"),
+            "nodeName": node,
+        },
+    }
+    if owner is not None:
+        body["metadata"]["ownerReferences"] = [{**owner, "controller": True}]
+    return res(admin, "v1", "Pod").create(namespace=meta["namespace"], body=body).to_dict()
+
+
+def operator_pod(admin: Any, job: dict, replica: str, index: int, node: str) -> dict:
+    """A pod as the operator makes it: its labels and the template's (ddpdeploy's), and the
+    job as its controller (by uid)."""
+    meta = job["metadata"]
+    rspec = job["spec"]["pytorchReplicaSpecs"][replica]
+    labels = {
+        **(rspec["template"].get("metadata") or {}).get("labels", {}),
+        "training.kubeflow.org/job-name": meta["name"],
+        "training.kubeflow.org/replica-type": replica.lower(),
+        "training.kubeflow.org/replica-index": str(index),
+    }
+    owner = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": meta["name"],
+             "uid": meta["uid"]}  # fmt: skip
+    name = f"{meta['name']}-{replica.lower()}-{index}"
+    return make_pod(admin, job, name, labels, node, owner)
+
+
+def delete_pod_now(admin: Any, ns: str, pod: str) -> None:
+    """Delete a pod at once (grace 0: no kubelet here confirms a graceful end)."""
+    pods = res(admin, "v1", "Pod")
+    pods.delete(name=pod, namespace=ns, body={"gracePeriodSeconds": 0})
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        names = [p["metadata"]["name"] for p in pods.get(namespace=ns).to_dict()["items"]]
+        if pod not in names:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"pod {ns}/{pod} was never deleted")

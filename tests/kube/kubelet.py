@@ -6,9 +6,11 @@ tests/kube/apiserver.py does not pass).
 Serves ``/containerLogs/{ns}/{pod}/{container}`` with ``tailLines``, ``sinceSeconds``,
 ``limitBytes``, ``timestamps``, ``previous`` and ``follow`` from the text a test sets per
 (pod, container, previous); a followed stream stays open, sending lines as the test adds
-them, until the test closes it; ``delay`` slows every answer, and ``most_in_flight`` counts
-the most requests answered at once. ``register`` creates the Node object (InternalIP 127.0.0.1,
-kubeletEndpoint.Port) that pods name in spec.nodeName.
+them, until the test closes it or that run of the container ends (``restart``: the next
+run, the old one becomes ``previous``; ``remove``: the pod is gone); ``delay`` slows every
+answer, and ``most_in_flight`` counts the most requests answered at once. ``register``
+creates the Node object (InternalIP 127.0.0.1, kubeletEndpoint.Port) that pods name in
+spec.nodeName.
 """
 
 from __future__ import annotations
@@ -120,6 +122,21 @@ class Kubelet:
             log += [(time.time(), t) for t in text.splitlines()]
             self.changed.notify_all()
 
+    def restart(self, pod: str, text: str, container: str = "pytorch") -> None:
+        """The container restarts: its run so far becomes the previous one (``previous``
+        reads it), its followed streams end, and the new run's log is ``text``."""
+        with self.changed:
+            self.logs[(pod, container, True)] = self.logs.pop((pod, container, False), [])
+            self.changed.notify_all()
+        self.set_log(pod, text, container)
+
+    def remove(self, pod: str) -> None:
+        """The pod is gone: its logs with it, and its followed streams end."""
+        with self.changed:
+            for key in [k for k in self.logs if k[0] == pod]:
+                del self.logs[key]
+            self.changed.notify_all()
+
     def close_streams(self) -> None:
         """End every followed stream, as a container's exit does."""
         with self.changed:
@@ -136,18 +153,21 @@ class Kubelet:
             log = log[len(log) - tail :] if tail else []
         return log
 
-    def follow(self, key: Key, sent: int) -> Iterator[tuple[float, str]]:
-        """Lines after the first ``sent``, as they come, until the streams close."""
+    def follow(
+        self, key: Key, log: list[tuple[float, str]], sent: int
+    ) -> Iterator[tuple[float, str]]:
+        """Lines of ``log`` (one run of the container) after the first ``sent``, as they
+        come, until the streams close or that run ends (``set_log``, ``restart`` or
+        ``remove`` put another run, or none, in its place)."""
         while True:
             with self.changed:
-                log = self.logs.get(key, [])
-                while len(log) <= sent and not self.closed.is_set():
+                while len(log) <= sent and not self.closed.is_set() and self.logs.get(key) is log:
                     self.changed.wait(0.5)
-                    log = self.logs.get(key, [])
                 new = log[sent:]
+                ended = self.closed.is_set() or self.logs.get(key) is not log
             yield from new
             sent += len(new)
-            if self.closed.is_set() and not new:
+            if ended and not new:
                 return
 
 
@@ -186,7 +206,11 @@ def _handler(kubelet: Kubelet) -> type[BaseHTTPRequestHandler]:
                 return self._answer(kubelet.failing[pod], "internal error: the log is gone")
             previous = query.get("previous") == "true"
             key = (pod, container, previous)
-            if key not in kubelet.logs:
+            with kubelet.changed:  # the run answered: the one there now
+                run = kubelet.logs.get(key)
+                lines = kubelet.lines(key, query)
+                sent = len(run or [])
+            if run is None:
                 what = "previous terminated container" if previous else "container"
                 return self._answer(400, f'{what} "{container}" in pod "{pod}" not found')
             self.send_response(200)
@@ -194,11 +218,9 @@ def _handler(kubelet: Kubelet) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             stamps = query.get("timestamps") == "true"
             limit = int(query["limitBytes"]) if "limitBytes" in query else None
-            lines = kubelet.lines(key, query)
             self._write(lines, stamps, limit)
             if query.get("follow") == "true" and not previous:
-                sent = len(kubelet.logs.get(key, []))
-                for line in kubelet.follow(key, sent):
+                for line in kubelet.follow(key, run, sent):
                     self._write([line], stamps, None)
 
         def _write(self, lines: list[tuple[float, str]], stamps: bool, limit: int | None) -> None:

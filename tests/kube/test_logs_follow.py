@@ -1,0 +1,186 @@
+"""`logs -f` across a container's runs, against the real kube-apiserver and the kubelet
+stand-in (kubelet.py): a container that restarts and a pod replaced are read again from
+their start, once, with a line saying so; a look-alike pod (not labelled ours) is never
+read; the follow ends with the job, or on Ctrl-C."""
+
+from __future__ import annotations
+
+import queue
+import signal
+import threading
+import time
+
+import pytest
+from actors import (
+    container_status,
+    create_pods,
+    delete_pod_now,
+    get_job,
+    make_pod,
+    operator_pod,
+    set_job_conditions,
+    set_pod_status,
+    start_cli,
+)
+
+IMAGE = "registry.invalid/train:v1"
+
+pytestmark = pytest.mark.slow  # an apiserver, a kubelet stand-in, CLI subprocesses
+
+
+def running(admin, namespace: str, pod: str, restarts: int = 0) -> None:
+    state = {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
+    status = {"phase": "Running", "containerStatuses": [container_status(IMAGE, state, restarts)]}
+    set_pod_status(admin, namespace, pod, status)
+
+
+@pytest.fixture
+def job(kube_cli, admin, namespace, kubelet):
+    """`up` a static 2-node job, its pods (the operator's labels only) Running on the
+    stand-in's node: (master, worker)."""
+    args = ["up", "--image", IMAGE, "--name", "j", "-n", namespace, "--nodes", "2"]
+    out = kube_cli(*args, "--procs", "2", "--no-wait")
+    assert out.returncode == 0, out.stderr
+    pods = create_pods(admin, get_job(admin, namespace, "j"), node=kubelet.node_name)
+    for pod in pods:
+        running(admin, namespace, pod)
+    return pods
+
+
+class Follow:
+    """`logs j -f ...` in the background: its stdout and stderr lines as they come."""
+
+    def __init__(self, control_plane, namespace: str, *more: str) -> None:
+        self.proc = start_cli(control_plane.kubeconfig, "logs", "j", "-n", namespace, "-f", *more)
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self._q: queue.Queue[tuple[str, str | None]] = queue.Queue()
+        for name, stream in (("out", self.proc.stdout), ("err", self.proc.stderr)):
+            threading.Thread(target=self._read, args=(name, stream), daemon=True).start()
+
+    def _read(self, name: str, stream) -> None:
+        for line in stream:
+            self._q.put((name, line.rstrip("\n")))
+        self._q.put((name, None))
+
+    def _take(self, timeout: float) -> bool:
+        try:
+            name, line = self._q.get(timeout=timeout)
+        except queue.Empty:
+            return False
+        if line is not None:
+            (self.out if name == "out" else self.err).append(line)
+        return True
+
+    def wait_for(self, line: str, where: str = "out", timeout: float = 60) -> None:
+        seen = self.out if where == "out" else self.err
+        deadline = time.monotonic() + timeout
+        while line not in seen:
+            assert time.monotonic() < deadline, (line, self.out, self.err)
+            if not self._take(0.1) and self.proc.poll() is not None and self._q.empty():
+                raise AssertionError(f"exited before {line!r}: {self.out} {self.err}")
+
+    def finish(self, timeout: float = 60) -> int:
+        code = self.proc.wait(timeout=timeout)
+        while self._take(1):
+            pass
+        return code
+
+
+def followed_streams(kubelet, pod: str) -> int:
+    return sum(f"/{pod}/" in r and "follow=true" in r for r in kubelet.requests)
+
+
+def test_a_restarted_container_is_followed_from_its_start_once(
+    control_plane, admin, namespace, kubelet, job
+):
+    master, worker = job
+    kubelet.set_log(master, "[rank0]:m old\n[rank0]:m last")
+    kubelet.set_log(worker, "[rank2]:w old\n[rank2]:w last")
+    follow = Follow(control_plane, namespace, "--tail", "1")
+    follow.wait_for("[rank0 node0] m last")
+    follow.wait_for("[rank2 node1] w last")
+    # torchrun's agent exits, the kubelet starts the container again: restart 1.
+    kubelet.restart(worker, "[rank2]:w run 2\nagent: run 2 up")
+    running(admin, namespace, worker, restarts=1)
+    follow.wait_for("[node1] container restarted (restart 1); following the new one", "err")
+    follow.wait_for("[rank2 node1] w run 2")  # the new run from its start (--tail is the first's)
+    follow.wait_for("[node1] agent: run 2 up")
+    kubelet.append(worker, "[rank3]:w run 2 more")
+    follow.wait_for("[rank3 node1] w run 2 more")
+    # Restart 2 shows in the pod's status while run 2's stream is still open: run 3 is read
+    # once that stream has ended, and run 2's late line comes once, from its own stream.
+    running(admin, namespace, worker, restarts=2)
+    time.sleep(1.5)
+    kubelet.append(worker, "[rank2]:w run 2 late")
+    follow.wait_for("[rank2 node1] w run 2 late")
+    kubelet.restart(worker, "[rank2]:w run 3")
+    follow.wait_for("[node1] container restarted (restart 2); following the new one", "err")
+    follow.wait_for("[rank2 node1] w run 3")
+    time.sleep(1)
+    assert follow.proc.poll() is None  # the job still runs
+    set_job_conditions(admin, namespace, "j", ("Created", ""), ("Succeeded", ""))
+    kubelet.close_streams()
+    assert follow.finish() == 0, follow.err
+    assert sorted(follow.out) == sorted(
+        [
+            "[rank0 node0] m last", "[rank2 node1] w last", "[rank2 node1] w run 2",
+            "[node1] agent: run 2 up", "[rank3 node1] w run 2 more",
+            "[rank2 node1] w run 2 late", "[rank2 node1] w run 3",
+        ]
+    )  # fmt: skip
+    assert follow.err == [
+        "[node1] container restarted (restart 1); following the new one",
+        "[node1] container restarted (restart 2); following the new one",
+    ]
+    assert followed_streams(kubelet, worker) == 3 and followed_streams(kubelet, master) == 1
+    assert not any("previous=true" in r for r in kubelet.requests)  # shown once: not re-read
+
+
+def test_a_replaced_pod_is_followed_and_a_look_alike_never_read(
+    control_plane, admin, namespace, kubelet, job
+):
+    master, worker = job
+    obj = get_job(admin, namespace, "j")
+    kubelet.set_log(master, "[rank0]:m1")
+    kubelet.set_log(worker, "[rank2]:the first pod")
+    follow = Follow(control_plane, namespace)
+    follow.wait_for("[rank0 node0] m1")
+    follow.wait_for("[rank2 node1] the first pod")
+
+    def operator_labels(index: int) -> dict[str, str]:  # the operator's, none of ours
+        return {
+            "training.kubeflow.org/job-name": "j",
+            "training.kubeflow.org/replica-type": "worker",
+            "training.kubeflow.org/replica-index": str(index),
+        }
+
+    # A look-alike worker appears: the job's pod selector matches it, our labels are not on it.
+    make_pod(admin, obj, "j-worker-1", operator_labels(1), kubelet.node_name)
+    kubelet.set_log("j-worker-1", "[rank4]:[red]not ours")
+    running(admin, namespace, "j-worker-1")
+    # Our worker is deleted and a look-alike takes its name (a new uid, not ours).
+    delete_pod_now(admin, namespace, worker)
+    kubelet.remove(worker)
+    asked = followed_streams(kubelet, worker)
+    make_pod(admin, obj, worker, operator_labels(0), kubelet.node_name)
+    kubelet.set_log(worker, "[rank2]:a look-alike of the same name")
+    running(admin, namespace, worker)
+    time.sleep(2)  # the watch has brought both
+    assert not any("/j-worker-1/" in r for r in kubelet.requests)
+    assert followed_streams(kubelet, worker) == asked
+    delete_pod_now(admin, namespace, worker)
+    kubelet.remove(worker)
+    # The operator's replacement: our labels (from the template), the job as its controller.
+    operator_pod(admin, obj, "Worker", 0, kubelet.node_name)
+    kubelet.set_log(worker, "[rank2]:the new pod")
+    running(admin, namespace, worker)
+    follow.wait_for(f"[node1] pod {worker} replaced (a new pod); following it", "err")
+    follow.wait_for("[rank2 node1] the new pod")
+    follow.proc.send_signal(signal.SIGINT)
+    assert follow.finish(timeout=30) == 130
+    assert follow.err == [f"[node1] pod {worker} replaced (a new pod); following it"]
+    assert sorted(follow.out) == [
+        "[rank0 node0] m1", "[rank2 node1] the first pod", "[rank2 node1] the new pod"
+    ]  # fmt: skip
+    assert not any("/j-worker-1/" in r for r in kubelet.requests)
