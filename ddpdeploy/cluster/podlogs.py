@@ -26,7 +26,7 @@ from ddpdeploy.targets import Layout
 
 if TYPE_CHECKING:
     from ddpdeploy.cluster.find import Found
-    from ddpdeploy.cluster.watch import _Watch
+    from ddpdeploy.cluster.watch import JobWatch
 
 Obj = dict[str, Any]
 
@@ -285,7 +285,7 @@ def followed(
     replaced or a new pod of the job is read from its start (``notice`` says so). Ends
     once the job is final (or gone) and every stream has ended; without the watch (it
     failed: ``notice`` says so), when every stream has ended."""
-    from ddpdeploy.cluster.watch import _Watch, container_of
+    from ddpdeploy.cluster.watch import JobWatch, container_of
 
     container = container_of(job)
     previous = [s for s in todo if s.previous]
@@ -295,7 +295,7 @@ def followed(
     seen = Followed({}, set(), {p["metadata"].get("uid", "") for p in pods})
     again = replace(select, tail=None, since_s=None)  # a new run is read from its start
     # The watch first: its lists are under way before the streams' first lines come.
-    with _Watch(found) as watching:
+    with JobWatch(found) as watching:
         for source in (s for s in todo if not s.previous):
             run = run_of(by_name[source.pod], container)
             if run is None:  # not started: read when the watch shows it running
@@ -309,14 +309,14 @@ def followed(
 def _follow_loop(
     found: Found,
     job: Obj,
-    watching: _Watch,
+    watching: JobWatch,
     streams: _Streams,
     seen: Followed,
     again: Select,
     failed: Failed,
     notice: Notice,
 ) -> Iterator[Line]:
-    watch: _Watch | None = watching
+    watch: JobWatch | None = watching
     changed, final = True, False
     while True:
         if watch is not None:

@@ -91,7 +91,7 @@ def wait(
     started = time.monotonic() if started is None else started
     deadline = None if timeout is None else started + timeout
     found = find_job(kube, name, namespace, required=False)
-    with _Watch(found) as watching:
+    with JobWatch(found) as watching:
         shown_at, unshown, shown_once = time.monotonic(), False, False
         while True:
             # Changes are shown at most every SHOW_EVERY (a 128-pod job starting is 128
@@ -123,7 +123,7 @@ def wait(
                 )
 
 
-class _Watch:
+class JobWatch:
     """The job and its pods as two watches (one thread each, into one queue) keep them:
     a snapshot is taken from what they brought, never by asking again."""
 
@@ -135,7 +135,7 @@ class _Watch:
         self.events: queue.Queue[tuple[str, str, Any]] = queue.Queue()
         self.stop = threading.Event()
 
-    def __enter__(self) -> _Watch:
+    def __enter__(self) -> JobWatch:
         found, layout = self.found, self.found.layout
         streams = {
             "job": dict(name=found.name),
