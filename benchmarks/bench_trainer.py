@@ -11,6 +11,9 @@ and optimizer:
     (which does no checkpointing at all), every trial and the median. Trials interleave:
     each trial runs both programs for both sizes back to back, alternating which goes
     first, so a load change on a shared machine hits both sides of a ratio alike;
+  * the same ratio in CPU: the textbook workers' CPU seconds per step (user + system, from
+    /proc) divided by the trainer's, over the same window: the work the trainer adds,
+    less exposed than the wall clock to which run the VM's scheduler favoured;
   * the training stall per checkpoint (ddptrain.py's own measurement: waiting for the
     previous write + CPU snapshot + RNG gather), divided by the time of a synchronous
     torch.save of the same state (the newest checkpoint's payload) to the same directory.
@@ -91,8 +94,21 @@ def large():
 """
 
 
-def run_timed(argv: list[str], cwd: Path, warm: int, steps: int) -> tuple[float, str]:
-    """Run one torchrun job; steps/s between the step-`warm` and step-`steps` lines."""
+def workers_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by the children of ``pid`` (the workers)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        # Fields 14 and 15 of /proc/PID/stat, after the parenthesised command name.
+        fields = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
+def run_timed(argv: list[str], cwd: Path, warm: int, steps: int) -> tuple[float, float, str]:
+    """Run one torchrun job; steps/s between the step-`warm` and step-`steps` lines, and
+    the workers' CPU seconds per step over the same window (less exposed to who got the
+    CPU than the wall clock: the VM's scheduling noise is most of a trial's scatter)."""
     env = dict(
         os.environ,
         OMP_NUM_THREADS="1",
@@ -110,6 +126,7 @@ def run_timed(argv: list[str], cwd: Path, warm: int, steps: int) -> tuple[float,
         start_new_session=True,
     )
     t_warm = t_end = None
+    cpu_warm = cpu_end = 0.0
     assert p.stdout is not None
     for line in p.stdout:
         if not line.startswith("{"):
@@ -117,13 +134,13 @@ def run_timed(argv: list[str], cwd: Path, warm: int, steps: int) -> tuple[float,
         ev = json.loads(line)
         if ev.get("event") == "step":
             if ev["step"] == warm:
-                t_warm = time.perf_counter()
+                t_warm, cpu_warm = time.perf_counter(), workers_cpu_s(p.pid)
             if ev["step"] == steps:
-                t_end = time.perf_counter()
+                t_end, cpu_end = time.perf_counter(), workers_cpu_s(p.pid)
     _, err = p.communicate(timeout=600)
     if p.returncode != 0 or t_warm is None or t_end is None:
         raise SystemExit(f"benchmark run failed ({p.returncode}):\n{err[-3000:]}")
-    return (steps - warm) / (t_end - t_warm), err
+    return (steps - warm) / (t_end - t_warm), (cpu_end - cpu_warm) / (steps - warm), err
 
 
 def sync_save_seconds(ckpt_dir: Path, reps: int = 5) -> float:
@@ -165,20 +182,22 @@ def one_trial(
     for name in ("ddptrain", "textbook") if t % 2 == 0 else ("textbook", "ddptrain"):
         argv = mine_argv if name == "ddptrain" else base_argv
         runs[name] = run_timed(argv, work, warm, steps)
-    mine, err = runs["ddptrain"]
-    base = runs["textbook"][0]
+    mine, mine_cpu, err = runs["ddptrain"]
+    base, base_cpu, _ = runs["textbook"]
     m = re.search(r"mean training stall ([0-9.]+) ms", err)
     assert m, err[-2000:]
     stall = float(m.group(1)) / 1000
     sync_save = sync_save_seconds(ck)
     print(
         f"  {size} trial {t}: ddptrain {mine:.1f} steps/s, textbook {base:.1f} steps/s, "
-        f"ratio {mine / base:.3f}; stall {1000 * stall:.2f} ms, sync torch.save "
+        f"ratio {mine / base:.3f}; CPU per step {1e3 * mine_cpu:.2f} / {1e3 * base_cpu:.2f} "
+        f"ms, ratio {base_cpu / mine_cpu:.3f}; stall {1000 * stall:.2f} ms, sync torch.save "
         f"{1000 * sync_save:.1f} ms, stall ratio {stall / sync_save:.3f}, load "
         f"{os.getloadavg()[0]:.1f}",  # the VM is shared: a trial's noise comes with its load
         flush=True,
     )
-    return {"ratio": mine / base, "stall": stall, "sync_save": sync_save}
+    return {"ratio": mine / base, "cpu_ratio": base_cpu / mine_cpu, "stall": stall,
+            "sync_save": sync_save}  # fmt: skip
 
 
 def summary(trials: list[dict[str, float]]) -> dict[str, Any]:
@@ -186,6 +205,8 @@ def summary(trials: list[dict[str, float]]) -> dict[str, Any]:
     return {
         "steps_per_s_ratio": med(r["ratio"] for r in trials),
         "steps_per_s_ratio_trials": [round(r["ratio"], 3) for r in trials],
+        "cpu_per_step_ratio": med(r["cpu_ratio"] for r in trials),
+        "cpu_per_step_ratio_trials": [round(r["cpu_ratio"], 3) for r in trials],
         "stall_ms": 1000 * med(r["stall"] for r in trials),
         "sync_save_ms": 1000 * med(r["sync_save"] for r in trials),
         "stall_ratio": med(r["stall"] / r["sync_save"] for r in trials),
