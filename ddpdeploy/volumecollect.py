@@ -11,8 +11,8 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from ddpdeploy.adapters.files import write_error
 from ddpdeploy.checkpoints import MAX_DEBUG, Destination, LocalSource, debug_kind, shown
-from ddpdeploy.errors import UserError
 
 
 @contextlib.contextmanager
@@ -44,4 +44,5 @@ def _staging(to: Path) -> tempfile.TemporaryDirectory[str]:
     try:
         return tempfile.TemporaryDirectory(prefix=".ddpdeploy-collect-", dir=near)
     except OSError as exc:
-        raise UserError(f"--to: cannot stage files in {near}: {exc.strerror or exc}") from None
+        # Same line as before; a full or read-only disk exits 1 like every write of collect.
+        raise write_error(near, exc, "--to", verb="stage files in") from None

@@ -102,6 +102,19 @@ def test_a_full_disk_under_a_compose_collect_is_one_line(
     assert again.returncode == 0, again.stderr
 
 
+def test_no_room_for_the_staging_folder_is_one_line_exit_1(
+    cli: Any, volume: str, mountpoint: Path
+) -> None:
+    mount_tmpfs(mountpoint, "size=3m,nr_inodes=1")  # the root folder uses the only inode
+    to = mountpoint / "out"
+    out = cli("collect", "job", "--from", "compose", "--volume", volume, "--to", str(to))
+    assert out.returncode == 1, out.stderr  # the system refused: not the user's input
+    assert out.stderr.strip().splitlines() == [
+        f"error: --to: cannot stage files in {mountpoint}: No space left on device"
+    ]
+    assert list(mountpoint.iterdir()) == []
+
+
 def test_a_to_another_collect_holds_is_refused_and_the_staging_goes(
     cli: Any, engine: Any, volume: str, tmp_path: Path
 ) -> None:
