@@ -67,6 +67,13 @@ def set_pod_status(admin: Any, ns: str, pod: str, status: dict) -> None:
     pods.status.patch(body={"status": status}, name=pod, namespace=ns, content_type=MERGE)
 
 
+def set_running(admin: Any, ns: str, pod: str, image: str, restarts: int = 0) -> None:
+    """The pod Running, its container started (``restarts`` times restarted before)."""
+    state = {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
+    status = {"phase": "Running", "containerStatuses": [container_status(image, state, restarts)]}
+    set_pod_status(admin, ns, pod, status)
+
+
 def container_status(image: str, state: dict, restarts: int = 0, last: dict | None = None) -> dict:
     out = {
         "name": "pytorch",

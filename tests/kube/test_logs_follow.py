@@ -12,14 +12,13 @@ import time
 
 import pytest
 from actors import (
-    container_status,
     create_pods,
     delete_pod_now,
     get_job,
     make_pod,
     operator_pod,
     set_job_conditions,
-    set_pod_status,
+    set_running,
     start_cli,
 )
 
@@ -29,9 +28,7 @@ pytestmark = pytest.mark.slow  # an apiserver, a kubelet stand-in, CLI subproces
 
 
 def running(admin, namespace: str, pod: str, restarts: int = 0) -> None:
-    state = {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
-    status = {"phase": "Running", "containerStatuses": [container_status(IMAGE, state, restarts)]}
-    set_pod_status(admin, namespace, pod, status)
+    set_running(admin, namespace, pod, IMAGE, restarts)
 
 
 @pytest.fixture

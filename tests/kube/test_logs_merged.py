@@ -14,12 +14,11 @@ from pathlib import Path
 
 import pytest
 from actors import (
-    container_status,
     create_pods,
     finish,
     get_job,
     set_job_conditions,
-    set_pod_status,
+    set_running,
     start_cli,
     wait_for_job,
 )
@@ -40,9 +39,7 @@ def last_line(name: str) -> str:
 
 
 def running(admin, namespace: str, pod: str, restarts: int = 0) -> None:
-    state = {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
-    status = {"phase": "Running", "containerStatuses": [container_status(IMAGE, state, restarts)]}
-    set_pod_status(admin, namespace, pod, status)
+    set_running(admin, namespace, pod, IMAGE, restarts)
 
 
 @pytest.fixture
