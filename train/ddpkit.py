@@ -10,6 +10,7 @@ every target (the image, `smoke --local`), so a script just imports it::
     start = 0 if state is None else state["step"]
     if state is not None:
         model.load_state_dict(state["model"])
+    ddpkit.log("start", total_steps=steps)     # smoke's progress bar; restarts show here
     for step in range(start + 1, steps + 1):
         ...
         ddpkit.log("step", step=step, loss=float(loss))
@@ -18,16 +19,19 @@ every target (the image, `smoke --local`), so a script just imports it::
     ddpkit.log("done", step=steps)
 
 Checkpoints go to ``checkpoint_dir()``: ``$DDPDEPLOY_CHECKPOINT_DIR``, which ddpdeploy
-sets in every process whenever the job has a checkpoint volume. Per checkpoint at step N:
+sets in every process whenever the job has a checkpoint volume. Per checkpoint at step N,
+named ``ckpt-step-{N:09d}`` (read back by ``^ckpt-step-(\\d{9,18})\\.json$``, as
+``ddpdeploy collect`` reads them):
 
-  ckpt-step-00000000N.pt    torch.save(state)
-  ckpt-step-00000000N.json  sidecar: step, world_size, host, rank, restart_count, time,
-                            run (run_record(): what ran), sha256 and file name of the .pt
+  ckpt-step-000000500.pt    torch.save(state)
+  ckpt-step-000000500.json  sidecar: step, world_size, host, rank, restart_count, time,
+                            run (run_record(): what ran), run_id, sha256 and file name
 
 The sidecar is written only once the payload is durable, so it is the commit point: a
 payload without a sidecar, or whose sha256 differs from it, is never loaded. This is the
 format ddpdeploy's built-in trainer writes (its checkpoint store is this module) and the
-one ``ddpdeploy collect`` fetches.
+one ``ddpdeploy collect`` fetches. Retention (``keep``) counts and deletes only this run's
+own checkpoints (its ``run_id``, a payload that verifies); see ``CheckpointStore``.
 
 Restarts: torchrun's agent shares one TCPStore with its workers, and that store outlives
 a worker restart, so a plain ``init_process_group`` after a restart can read the previous
@@ -35,9 +39,13 @@ round's peer addresses and hang. ``init_process_group`` here namespaces the stor
 restart; see train/README.md for which restart paths need it.
 
 Protocol lines: ``log(event, **fields)`` prints one JSON object on stdout from global
-rank 0 only. ddpdeploy reads the events ``start``, ``step`` (``step``, ``loss``,
-``samples_per_s``), ``checkpoint`` (``step``, ``path``, ``host``, ``rank``; ``save`` prints
-it) and ``done`` (``step``, ``weights_sha256``: see ``weights_sha256()``); all are optional.
+rank 0 only. ddpdeploy reads the events ``start`` (``total_steps``), ``step`` (``step``,
+``loss``, ``samples_per_s``), ``checkpoint`` (``step``, ``path``, ``host``, ``rank``;
+``save`` prints it) and ``done`` (``step``, ``weights_sha256``: see ``weights_sha256()``);
+all are optional. ``start`` is filled in with what ddpkit knows (world size, backend,
+host, restart count, the checkpoint ``load_latest`` resumed from), and a script that logs
+a step before any ``start`` gets one sent for it: a restart is what tells smoke that the
+workers recovered.
 
 Diagnostics (docs/events.md): ``init_process_group`` runs ``probe()``, a short all-reduce
 sweep whose ``probe`` event gives the bus bandwidth, the slowest rank's host and the
@@ -55,10 +63,12 @@ import glob
 import hashlib
 import io
 import json
+import operator
 import os
 import platform
 import re
 import socket
+import stat
 import statistics
 import sys
 import tempfile
@@ -66,15 +76,20 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import Any
+from typing import Any, BinaryIO, SupportsIndex, TypeVar, cast
 
 import torch
 import torch.distributed as dist
 
 CHECKPOINT_DIR_ENV = "DDPDEPLOY_CHECKPOINT_DIR"
 DEFAULT_KEEP = 3
-_SIDECAR = re.compile(r"^ckpt-step-(\d+)\.json$")
+# The one spelling of a checkpoint's name, as ddpdeploy's collect reads it too: the step
+# zero-padded to 9 digits; at most 18, so a step always fits an int64 tensor.
+_SIDECAR = re.compile(r"^ckpt-step-(\d{9,18})\.json$")
+MAX_STEP = 10**18 - 1
+MAX_SIDECAR = 1 << 20  # a sidecar is ~600 bytes; anything this big is not one
 _print_lock = threading.Lock()  # a background checkpoint writer logs too
+T = TypeVar("T")
 
 
 # ---- who am I ----------------------------------------------------------------------------
@@ -96,18 +111,44 @@ def _distributed() -> bool:
 
 
 # ---- protocol lines ----------------------------------------------------------------------
+_started: list[bool] = []  # a `start` line went out from this process
+_resumed: dict[str, Any] = {}  # what load_latest found, for the `start` line
+
+
 def log(event: str, **fields: Any) -> None:
-    """One JSON protocol line on stdout, from global rank 0 only (others: nothing)."""
+    """One JSON protocol line on stdout, from global rank 0 only (others: nothing).
+
+    ``start`` gets the fields ddpkit knows (``world_size``, ``backend``, ``host``,
+    ``restart_count``, and after ``load_latest`` ``resumed``, ``resume_path``,
+    ``resume_step``) unless given; any other event logged before a ``start`` sends one
+    first, so each (re)start of the workers shows, as smoke's recovery needs."""
     if rank() == 0:
-        emit({"event": event, **fields})
-    if _HOLD_STEPS and event == "step":  # smoke --kill-at STEP only
-        _chaos_hold(fields.get("step"), announce=False)
+        if event == "start":
+            emit({"event": "start", **_start_fields(), **fields})
+        else:
+            if not _started:
+                emit({"event": "start", **_start_fields()})
+            emit({"event": event, **fields})
+    if event == "step":  # smoke --kill-at STEP: the hold, installed only when asked
+        _on_step(fields.get("step"), False)
 
 
 def emit(line: dict[str, Any]) -> None:
     """Print ``line`` as one JSON line, whole even when threads print at once."""
     with _print_lock:
+        if line.get("event") == "start":
+            _started.append(True)
         print(json.dumps(line), flush=True)
+
+
+def _start_fields() -> dict[str, Any]:
+    return {
+        "world_size": world_size(),
+        "backend": dist.get_backend() if dist.is_available() and dist.is_initialized() else None,
+        "host": socket.gethostname(),
+        "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+        **_resumed,
+    }
 
 
 def weights_sha256(module: torch.nn.Module) -> str:
@@ -136,36 +177,65 @@ def warn(message: str) -> None:
 HOLD_STEP_ENV = "DDPDEPLOY_CHAOS_HOLD_STEP"  # a step, or several: 5,10,15
 HOLD_RELEASE_ENV = "DDPDEPLOY_CHAOS_RELEASE"  # the file: each kill done appends one byte
 HOLD_MAX_S_ENV = "DDPDEPLOY_CHAOS_HOLD_S"  # the bound: never wait longer than this
-_HOLD_STEPS = [int(x) for x in os.environ.get(HOLD_STEP_ENV, "").split(",") if x.strip()]
-_held: set[int] = set()
 
 
-def _releases(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
-
-
-def _chaos_hold(step: Any, *, announce: bool) -> None:
+class _ChaosHold:
     """Wait (bounded) at the i-th chaos step until the release file has i + 1 bytes; once
     per step and process, and not at all for a step already released (restarted workers
     pass the earlier steps again)."""
-    release = os.environ.get(HOLD_RELEASE_ENV)
-    if step not in _HOLD_STEPS or step in _held or not release:
-        return
-    needed = _HOLD_STEPS.index(step) + 1
-    if _releases(release) >= needed:
-        return
-    _held.add(int(step))
-    if announce and rank() == 0:  # the runner's cue, also when this step prints no line
-        emit({"event": "step", "step": int(step), "hold": True})
-    t, last_t = _timing, _timing.last_t
-    t.last_t = None  # the hang watchdog does not count the hold as a step that hangs
-    deadline = time.monotonic() + float(os.environ.get(HOLD_MAX_S_ENV, 60))
-    while _releases(release) < needed and time.monotonic() < deadline:
-        time.sleep(0.02)
-    t.last_t = time.perf_counter() if last_t is not None else None  # the hold is no step time
+
+    def __init__(self, steps: list[int], release: str, max_s: float) -> None:
+        self.steps, self.release, self.max_s = steps, release, max_s
+        self.held: set[int] = set()
+
+    @classmethod
+    def from_env(cls) -> _ChaosHold | None:
+        e = os.environ
+        steps = [int(x) for x in e.get(HOLD_STEP_ENV, "").split(",") if x.strip()]
+        release = e.get(HOLD_RELEASE_ENV)
+        if not steps or not release:
+            return None
+        return cls(steps, release, float(e.get(HOLD_MAX_S_ENV, 60)))
+
+    def _releases(self) -> int:
+        try:
+            return os.path.getsize(self.release)
+        except OSError:
+            return 0
+
+    def __call__(self, step: object, announce: bool) -> None:
+        if not isinstance(step, SupportsIndex):
+            return  # a step line without an integer step
+        n = operator.index(step)
+        if n not in self.steps or n in self.held:
+            return
+        needed = self.steps.index(n) + 1
+        if self._releases() >= needed:
+            return
+        self.held.add(n)
+        if announce and rank() == 0:  # the runner's cue, also when this step prints no line
+            emit({"event": "step", "step": n, "hold": True})
+        t, last_t = _timing, _timing.last_t
+        t.last_t = None  # the hang watchdog does not count the hold as a step that hangs
+        deadline = time.monotonic() + self.max_s
+        while self._releases() < needed and time.monotonic() < deadline:
+            time.sleep(0.02)
+        t.last_t = time.perf_counter() if last_t is not None else None  # no step time
+
+
+def _first_step(step: object, announce: bool) -> None:
+    """The first step of this process: read the chaos env once and install the hold only
+    when it is set; every later step calls what is installed (a no-op without it)."""
+    global _on_step
+    _on_step = _ChaosHold.from_env() or _no_hold
+    _on_step(step, announce)
+
+
+def _no_hold(step: object, announce: bool) -> None:
+    pass
+
+
+_on_step: Callable[[object, bool], None] = _first_step
 
 
 # ---- the process group -------------------------------------------------------------------
@@ -214,7 +284,8 @@ def _init_group(backend: str, **kwargs: Any) -> None:
     if "MASTER_ADDR" not in e:  # not under torchrun: a world of one
         kwargs.setdefault("rank", 0)
         kwargs.setdefault("world_size", 1)
-        dist.init_process_group(backend, store=dist.HashStore(), **kwargs)
+        # torch.distributed's stores are public but not re-exported to type checkers
+        dist.init_process_group(backend, store=dist.HashStore(), **kwargs)  # type: ignore[attr-defined]
         return
     kwargs.setdefault("rank", int(e["RANK"]))
     kwargs.setdefault("world_size", int(e["WORLD_SIZE"]))
@@ -222,9 +293,12 @@ def _init_group(backend: str, **kwargs: Any) -> None:
         dist.init_process_group(backend, init_method="env://", **kwargs)
         return
     addr, port = e["MASTER_ADDR"], int(e["MASTER_PORT"])
-    base = dist.TCPStore(addr, port, kwargs["world_size"], is_master=False, timeout=timeout)
+    # torch.distributed's stores are public but not re-exported to type checkers
+    base = dist.TCPStore(  # type: ignore[attr-defined]
+        addr, port, kwargs["world_size"], is_master=False, timeout=timeout
+    )
     restart = int(e.get("TORCHELASTIC_RESTART_COUNT", 0))
-    store = dist.PrefixStore(f"ddpkit/restart-{restart}/", base)
+    store = dist.PrefixStore(f"ddpkit/restart-{restart}/", base)  # type: ignore[attr-defined]
     dist.init_process_group(backend, store=store, **kwargs)
     _warn_if_counts_can_differ()
 
@@ -262,41 +336,70 @@ def checkpoint_dir(directory: str | os.PathLike[str] | None = None) -> str:
 
 
 # ---- save and load -----------------------------------------------------------------------
+class CheckpointError(RuntimeError):
+    """A checkpoint was not written. ``save`` raises it on every rank alike, with rank 0's
+    cause in the message, so a script that catches it keeps its ranks in step."""
+
+
 def save(state: Any, step: int, *, keep: int = DEFAULT_KEEP, directory: str | None = None) -> str:
     """Checkpoint ``state`` (anything torch.save takes) as step ``step``; call on every rank.
 
-    Global rank 0 writes it atomically with its sidecar and keeps the ``keep`` newest; the
-    other ranks wait for it in a barrier, so on return the checkpoint is durable on every
-    rank and the call is a step boundary. Returns the payload's path.
+    Global rank 0 writes it atomically with its sidecar and keeps this run's ``keep``
+    newest; then one broadcast tells every rank how that went, so on return the checkpoint
+    is durable and the call is a step boundary. When rank 0's write fails (a state
+    torch.save cannot pickle, a full disk) every rank raises the same ``CheckpointError``.
+    ``step``: an integer from 0 to 10**18 - 1 (else ValueError, on every rank). Returns the
+    payload's path.
     """
+    n = checked_step(step)
     store = CheckpointStore(checkpoint_dir(directory), keep)
-    path = store.payload_path(step)
+    path = store.payload_path(n)
+    error: Exception | None = None
     if rank() == 0:
-        store.write(state, meta(step))
+        try:
+            store.write(state, meta(n))
+        except Exception as e:  # every rank learns of it below and raises alike
+            error = e
+    failure = "" if error is None else _one_line(error)
     if _distributed():
-        dist.barrier()
+        failure = _broadcast_text(failure, _collective_device())
+    if failure:
+        raise CheckpointError(f"checkpoint {path} was not written: rank 0: {failure}") from error
     return path
+
+
+def checked_step(step: object) -> int:
+    """``step`` as an int; ValueError unless it is an integer from 0 to MAX_STEP (the
+    range that the file name's 9 to 18 digits hold)."""
+    if isinstance(step, SupportsIndex) and not isinstance(step, bool):
+        n = operator.index(step)
+        if 0 <= n <= MAX_STEP:
+            return n
+    raise ValueError(f"checkpoint step must be an integer from 0 to {MAX_STEP}, got {step!r}")
 
 
 def load_latest(
     map_location: Any = None, *, directory: str | None = None, weights_only: bool = True
 ) -> Any | None:
-    """The newest checkpoint that verifies on every rank, loaded; None on a fresh start.
+    """The newest checkpoint that every rank can read, verify and load; None on a fresh
+    start.
 
-    Call on every rank (with a process group, all ranks agree on the step). A corrupt or
-    half-written newest checkpoint is skipped with one line on stderr from rank 0, and the
-    one before is tried.
+    Call on every rank (with a process group, all ranks agree on the step). A candidate
+    that any rank cannot use (half-written, corrupt, not a regular file, not a torch file)
+    is skipped with one line on stderr from rank 0, and the one before is tried.
     """
     store = CheckpointStore(checkpoint_dir(directory), DEFAULT_KEEP)
-    found = latest_verified(store)
-    if found is None:
-        return None
-    _, data = found
-    return torch.load(io.BytesIO(data), map_location=map_location, weights_only=weights_only)
+
+    def load(data: bytes) -> Any:
+        return torch.load(io.BytesIO(data), map_location=map_location, weights_only=weights_only)
+
+    found = latest_verified(store, load)
+    return None if found is None else found[1]
 
 
 def meta(step: int) -> dict[str, Any]:
-    """The sidecar's fields besides sha256 and file name; ``run`` is ``run_record()``."""
+    """The sidecar's fields besides run_id, sha256 and file name; ``run`` is
+    ``run_record()``."""
     return {
         "step": int(step),
         "world_size": world_size(),
@@ -308,13 +411,18 @@ def meta(step: int) -> dict[str, Any]:
     }
 
 
-def latest_verified(store: CheckpointStore, device: Any = None) -> tuple[int, bytes] | None:
-    """(step, payload bytes) of the newest checkpoint every rank verifies, or None.
+def latest_verified(
+    store: CheckpointStore, load: Callable[[bytes], T], device: Any = None
+) -> tuple[int, T] | None:
+    """(step, ``load(payload)``) of the newest checkpoint every rank can use, or None.
 
-    Rank 0 lists the committed steps (after removing what a killed writer left) and
-    broadcasts them; each rank checks the sha256 itself, because the folder is shared but
-    a rank may see it through another node's mount. Collectives run on the default group,
-    with tensors on ``device`` (default: the current GPU under nccl, else CPU).
+    Rank 0 lists the committed steps (after removing a killed writer's temp files) and
+    broadcasts them; each rank reads, checks the sha256 and loads the candidate itself,
+    because the folder is shared but a rank may see it through another node's mount. The
+    first that works on every rank wins; rank 0 says in one line why each newer one did
+    not. The winner's run id becomes this process's, so retention carries on with the run
+    it resumed. Collectives run on the default group, with tensors on ``device`` (default:
+    the current GPU under nccl, else CPU).
     """
     is_main, many = rank() == 0, _distributed()
     if is_main:
@@ -324,20 +432,23 @@ def latest_verified(store: CheckpointStore, device: Any = None) -> tuple[int, by
     if many:
         steps = _broadcast_ints(steps, device)
     for step in steps:
-        data, why = store.read_verified(step)
-        ok = data is not None
+        got = store.read(step, load)  # (value, sidecar), or why not
+        ok = not isinstance(got, str)
         if many:
             flag = torch.tensor([int(ok)], device=device)
             dist.all_reduce(flag, op=dist.ReduceOp.MIN)
             ok = bool(flag.item())
-        if ok:
-            assert data is not None
-            return step, data
+        if ok and not isinstance(got, str):
+            value, sidecar = got
+            _adopt_run_id(sidecar)
+            _resumed.update(resumed=True, resume_path=store.payload_path(step), resume_step=step)
+            return step, value
         if is_main:
-            why = why or "not verified on every rank"
+            why = got if isinstance(got, str) else "not verified on every rank"
             path = store.payload_path(step)
             line = f"ddpkit: skipping checkpoint {path}: {why}; trying the one before"
             print(line, file=sys.stderr, flush=True)
+    _resumed.update(resumed=False, resume_path=None, resume_step=0)
     return None
 
 
@@ -361,12 +472,57 @@ def _broadcast_ints(values: list[int], device: Any) -> list[int]:
     return [int(s) for s in buf.tolist()]
 
 
+def _broadcast_text(text: str, device: Any) -> str:
+    """Rank 0's ``text`` on every rank: its length, then (if any) its UTF-8 bytes."""
+    raw = text.encode()[:4096]
+    n = _broadcast_ints([len(raw)], device)[0]
+    if n == 0:
+        return ""
+    buf = torch.empty(n, dtype=torch.uint8, device=device)
+    if rank() == 0:
+        buf = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(device)
+    dist.broadcast(buf, src=0)
+    return bytes(buf.cpu().tolist()).decode(errors="replace")
+
+
+def _one_line(e: BaseException) -> str:
+    """An exception as one short line (weights_only's refusals run to many lines)."""
+    text = " ".join(str(e).split())
+    text = text if len(text) <= 300 else text[:297] + "..."
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
 # ---- the checkpoint folder ---------------------------------------------------------------
+_run_id: list[str] = []  # this run's: drawn at its first write, or the resumed checkpoint's
+_verified: dict[str, tuple[str, tuple[int, ...]]] = {}  # payload -> (sha256, identity)
+
+
+def _own_run_id() -> str:
+    if not _run_id:
+        _run_id.append(os.urandom(8).hex())
+    return _run_id[0]
+
+
+def _adopt_run_id(sidecar: dict[str, Any]) -> None:
+    found = sidecar.get("run_id")
+    if isinstance(found, str) and found:
+        _run_id[:] = [found]
+
+
 class CheckpointStore:
     """One checkpoint folder: names, atomic writes with a sha256 sidecar, retention, reads.
 
     No collectives: ``save``/``load_latest`` above add the agreement between ranks.
     ``pause_mid_write`` is a test hook: the writer sleeps after its first write.
+
+    Retention keeps the ``keep`` newest checkpoints of this run and deletes only this run's
+    older ones. A checkpoint is this run's own when its sidecar carries this process's
+    ``run_id`` (drawn at its first write, or taken over from the checkpoint that
+    ``load_latest`` resumed) and its payload matches the sidecar's sha256 (hashed once per
+    process and file). Anything else in the folder (another run's checkpoints, a corrupt
+    or hand-made one) is neither counted nor deleted: a newer stranger never pushes this
+    run's newest out. A script that saves without ever calling ``load_latest`` starts a new
+    run in every process, so its checkpoints from before a restart are kept.
     """
 
     def __init__(self, directory: str, keep: int, pause_mid_write: float = 0.0) -> None:
@@ -374,41 +530,48 @@ class CheckpointStore:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.dir, self.keep, self.pause_mid_write = directory, keep, pause_mid_write
 
+    @staticmethod
+    def _name(step: int, ext: str) -> str:
+        return f"ckpt-step-{step:09d}{ext}"
+
     def payload_path(self, step: int) -> str:
-        return os.path.join(self.dir, f"ckpt-step-{step:09d}.pt")
+        return os.path.join(self.dir, self._name(step, ".pt"))
 
     def sidecar_path(self, step: int) -> str:
-        return os.path.join(self.dir, f"ckpt-step-{step:09d}.json")
+        return os.path.join(self.dir, self._name(step, ".json"))
 
     def list_steps(self) -> list[int]:
-        """Committed checkpoints (sidecar present), newest first."""
+        """Committed checkpoints (a sidecar named as this store names it), newest first."""
         if not os.path.isdir(self.dir):
             return []
-        steps = [int(m.group(1)) for n in os.listdir(self.dir) if (m := _SIDECAR.match(n))]
-        return sorted(steps, reverse=True)
+        names = set(os.listdir(self.dir))
+        steps = {int(m.group(1)) for n in names if (m := _SIDECAR.match(n))}
+        # One name per step: ckpt-step-0000000005.json is no name this store writes.
+        return sorted((s for s in steps if self._name(s, ".json") in names), reverse=True)
 
     def remove_stale_temp_files(self) -> None:
-        """Delete what a killed writer left behind: temp files, and payloads whose sidecar
-        (the commit point) was never written. Rank 0, before the first save."""
+        """Delete what a killed writer left half-written: its temp files. A payload whose
+        sidecar never came stays: it is never loaded, nothing tells whose it is, and the
+        next save of that step replaces it. Rank 0, before the first save."""
         if not os.path.isdir(self.dir):
             return
-        names = set(os.listdir(self.dir))
-        for n in names:
-            payload = n.startswith("ckpt-step-") and n.endswith(".pt")
-            orphan = payload and n[: -len(".pt")] + ".json" not in names
-            if n.startswith(".tmp-") or orphan:
+        for n in os.listdir(self.dir):
+            if n.startswith(".tmp-") and n.endswith((".pt", ".json")):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(self.dir, n))
 
     def write(self, state: Any, meta: dict[str, Any]) -> str:
         """Write one checkpoint atomically and durably, apply retention, print the
-        ``checkpoint`` line. ``meta`` needs ``step``; it becomes the sidecar."""
+        ``checkpoint`` line. ``meta`` needs ``step``; it becomes the sidecar, with this
+        run's ``run_id``, the payload's ``sha256`` and its ``file`` name."""
+        step = checked_step(meta["step"])
         os.makedirs(self.dir, exist_ok=True)
-        step = int(meta["step"])
         final = self.payload_path(step)
         with _without_zip_crc32():
             digest = _atomic_write(final, lambda f: torch.save(state, f), self.pause_mid_write)
-        sidecar = dict(meta, sha256=digest, file=os.path.basename(final))
+        with contextlib.suppress(OSError):  # unknown: then retention hashes it again
+            _verified[os.path.abspath(final)] = (digest, _identity(os.lstat(final)))
+        sidecar = dict(meta, run_id=_own_run_id(), sha256=digest, file=os.path.basename(final))
         _atomic_write(self.sidecar_path(step), lambda f: f.write(json.dumps(sidecar).encode()))
         self._apply_retention()
         fields = {"step": step, "path": final, "host": meta.get("host"), "rank": meta.get("rank")}
@@ -416,25 +579,106 @@ class CheckpointStore:
         return final
 
     def _apply_retention(self) -> None:
-        for step in self.list_steps()[self.keep :]:
+        own = [step for step in self.list_steps() if self._own(step)]
+        for step in own[self.keep :]:
             # Sidecar first: once it is gone the payload is no longer a candidate.
             for p in (self.sidecar_path(step), self.payload_path(step)):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(p)
+            _verified.pop(os.path.abspath(self.payload_path(step)), None)
 
-    def read_verified(self, step: int) -> tuple[bytes | None, str | None]:
-        """(payload bytes, None) if checkpoint ``step`` matches its sidecar's sha256, else
-        (None, why)."""
+    def _own(self, step: int) -> bool:
+        """This run's checkpoint: its run_id in the sidecar, its payload's sha256 right."""
+        sidecar, _ = self._sidecar(step)
+        if sidecar is None or sidecar.get("run_id") != _own_run_id():
+            return False
+        path = os.path.abspath(self.payload_path(step))
         try:
-            with open(self.sidecar_path(step), "rb") as f:
-                sidecar = json.loads(f.read())
-            with open(self.payload_path(step), "rb") as f:
-                data = f.read()
-        except (OSError, ValueError) as e:
-            return None, f"unreadable ({e})"
-        if hashlib.sha256(data).hexdigest() != sidecar.get("sha256"):
-            return None, "fails its sha256 check"
-        return data, None
+            now = _identity(os.lstat(path))
+        except OSError:
+            return False
+        if _verified.get(path) == (sidecar["sha256"], now):
+            return True  # hashed before, unchanged since
+        try:
+            digest, now = _sha256_regular(path)
+        except OSError:
+            return False
+        if digest != sidecar["sha256"]:
+            return False
+        _verified[path] = (digest, now)
+        return True
+
+    def _sidecar(self, step: int) -> tuple[dict[str, Any] | None, str | None]:
+        """(the sidecar of ``step``, None), or (None, why it is none)."""
+        try:
+            raw, _ = _read_regular(self.sidecar_path(step), MAX_SIDECAR)
+            sidecar = json.loads(raw)
+        except (OSError, ValueError) as e:  # a decode error is a ValueError
+            return None, f"unreadable sidecar ({e})"
+        if not isinstance(sidecar, dict) or not isinstance(sidecar.get("sha256"), str):
+            return None, "its sidecar is not a JSON object with a sha256"
+        return sidecar, None
+
+    def read(self, step: int, load: Callable[[bytes], T]) -> tuple[T, dict[str, Any]] | str:
+        """(``load(payload)``, sidecar) for checkpoint ``step``, or why not: the sidecar is
+        no JSON object with a sha256, a file is not a regular one, the payload's sha256
+        differs, or ``load`` refuses the payload."""
+        sidecar, why = self._sidecar(step)
+        if sidecar is None:
+            return why or "no sidecar"
+        path = self.payload_path(step)
+        try:
+            data, identity = _read_regular(path)
+        except OSError as e:
+            return f"unreadable ({e})"
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != sidecar["sha256"]:
+            return "fails its sha256 check"
+        _verified[os.path.abspath(path)] = (digest, identity)
+        try:
+            return load(data), sidecar
+        except (torch.OutOfMemoryError, MemoryError):
+            raise  # the payload may be fine: an older one would not fit either
+        except Exception as e:  # any other refusal: this payload cannot be resumed from
+            return f"does not load ({_one_line(e)})"
+
+
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    """What tells that a file is the one hashed before: a regular file's device, inode,
+    size and modification time (a link or anything else: never equal to a hashed one)."""
+    if not stat.S_ISREG(st.st_mode):
+        return ()
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@contextlib.contextmanager
+def _open_regular(path: str, limit: int | None = None) -> Iterator[tuple[BinaryIO, os.stat_result]]:
+    """``path`` opened for reading if it is a regular file (OSError otherwise), and its
+    stat. No link is followed (O_NOFOLLOW) and the open never blocks (O_NONBLOCK: a FIFO
+    would wait for a writer forever); fstat decides before anything is read."""
+    with open(os.open(path, _READ_FLAGS), "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{path}: not a regular file")
+        if limit is not None and st.st_size > limit:
+            raise OSError(f"{path}: larger than {limit} bytes")
+        yield f, st
+
+
+def _read_regular(path: str, limit: int | None = None) -> tuple[bytes, tuple[int, ...]]:
+    with _open_regular(path, limit) as (f, st):
+        return f.read(), _identity(st)
+
+
+def _sha256_regular(path: str) -> tuple[str, tuple[int, ...]]:
+    h = hashlib.sha256()
+    with _open_regular(path) as (f, st):
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest(), _identity(st)
 
 
 @contextlib.contextmanager
@@ -453,10 +697,10 @@ def _without_zip_crc32() -> Iterator[None]:
 class _HashingFile:
     """A write-only file that hashes what passes through, so nothing is read back."""
 
-    def __init__(self, f: Any, pause_after_first_write: float = 0.0) -> None:
+    def __init__(self, f: BinaryIO, pause_after_first_write: float = 0.0) -> None:
         self.f, self.sha256, self.pause = f, hashlib.sha256(), pause_after_first_write
 
-    def write(self, data: Any) -> int:
+    def write(self, data: bytes | bytearray | memoryview) -> int:
         self.sha256.update(data)
         n = self.f.write(data)
         if self.pause:  # test hook: widen the window in which a kill lands mid-write
@@ -469,7 +713,9 @@ class _HashingFile:
         self.f.flush()
 
 
-def _atomic_write(path: str, fill: Callable[[Any], Any], pause_mid_write: float = 0.0) -> str:
+def _atomic_write(
+    path: str, fill: Callable[[BinaryIO], object], pause_mid_write: float = 0.0
+) -> str:
     """Temp file in the same folder, fsync, rename, fsync the folder: whole or absent.
 
     ``fill`` writes the content to the file object it is given. Returns its sha256.
@@ -479,7 +725,7 @@ def _atomic_write(path: str, fill: Callable[[Any], Any], pause_mid_write: float 
     try:
         with os.fdopen(fd, "wb") as f:
             out = _HashingFile(f, pause_mid_write)
-            fill(out)
+            fill(cast(BinaryIO, out))  # its write() is all torch.save and the sidecar use
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -519,7 +765,7 @@ def run_record() -> dict[str, Any]:
     nccl = None
     if torch.cuda.is_available():
         with contextlib.suppress(Exception):  # a CPU build has no NCCL to ask
-            v = torch.cuda.nccl.version()
+            v = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]  # unannotated
             nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
     return {
         "spec_sha256": e.get("DDPDEPLOY_SPEC_SHA256"),
@@ -656,12 +902,10 @@ def _own_nccl_debug_text() -> str | None:
 def _transport() -> dict[str, Any]:
     if dist.get_backend() != "nccl":
         return {"transport": "tcp"}
-    import ddpkit_nccl  # noqa: PLC0415 - the parser matters on nccl only
-
     text = _own_nccl_debug_text()
     if text is None:
         return {"transport": "unknown", "why": "NCCL_DEBUG set by the user"}
-    return ddpkit_nccl.parse(text)
+    return nccl_transports(text)
 
 
 def _timed_all_reduce(buf: torch.Tensor, iters: int) -> float:
@@ -694,7 +938,8 @@ def _probe(
     _join_round()
     _publish_host()
     device, n, t_start = _collective_device(), world_size(), time.perf_counter()
-    sizes, per_rank = [], torch.zeros(n, dtype=torch.float64)
+    sizes: list[dict[str, Any]] = []
+    per_rank = torch.zeros(n, dtype=torch.float64)
     for i, mb in enumerate(sizes_mb):
         buf = torch.zeros(mb * 2**20 // 4, dtype=torch.float32, device=device)
         first = _timed_all_reduce(buf, 1)  # warm-up: connects, allocates
@@ -750,8 +995,6 @@ def _probe_event(
     floor: float | None,
     seconds: float,
 ) -> dict[str, Any]:
-    import ddpkit_nccl  # noqa: PLC0415
-
     n, hosts = world_size(), _hosts()
     st = _store()
     transports = [json.loads(st.get(_diag_key(f"transport/{r}"))) for r in range(n)]
@@ -762,7 +1005,7 @@ def _probe_event(
     warnings = []
     if os.environ.get("DDPDEPLOY_RDMA", "").lower() in ("1", "true", "yes"):
         for r, t in enumerate(transports):  # one warning per host is enough
-            w = ddpkit_nccl.rdma_fallback_warning(hosts[r], t)
+            w = rdma_fallback_warning(hosts[r], t)
             if w and w not in warnings:
                 warnings.append(w)
     kinds = sorted(by_kind, key=lambda k: -len(by_kind[k]))
@@ -774,6 +1017,109 @@ def _probe_event(
         "slowest": {"rank": slowest, "host": hosts[slowest]},
         "seconds": round(seconds, 3), "warnings": warnings,
     }  # fmt: skip
+
+
+# ---- which transport NCCL chose, from its own debug text (NCCL_DEBUG=INFO, INIT,NET) -------
+# ``nccl_transports(text)`` takes what one rank's NCCL wrote to its NCCL_DEBUG_FILE and says
+# which network it picked between nodes (``IB``, ``RoCE``, ``Socket``) and which paths its
+# channels use within and between nodes (``P2P/IPC``, ``SHM``, ``NET/IB``, ...). Pure: the
+# lines it reads, as NCCL 2.4 to 2.28 print them:
+#
+#   NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/RoCE ; OOB eth0:10.0.0.1<0>  devices, link layer
+#   NET/IB : No device found.                                             no RDMA device
+#   NET/Socket : Using [0]eth0:10.0.0.1<0>                                socket interfaces
+#   Using network IB | Using network Socket                               the network chosen
+#   Channel 00/0 : 0[0] -> 1[1] [send] via NET/IB/0/GDRDMA                one channel's path
+_NCCL_USING_NETWORK = re.compile(r"NCCL INFO Using network (\S+)")
+_NCCL_IB_USING = re.compile(r"NCCL INFO NET/IB : Using (.*?)(?:;|$)")
+_NCCL_IB_DEVICE = re.compile(r"\[\d+\]([\w.-]+):\d+/(IB|RoCE)")
+_NCCL_IB_NONE = re.compile(r"NCCL INFO NET/IB : No device found")
+_NCCL_SOCKET_USING = re.compile(r"NCCL INFO NET/Socket : Using (.*)$")
+_NCCL_VIA = re.compile(r"NCCL INFO (?:Channel|Ring) .* via (\S+(?: pointer| memory)?)")
+_NCCL_VERSION = re.compile(r"NCCL version (\S+)")
+
+
+def _nccl_path_kind(via: str) -> str:
+    """'NET/IB/0/GDRDMA' -> 'NET/IB'; 'P2P/IPC/read' -> 'P2P/IPC'; old 'direct shared
+    memory' -> 'SHM'; 'P2P/direct pointer' -> 'P2P/direct'."""
+    if via.startswith("direct shared"):
+        return "SHM"
+    parts = via.split(" ")[0].split("/")
+    return "/".join(parts[:2]) if parts[0] in ("NET", "P2P") else parts[0]
+
+
+def nccl_transports(text: str) -> dict[str, Any]:
+    """What NCCL's debug text says about its transports.
+
+    Returns ``net`` (the network between nodes: IB, RoCE, Socket or None when the text
+    does not say), ``paths`` (the channel paths seen, sorted), ``devices`` (RDMA devices
+    with their link layer), ``no_rdma_device`` (NCCL looked and found none), ``version``
+    and ``transport``: the one word a report shows, the network when a channel crosses
+    nodes (or NCCL named it), else the fastest path within the node.
+    """
+    net: str | None = None
+    devices: list[str] = []
+    layers: set[str] = set()
+    paths: set[str] = set()
+    no_rdma = socket_seen = False
+    version = None
+    for line in text.splitlines():
+        if m := _NCCL_USING_NETWORK.search(line):
+            net = m.group(1)
+        elif m := _NCCL_IB_USING.search(line):
+            for dev, layer in _NCCL_IB_DEVICE.findall(m.group(1)):
+                devices.append(f"{dev}/{layer}")
+                layers.add(layer)
+        elif _NCCL_IB_NONE.search(line):
+            no_rdma = True
+        elif _NCCL_SOCKET_USING.search(line):
+            socket_seen = True
+        elif m := _NCCL_VIA.search(line):
+            paths.add(_nccl_path_kind(m.group(1)))
+        elif (m := _NCCL_VERSION.search(line)) and version is None:
+            version = m.group(1)
+    if "NET/IB" in paths:
+        net = "IB"
+    elif "NET/Socket" in paths:
+        net = "Socket"
+    elif net is None and layers:
+        net = "IB"
+    elif net is None and (no_rdma or socket_seen):
+        net = "Socket"
+    if net == "IB" and layers == {"RoCE"}:
+        net = "RoCE"  # NCCL's IB transport over Ethernet ports
+    return {
+        "net": net,
+        "transport": _nccl_summary(net, paths),
+        "paths": sorted(paths),
+        "devices": devices,
+        "no_rdma_device": no_rdma,
+        "version": version,
+    }
+
+
+def _nccl_summary(net: str | None, paths: set[str]) -> str:
+    crosses_nodes = any(p.startswith("NET/") for p in paths)
+    if crosses_nodes or (net is not None and not paths):
+        return net or "unknown"
+    for fast in ("NVLS", "P2P/IPC", "P2P/CUMEM", "P2P/direct", "P2P", "SHM"):
+        if any(p == fast or p.startswith(fast + "/") for p in paths):
+            return fast.split("/")[0]
+    return next(iter(sorted(paths)), "unknown")
+
+
+def rdma_fallback_warning(host: str, result: dict[str, Any]) -> str | None:
+    """The warning for a job that asked for RDMA whose NCCL chose sockets, or None."""
+    if result.get("net") != "Socket":
+        return None
+    why = (
+        "NCCL found no RDMA device (no RDMA resource in the pod, or the device plugin "
+        "did not mount it)"
+        if result.get("no_rdma_device")
+        else "no usable RDMA device: no IPC_LOCK capability (memory cannot be pinned), "
+        "NCCL_IB_HCA not matching the devices, or NCCL_IB_DISABLE/NCCL_NET set"
+    )
+    return f"RDMA was asked for but NCCL on {host} chose TCP sockets (4-5x slower): {why}"
 
 
 # ---- stragglers: per-rank work time ------------------------------------------------------
@@ -873,8 +1219,7 @@ def step_done(step: int) -> None:
         t.window[k] = t.window.get(k, 0.0) + v
     t.step_phase.clear()
     t.window_steps += 1
-    if _HOLD_STEPS:  # smoke --kill-at STEP only
-        _chaos_hold(step, announce=True)
+    _on_step(step, True)  # smoke --kill-at STEP's hold, installed only when asked
     _join_round()  # once, on every rank at its first step (a no-op after the probe)
     _Watchdog.arm()
     if t.every > 0 and t.window_steps >= t.every:

@@ -87,11 +87,15 @@ class CheckpointManager:
     # ---- resume ------------------------------------------------------------------------
     def resume(self, state: TrainState, seed: int) -> str | None:
         """Load the newest checkpoint every rank can verify; its payload path, or None."""
-        found = ddpkit.latest_verified(self.store, self.env.device)  # nccl: on the GPU
+        device = self.env.device  # nccl: collectives and tensors on the GPU
+
+        def load(data: bytes) -> Any:
+            return torch.load(io.BytesIO(data), map_location=device, weights_only=True)
+
+        found = ddpkit.latest_verified(self.store, load, device)
         if found is None:
             return None
-        step, data = found
-        payload = torch.load(io.BytesIO(data), map_location=self.env.device, weights_only=True)
+        step, payload = found
         state.load(payload, self.store.payload_path(step), self.env.rank, seed)
         self._last_saved = state.step
         return self.store.payload_path(step)

@@ -182,3 +182,48 @@ def test_save_and_load_latest_without_a_process_group(
     assert (sidecar["step"], sidecar["rank"], sidecar["world_size"]) == (3, 0, 1)
     latest = ddpkit.load_latest(map_location="cpu")
     assert latest["step"] == 3 and torch.equal(latest["w"], torch.full((3,), 3.0))
+
+
+def test_a_step_logged_before_any_start_sends_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ported script that logs no `start` still shows each (re)start of its workers,
+    which smoke's recovery line waits for; a script's own `start` is filled in."""
+    import importlib
+
+    monkeypatch.syspath_prepend(str(TRAIN_DIR))
+    monkeypatch.setenv("DDPDEPLOY_CHECKPOINT_DIR", str(tmp_path / "ck"))
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    import ddpkit
+
+    ddpkit = importlib.reload(ddpkit)  # a fresh process: no start sent yet
+    assert ddpkit.load_latest() is None
+    ddpkit.log("step", step=1, loss=0.5)
+    ddpkit.log("step", step=2, loss=0.4)
+    events = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [e["event"] for e in events] == ["start", "step", "step"]
+    assert events[0]["restart_count"] == 2 and events[0]["resumed"] is False
+    ddpkit = importlib.reload(ddpkit)
+    ddpkit.log("start", total_steps=60, world_size=8)
+    (start,) = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert start["total_steps"] == 60 and start["world_size"] == 8  # the script's own win
+    assert start["restart_count"] == 2 and "host" in start
+
+
+def test_the_chaos_hold_is_read_at_the_first_step_not_at_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib
+
+    monkeypatch.syspath_prepend(str(TRAIN_DIR))
+    for k in ("RANK", "WORLD_SIZE", "DDPDEPLOY_CHAOS_HOLD_STEP"):
+        monkeypatch.delenv(k, raising=False)
+    import ddpkit
+
+    ddpkit = importlib.reload(ddpkit)  # imported with no chaos env
+    monkeypatch.setenv("DDPDEPLOY_CHAOS_HOLD_STEP", "2")
+    monkeypatch.setenv("DDPDEPLOY_CHAOS_RELEASE", str(tmp_path / "release"))
+    monkeypatch.setenv("DDPDEPLOY_CHAOS_HOLD_S", "0.2")  # nobody releases it: the bound
+    for step in (1, 2, 3):
+        ddpkit.step_done(step)
+    assert capsys.readouterr().out.splitlines() == ['{"event": "step", "step": 2, "hold": true}']

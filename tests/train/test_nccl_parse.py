@@ -1,4 +1,5 @@
-"""train/ddpkit_nccl.py on real NCCL debug text (tests/fixtures/nccl, sources in SOURCES.md)."""
+"""ddpkit's NCCL debug-text parser on real NCCL output (tests/fixtures/nccl, sources in
+SOURCES.md)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,17 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("torch")  # ddpkit imports it; the parser itself is pure
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "train"))
-import ddpkit_nccl  # noqa: E402
+import ddpkit  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "nccl"
 
 
 def parsed(name: str) -> dict:
-    return ddpkit_nccl.parse((FIXTURES / name).read_text())
+    return ddpkit.nccl_transports((FIXTURES / name).read_text())
 
 
 @pytest.mark.parametrize(
@@ -43,23 +46,20 @@ def test_devices_and_version() -> None:
 
 
 def test_rdma_fallback_warning_names_host_and_causes() -> None:
-    warning = ddpkit_nccl.rdma_fallback_warning("node-3", parsed("socket.log"))
+    warning = ddpkit.rdma_fallback_warning("node-3", parsed("socket.log"))
     assert warning is not None and "node-3" in warning and "no RDMA device" in warning
-    lo = ddpkit_nccl.rdma_fallback_warning("node-1", parsed("socket_lo.log"))
+    lo = ddpkit.rdma_fallback_warning("node-1", parsed("socket_lo.log"))
     assert lo is not None and "IPC_LOCK" in lo and "NCCL_IB_HCA" in lo
     for name in ("ib.log", "roce.log", "p2p.log"):
-        assert ddpkit_nccl.rdma_fallback_warning("h", parsed(name)) is None
+        assert ddpkit.rdma_fallback_warning("h", parsed(name)) is None
 
 
 def test_empty_or_foreign_text_is_unknown() -> None:
-    got = ddpkit_nccl.parse("hello\nNCCL WARN something\n")
+    got = ddpkit.nccl_transports("hello\nNCCL WARN something\n")
     assert got["net"] is None and got["transport"] == "unknown" and got["paths"] == []
 
 
 def test_flight_recorder_env_both_spellings_user_values_win(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
-    import ddpkit  # noqa: PLC0415
-
     env = {"DDPDEPLOY_CHECKPOINT_DIR": str(tmp_path), "TORCH_FR_BUFFER_SIZE": "7"}
     ddpkit.flight_recorder_env(env)
     prefix = str(tmp_path / "nccl_trace_rank_")

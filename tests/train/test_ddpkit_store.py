@@ -1,0 +1,184 @@
+"""ddpkit's checkpoint store against what a shared folder may hold: another run's or corrupt
+checkpoints (retention must not count or delete them), files that are no regular file or
+no torch file (load_latest skips them in one line each), a failed save on rank 0 (every
+rank fails alike), steps outside the file name's range, and the one spelling of names."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import pickle
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from trainer_harness import ROOT, Launcher, base_env  # noqa: E402
+
+TRAIN_DIR = ROOT / "train"
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+
+@pytest.fixture
+def kit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """ddpkit as a fresh process sees it (no run id yet), one process, folder tmp/ck."""
+    monkeypatch.syspath_prepend(str(TRAIN_DIR))
+    monkeypatch.setenv("DDPDEPLOY_CHECKPOINT_DIR", str(tmp_path / "ck"))
+    for k in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(k, raising=False)
+    import ddpkit
+
+    return importlib.reload(ddpkit)
+
+
+def plant(folder: Path, step: int, payload: bytes, sidecar: object, name: str = "") -> None:
+    """A checkpoint written by someone else: ``payload`` and ``sidecar`` (JSON) as given."""
+    folder.mkdir(exist_ok=True)
+    stem = name or f"ckpt-step-{step:09d}"
+    (folder / f"{stem}.pt").write_bytes(payload)
+    (folder / f"{stem}.json").write_text(json.dumps(sidecar))
+
+
+def torch_bytes(value: object, tmp_path: Path) -> bytes:
+    f = tmp_path / "value.pt"
+    torch.save(value, f)
+    return f.read_bytes()
+
+
+def valid_sidecar(step: int, payload: bytes, run_id: str = "another-run") -> dict[str, object]:
+    sha = hashlib.sha256(payload).hexdigest()
+    return {"step": step, "sha256": sha, "run_id": run_id, "file": f"ckpt-step-{step:09d}.pt"}
+
+
+def steps_in(folder: Path) -> dict[str, list[int]]:
+    by_ext: dict[str, list[int]] = {"pt": [], "json": []}
+    for p in folder.iterdir():
+        if m := re.match(r"ckpt-step-(\d+)\.(pt|json)$", p.name):
+            by_ext[m.group(2)].append(int(m.group(1)))
+    return {k: sorted(v) for k, v in by_ext.items()}
+
+
+# ---- retention: only this run's own checkpoints count, and only they are deleted ----------
+def test_retention_keeps_newer_foreign_and_corrupt_checkpoints(
+    kit: ModuleType, tmp_path: Path
+) -> None:
+    ck = tmp_path / "ck"
+    other = torch_bytes({"step": 901}, tmp_path)
+    plant(ck, 900, b"not what the sidecar says", valid_sidecar(900, b"something else"))
+    plant(ck, 901, other, valid_sidecar(901, other))  # whole, but another run's
+    plant(ck, 902, other, ["a", "list"])  # a sidecar that is no JSON object
+    for step in (1, 2, 3):
+        kit.save({"step": step}, step, keep=2)
+    # This run's two newest stay; nothing it did not write was counted or deleted.
+    assert steps_in(ck) == {"pt": [2, 3, 900, 901, 902], "json": [2, 3, 900, 901, 902]}
+
+
+def test_retention_goes_on_with_the_run_it_resumed(kit: ModuleType, tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    for step in (1, 2):
+        kit.save({"step": step}, step, keep=2)
+    run_id = json.loads((ck / "ckpt-step-000000002.json").read_text())["run_id"]
+    kit = importlib.reload(kit)  # a restarted process: no run id until it resumes
+    assert kit.load_latest()["step"] == 2
+    kit.save({"step": 3}, 3, keep=2)  # the run it resumed: its step 1 goes
+    assert steps_in(ck)["json"] == [2, 3]
+    assert json.loads((ck / "ckpt-step-000000003.json").read_text())["run_id"] == run_id
+    kit = importlib.reload(kit)  # a process that saves without resuming is a new run
+    kit.save({"step": 4}, 4, keep=1)
+    assert steps_in(ck)["json"] == [2, 3, 4]
+
+
+def test_a_changed_payload_is_no_longer_this_runs(kit: ModuleType, tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    kit.save({"step": 1}, 1, keep=1)
+    (ck / "ckpt-step-000000001.pt").write_bytes(b"overwritten by someone")
+    kit.save({"step": 2}, 2, keep=1)
+    assert steps_in(ck)["pt"] == [1, 2]  # its sha256 no longer verifies: not deleted
+
+
+# ---- load_latest: every unusable candidate skipped in one line, the next older one used ----
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")  # torch on the planted pickle
+def test_load_latest_skips_what_it_cannot_use(
+    kit: ModuleType, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    ck = tmp_path / "ck"
+    kit.save({"step": 3}, 3)
+    not_torch = pickle.dumps(Counter())  # a pickle, but no state torch's weights_only loads
+    plant(ck, 4, not_torch, valid_sidecar(4, not_torch))
+    good = (ck / "ckpt-step-000000003.pt").read_bytes()
+    plant(ck, 5, good, ["a", "list"])
+    elsewhere = tmp_path / "elsewhere.pt"  # whole, but reached through a link
+    elsewhere.write_bytes(torch_bytes({"step": 6}, tmp_path))
+    plant(ck, 6, b"", valid_sidecar(6, elsewhere.read_bytes()))
+    (ck / "ckpt-step-000000006.pt").unlink()
+    (ck / "ckpt-step-000000006.pt").symlink_to(elsewhere)
+    capfd.readouterr()
+    assert kit.load_latest()["step"] == 3
+    said = [x for x in capfd.readouterr().err.splitlines() if x.startswith("ddpkit:")]
+    assert len(said) == 3, said
+    for line, step in zip(said, (6, 5, 4), strict=True):
+        assert f"ckpt-step-{step:09d}.pt" in line and line.endswith("trying the one before")
+    assert "not a JSON object" in said[1] and "does not load (UnpicklingError" in said[2]
+
+
+def test_load_latest_does_not_block_on_a_fifo(tmp_path: Path) -> None:
+    """A payload that is a FIFO: opening it to read would wait for a writer forever."""
+    ck = tmp_path / "ck"
+    env = base_env({"PYTHONPATH": str(TRAIN_DIR), "DDPDEPLOY_CHECKPOINT_DIR": str(ck)})
+    save = "import ddpkit; ddpkit.save({'step': 1}, 1)"
+    subprocess.run([sys.executable, "-c", save], env=env, check=True, timeout=120)
+    plant(ck, 2, b"", valid_sidecar(2, b""))
+    (ck / "ckpt-step-000000002.pt").unlink()
+    os.mkfifo(ck / "ckpt-step-000000002.pt")
+    load = "import ddpkit; print(ddpkit.load_latest()['step'])"
+    p = subprocess.run(
+        [sys.executable, "-c", load], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert p.returncode == 0 and p.stdout.split() == ["1"], p.stderr
+    (line,) = [x for x in p.stderr.splitlines() if x.startswith("ddpkit:")]
+    assert "ckpt-step-000000002.pt" in line and "not a regular file" in line
+
+
+# ---- save: one outcome on every rank, and a step the name can hold ------------------------
+@pytest.mark.slow
+def test_a_failed_save_fails_alike_on_every_rank(tmp_path: Path) -> None:
+    env = {"PYTHONPATH": str(TRAIN_DIR), "DDPDEPLOY_CHECKPOINT_DIR": str(tmp_path / "ck")}
+    with Launcher(tmp_path) as L:
+        p = L.torchrun([], script=SCRIPTS / "save_failure.py", env=env)
+        assert p.wait(90) == 0, p.tail()  # not a hang in mismatched collectives
+    said = [x for x in p.stderr.splitlines() if " save 1: " in x]
+    assert len(said) == 2, p.tail()
+    texts = {x.split(": ", 1)[1] for x in said}  # the same error on both ranks
+    assert len(texts) == 1, said
+    assert texts.pop().startswith("CheckpointError: checkpoint ") and "rank 0: " in said[0]
+    assert not [x for x in p.stderr.splitlines() if " save 2: " in x], p.tail()
+    assert "rank 0 finished, sum 3" in p.stderr and "rank 1 finished, sum 3" in p.stderr
+    assert steps_in(tmp_path / "ck") == {"pt": [2], "json": [2]}
+
+
+@pytest.mark.parametrize("step", [-1, 10**18, 2.0, True])
+def test_a_step_the_name_cannot_hold_is_refused(kit: ModuleType, tmp_path: Path, step) -> None:
+    with pytest.raises(ValueError, match="checkpoint step must be an integer from 0 to"):
+        kit.save({}, step)
+    assert not (tmp_path / "ck").exists() or not list((tmp_path / "ck").iterdir())
+
+
+def test_only_the_one_spelling_of_a_name_is_read(
+    kit: ModuleType, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    ck = tmp_path / "ck"
+    payload = torch_bytes({"step": 7}, tmp_path)
+    plant(ck, 7, payload, valid_sidecar(7, payload), name="ckpt-step-7")
+    plant(ck, 8, payload, valid_sidecar(8, payload), name="ckpt-step-0000000008")
+    assert kit.load_latest() is None
+    assert "ddpkit:" not in capfd.readouterr().err  # not even tried
+    kit.save({"step": 123}, 123)
+    assert (ck / "ckpt-step-000000123.pt").is_file()
