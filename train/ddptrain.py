@@ -12,11 +12,11 @@ working directory cannot shadow it; the working directory is appended last so th
 It reads torchrun's environment only (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT, TORCHELASTIC_*). Global rank 0 prints JSON lines on stdout; see
 train/README.md for the schema and the exit codes. Its parts, one module each:
-ddptrain_args (flags), ddptrain_dist (process group), ddptrain_data (sharded batches),
-ddptrain_state (what a checkpoint holds), ddptrain_ckpt (checkpoints), ddptrain_stop
-(SIGTERM), ddptrain_debug (test hooks), ddptrain_model (built-in model and data); and
-ddpkit, the helpers a user's own script imports, whose checkpoint store, restart-safe
-process group and JSON lines the trainer uses too.
+ddptrain_args (flags), ddptrain_dist (process group, SIGTERM, exit), ddptrain_model
+(built-in model, data, sharded batches), ddptrain_ckpt (what a checkpoint holds, and
+writing it), ddptrain_debug (the --debug-* hooks); and ddpkit, the helpers a user's own
+script imports, whose checkpoint store, restart-safe process group, JSON lines and
+diagnostics the trainer uses too.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 # Working directory last: user factories resolve from it, but never shadow our modules.
@@ -36,67 +37,74 @@ if os.getcwd() not in sys.path:
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
 
 import ddpkit  # noqa: E402
-import ddptrain_ckpt  # noqa: E402
 import ddptrain_dist  # noqa: E402
 import ddptrain_model  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from ddptrain_args import load_factory, parse_args, warn  # noqa: E402
-from ddptrain_data import Batch, ShardedData  # noqa: E402
-from ddptrain_debug import DebugHooks  # noqa: E402
-from ddptrain_dist import DistEnv  # noqa: E402
-from ddptrain_state import (  # noqa: E402
+from ddptrain_args import Args, load_factory, parse_args, warn  # noqa: E402
+from ddptrain_ckpt import (  # noqa: E402
     Layout,
     TrainState,
     get_rng_state,
+    make_checkpointer,
     seed_everything,
     set_rng_state,
-    state_sha256,
 )
-from ddptrain_stop import StopAgreement  # noqa: E402
-from torch import nn  # noqa: E402
+from ddptrain_debug import Debug  # noqa: E402
+from ddptrain_dist import DistEnv, StopAgreement  # noqa: E402
+from ddptrain_model import Batch, ShardedData  # noqa: E402
+from torch import Tensor, nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 EXIT_OK = 0
 EXIT_PREEMPTED = 143  # 128 + SIGTERM, returned only after the SIGTERM checkpoint is durable
 
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Amp = contextlib.AbstractContextManager[Any]  # bf16 autocast, or a null context
+
 
 def main(argv: list[str] | None = None) -> NoReturn:
     # ---- set up: flags, process group, model, data, optimizer
     args = parse_args(argv, __doc__.splitlines()[0])
-    model_fn, data_fn = load_factory("model", args.model), load_factory("dataset", args.dataset)
+    model_fn = load_factory("model", args.model) if args.model else None
+    data_fn = load_factory("dataset", args.dataset) if args.dataset else None
     stop = StopAgreement(args.stop_check_every)  # SIGTERM is handled from here on
-    diagnostics(args)
-    env = ddptrain_dist.setup(args.backend, args.timeout_s, not args.no_probe,
-                              args.probe_min_busbw)  # fmt: skip
-    log = Logger(env.rank)
+    env = ddptrain_dist.setup(args)  # ddpkit's restart-safe process group, and its probe
     seed_everything(args.seed + env.rank)  # per-rank streams; DDP's wrap syncs the weights
-    debug = DebugHooks(args, env.rank)
-    ddp = build_ddp(args, env, model_fn, debug)
+    model = build_model(args, env, model_fn)
+    debug = Debug(args, env.rank, model) if args.debugging else None  # --debug-* hooks
+    ddp = DDP(
+        model,
+        device_ids=[env.local_rank] if env.device.type == "cuda" else None,
+        bucket_cap_mb=args.bucket_cap_mb,
+        static_graph=args.static_graph,
+        find_unused_parameters=args.find_unused_parameters,
+    )  # broadcasts rank 0's weights and buffers: every rank starts the same
     data = build_data(args, env, data_fn)
-    optimizer, scheduler = build_optimizer(args, ddp, lr=args.lr * debug.lr_scale)
+    optimizer, scheduler = build_optimizer(args, ddp, lr=args.lr_of(env.rank))
     layout = Layout(env.world_size, args.batch_size, args.grad_accum)
     state = TrainState(ddp.module, optimizer, scheduler, layout, data.steps_per_epoch)
 
     # ---- resume from the newest checkpoint every rank can verify
-    ckpt = ddptrain_ckpt.make_checkpointer(args, env, debug.slow_save)
+    ckpt = make_checkpointer(args, env)
     resumed_from = ckpt.resume(state, args.seed)
     total_steps = plan_total_steps(args.steps, args.epochs, state)
-    log_start(log, env, total_steps, resumed_from, state.step)
+    log_start(env, total_steps, resumed_from, state.step)
 
     # ---- the step loop
     amp, loss_fn = autocast(args.amp, env.device), make_loss(args.loss)
-    meter = StepMeter(log, args.log_every, total_steps, layout)
-    first_step, stopped = state.step, False
+    batches = data.batches(state.epoch, state.pos, total_steps - state.step)
+    after_step: Callable[[int, torch.Tensor], None] = StepReport(env, args, total_steps)
+    if debug is not None:
+        batches, after_step = debug.install(
+            ddp, optimizer, batches, after_step, state.step, total_steps
+        )
+    batches = ddpkit.timed_iter(batches, "data")  # this rank's own work: the ranks event
+    batches = warm_up_buckets(ddp, batches, loss_fn, amp)
     stop.start(state.step, env.device)
-    batches = debug.data(data.batches(state.epoch, state.pos, total_steps - state.step),
-                         state.step)  # fmt: skip
-    for micro_batches in ddpkit.timed_iter(batches, "data"):  # timed: ranks event
-        if state.step == first_step:
-            warm_up_buckets(ddp, micro_batches[0], loss_fn, amp)
-            debug.local_grads(ddp, micro_batches[0], loss_fn, state.step)
+    stopped = False
+    for micro_batches in batches:
         loss = forward_backward(ddp, micro_batches, loss_fn, amp)  # no_sync accumulation
-        debug.averaged_grads(ddp)
         ckpt.wait_snapshot()  # the checkpoint writer copies the parameters first
         if args.clip_grad > 0:
             torch.nn.utils.clip_grad_norm_(ddp.parameters(), args.clip_grad)
@@ -104,9 +112,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         state.advance()
-        debug.after_step()
-        meter.step(state.step, loss)
-        ddpkit.step_done(state.step)  # per-rank times, hang watchdog
+        after_step(state.step, loss)  # the step line, per-rank times, hang watchdog
         stopped = stop.should_stop(state.step)  # the same answer on every rank
         if stopped or ckpt.due(state.step):
             ckpt.save(state)
@@ -119,51 +125,32 @@ def main(argv: list[str] | None = None) -> NoReturn:
     ckpt.finish(state, stopped)
     if args.save_final and env.is_main and not stopped:
         save_weights(ddp.module, args.save_final)
-    debug.finish(ddp, optimizer, env.world_size)
     torch.distributed.barrier()
     if stopped:
-        log({"event": "stopped", "step": state.step, "reason": "SIGTERM",
-             "checkpoint": ckpt.path(state.step)})  # fmt: skip
+        log(env, {"event": "stopped", "step": state.step, "reason": "SIGTERM",
+                  "checkpoint": ckpt.path(state.step)})  # fmt: skip
         ddptrain_dist.exit_now(EXIT_PREEMPTED)
-    log({"event": "done", "step": state.step, "weights_sha256": state_sha256(ddp.module),
-         "run": ddpkit.run_record()})  # fmt: skip
+    log(env, {"event": "done", "step": state.step, "weights_sha256":
+              ddpkit.weights_sha256(ddp.module), "run": ddpkit.run_record()})  # fmt: skip
     ddptrain_dist.exit_now(EXIT_OK)
 
 
 # ---- set-up helpers ----------------------------------------------------------------------
-def diagnostics(args: Any) -> None:
-    """ddpkit's run record and diagnostics settings (the probe runs in setup)."""
-    ddpkit.set_seed(args.seed)
-    ddpkit.diagnostics(
-        ranks_every=args.ranks_every, straggler_factor=args.straggler_factor,
-        hang_timeout_s=args.hang_timeout_s, hang_dir=args.checkpoint_dir,
-    )  # fmt: skip
-
-
-def build_ddp(args: Any, env: DistEnv, model_fn: Any, debug: DebugHooks) -> DDP:
-    """Model built -> (--sync-bn: converted) -> moved to the device -> wrapped in DDP."""
+def build_model(args: Args, env: DistEnv, model_fn: Callable[[], Any] | None) -> nn.Module:
+    """Model built -> (--sync-bn: converted) -> moved to the device; DDP wraps it next."""
     model: nn.Module = model_fn() if model_fn else ddptrain_model.build_mlp(batch_norm=args.bn)
     if args.sync_bn and env.device.type == "cuda":
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # before DDP wraps it
+        # torch leaves convert_sync_batchnorm unannotated
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # type: ignore[no-untyped-call]
     elif args.sync_bn:
         # torch's SyncBatchNorm refuses CPU modules; use our gloo path on its own group
         # so its collectives never interleave with DDP's gradient buckets.
         bn_group = torch.distributed.new_group(backend="gloo")
         model = ddptrain_model.convert_cpu_sync_bn(model, bn_group)
-    model.to(env.device)
-    debug.before_wrap(model)
-    ddp = DDP(
-        model,
-        device_ids=[env.local_rank] if env.device.type == "cuda" else None,
-        bucket_cap_mb=args.bucket_cap_mb,
-        static_graph=args.static_graph,
-        find_unused_parameters=args.find_unused_parameters,
-    )
-    debug.after_wrap(ddp)
-    return ddp
+    return model.to(env.device)
 
 
-def build_data(args: Any, env: DistEnv, data_fn: Any) -> ShardedData:
+def build_data(args: Args, env: DistEnv, data_fn: Callable[[], Any] | None) -> ShardedData:
     dataset = data_fn() if data_fn else ddptrain_model.SyntheticClassification()
     return ShardedData(
         dataset, rank=env.rank, world_size=env.world_size, seed=args.seed,
@@ -173,7 +160,7 @@ def build_data(args: Any, env: DistEnv, data_fn: Any) -> ShardedData:
 
 
 def build_optimizer(
-    args: Any, ddp: DDP, lr: float
+    args: Args, ddp: DDP, lr: float
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler]:
     params = [p for p in ddp.parameters() if p.requires_grad]
     optimizer: torch.optim.Optimizer
@@ -201,7 +188,7 @@ def plan_total_steps(steps: int | None, epochs: int | None, state: TrainState) -
     return epochs_end
 
 
-def autocast(amp: bool, device: torch.device) -> Any:
+def autocast(amp: bool, device: torch.device) -> Amp:
     if amp and device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     if amp:
@@ -209,7 +196,7 @@ def autocast(amp: bool, device: torch.device) -> Any:
     return contextlib.nullcontext()
 
 
-def make_loss(kind: str) -> Any:
+def make_loss(kind: str) -> LossFn:
     if kind == "cross_entropy":
         return F.cross_entropy
 
@@ -223,7 +210,7 @@ def make_loss(kind: str) -> Any:
 
 
 # ---- the step's parts --------------------------------------------------------------------
-def forward_backward(ddp: DDP, micro_batches: list[Batch], loss_fn: Any, amp: Any) -> Any:
+def forward_backward(ddp: DDP, micro_batches: list[Batch], loss_fn: LossFn, amp: Amp) -> Tensor:
     """Accumulate the gradients of the micro-batches; DDP all-reduces on the last only.
 
     Returns the step's loss (a tensor, so logging decides when to sync on it)."""
@@ -232,21 +219,23 @@ def forward_backward(ddp: DDP, micro_batches: list[Batch], loss_fn: Any, amp: An
         x, y = micro_batches[0]
         with ddpkit.timed("forward"), amp:
             loss = loss_fn(ddp(x), y)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         return loss.detach()
-    total: Any = 0.0
+    losses = []
     for i, (x, y) in enumerate(micro_batches):
         # ddp.no_sync(): skip the gradient all-reduce on all but the last micro-step.
         sync = ddp.no_sync() if i < n - 1 else contextlib.nullcontext()
         with sync, ddpkit.timed("forward"), amp:
             loss = loss_fn(ddp(x), y) / n
-        loss.backward()
-        total += loss.detach()
-    return total
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+        losses.append(loss.detach())
+    return sum(losses[1:], losses[0])
 
 
-def warm_up_buckets(ddp: DDP, batch: Batch, loss_fn: Any, amp: Any) -> None:
-    """One synced forward/backward that changes no state, run before the first real step.
+def warm_up_buckets(
+    ddp: DDP, batches: Iterator[list[Batch]], loss_fn: LossFn, amp: Amp
+) -> Iterator[list[Batch]]:
+    """``batches``, after one synced forward/backward on the first that changes no state.
 
     DDP all-reduces the first iteration with one bucket in parameter order and then rebuilds
     the buckets in gradient-ready order. With 3+ ranks the summation order of an element
@@ -254,55 +243,55 @@ def warm_up_buckets(ddp: DDP, batch: Batch, loss_fn: Any, amp: Any) -> None:
     initial layout) would drift by rounding from an uninterrupted one (which used the rebuilt
     layout there). Rebuilding before any real step, in every run, makes resume bit-exact.
     """
+    first = next(batches, None)
+    if first is None:
+        return
     rng = get_rng_state()
     buffers = [b.detach().clone() for b in ddp.module.buffers()]
-    x, y = batch
+    x, y = first[0]
     with amp:
         loss = loss_fn(ddp(x), y)
-    loss.backward()
+    loss.backward()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
     with torch.no_grad():
         for b, v in zip(ddp.module.buffers(), buffers, strict=True):
             b.copy_(v)
         for p in ddp.parameters():
             p.grad = None
     set_rng_state(rng)
+    yield first
+    yield from batches
 
 
 # ---- output ------------------------------------------------------------------------------
+def log(env: DistEnv, event: dict[str, Any]) -> None:
+    """A JSON line on stdout from global rank 0 only; everything else goes to stderr."""
+    if env.is_main:
+        ddpkit.emit(event)  # whole lines: the checkpoint writer thread logs too
 
 
-class Logger:
-    """JSON lines on stdout from global rank 0 only; everything else goes to stderr."""
+class StepReport:
+    """After each optimizer step: the `step` line (every --log-every steps and at the last,
+    with global samples/s), then ddpkit's per-rank times, hang watchdog and ranks event."""
 
-    def __init__(self, rank: int) -> None:
-        self.enabled = rank == 0
-
-    def __call__(self, event: dict[str, Any]) -> None:
-        if self.enabled:
-            ddpkit.emit(event)  # whole lines: the checkpoint writer thread logs too
-
-
-class StepMeter:
-    """The `step` lines: every --log-every steps and at the last one, with global samples/s."""
-
-    def __init__(self, log: Logger, every: int, total_steps: int, layout: Layout) -> None:
-        self.log, self.every, self.total = log, every, total_steps
-        self.global_batch = layout.batch_size * layout.grad_accum * layout.world_size
+    def __init__(self, env: DistEnv, args: Args, total_steps: int) -> None:
+        self.main, self.every, self.total = env.is_main, args.log_every, total_steps
+        self.global_batch = args.batch_size * args.grad_accum * env.world_size
         self._t, self._steps = time.perf_counter(), 0
 
-    def step(self, step: int, loss: Any) -> None:
+    def __call__(self, step: int, loss: torch.Tensor) -> None:
         self._steps += 1
-        if step % self.every and step != self.total:
-            return
-        now = time.perf_counter()
-        if self.log.enabled:  # float() waits for the device: on the logging rank only
-            rate = round(self.global_batch * self._steps / (now - self._t), 1)
-            self.log({"event": "step", "step": step, "loss": float(loss), "samples_per_s": rate})
-        self._t, self._steps = now, 0
+        if step % self.every == 0 or step == self.total:
+            now = time.perf_counter()
+            if self.main:  # float() waits for the device: on the logging rank only
+                rate = round(self.global_batch * self._steps / (now - self._t), 1)
+                ddpkit.emit({"event": "step", "step": step, "loss": float(loss),
+                             "samples_per_s": rate})  # fmt: skip
+            self._t, self._steps = now, 0
+        ddpkit.step_done(step)
 
 
-def log_start(log: Logger, env: DistEnv, total: int, resumed: str | None, step: int) -> None:
-    log({
+def log_start(env: DistEnv, total: int, resumed: str | None, step: int) -> None:
+    log(env, {
         "event": "start", "world_size": env.world_size, "backend": env.backend,
         "device": env.device.type, "host": env.host, "restart_count": env.restart_count,
         "total_steps": total, "resumed": resumed is not None, "resume_path": resumed,

@@ -1,4 +1,5 @@
-"""Command line of ddptrain.py: flags, one-line errors (exit 2), warnings, user factories."""
+"""Command line of ddptrain.py: the flags as a typed ``Args``, one-line errors (exit 2),
+warnings, the user's --model/--dataset factories."""
 
 from __future__ import annotations
 
@@ -7,11 +8,78 @@ import importlib
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import Any, NoReturn
 
 import torch
 
 EXIT_BAD_ARGS = 2
+
+
+@dataclass(frozen=True)
+class Args:
+    """Every flag, typed; the help texts are in the parser below."""
+
+    # training
+    steps: int | None
+    epochs: int | None
+    batch_size: int
+    lr: float
+    optimizer: str
+    momentum: float
+    weight_decay: float
+    warmup_steps: int
+    seed: int
+    grad_accum: int
+    bn: bool
+    amp: bool
+    clip_grad: float
+    model: str | None
+    dataset: str | None
+    loss: str
+    num_workers: int
+    no_drop_last: bool
+    log_every: int
+    # distributed
+    backend: str
+    bucket_cap_mb: float
+    static_graph: bool
+    find_unused_parameters: bool
+    sync_bn: bool
+    timeout_s: int
+    stop_check_every: int
+    # ddpkit's diagnostics
+    no_probe: bool
+    probe_min_busbw: float | None
+    ranks_every: int | None
+    straggler_factor: float
+    hang_timeout_s: float
+    # checkpoints
+    checkpoint_dir: str | None
+    checkpoint_every: int
+    keep: int
+    save_final: str | None
+    # test and teaching hooks (ddptrain_debug.py)
+    debug_dump: str | None
+    debug_desync_opt: bool
+    debug_step_delay: float
+    debug_slow_save: float
+    debug_slow_rank: tuple[int, float] | None
+    debug_hang_rank: tuple[int, float] | None
+
+    @property
+    def debugging(self) -> bool:
+        """A --debug-* flag that installs hooks into the step (not --debug-slow-save, which
+        is the checkpoint writer's own pause, nor --debug-desync-opt: see ``lr_of``)."""
+        return bool(
+            self.debug_dump or self.debug_step_delay or self.debug_slow_rank
+            or self.debug_hang_rank
+        )  # fmt: skip
+
+    def lr_of(self, rank: int) -> float:
+        """This rank's learning rate: --lr, doubled on ranks != 0 by --debug-desync-opt (to
+        show that DDP does not sync optimizer hyperparameters)."""
+        return self.lr * 2.0 if self.debug_desync_opt and rank != 0 else self.lr
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -44,6 +112,19 @@ def _non_negative(v: str) -> int:
     return n
 
 
+def _rank_spec(kind: str) -> Callable[[str], tuple[int, float]]:
+    def parse(v: str) -> tuple[int, float]:
+        r, sep, x = v.partition(":")
+        try:
+            if sep and int(r) >= 0 and float(x) >= 0:
+                return int(r), float(x)
+        except ValueError:
+            pass
+        raise argparse.ArgumentTypeError(f"must look like RANK:{kind}, got {v!r}")
+
+    return parse
+
+
 def _training_flags(a: Callable[..., Any]) -> None:
     a("--steps", type=_positive, help="total optimizer steps (default: --epochs worth)")
     a("--epochs", type=_positive, help="epochs (default 1 when --steps is not given)")
@@ -73,37 +154,20 @@ def _distributed_flags(a: Callable[..., Any]) -> None:
     a("--find-unused-parameters", action="store_true")
     a("--sync-bn", action="store_true", help="synchronise BatchNorm statistics across ranks")
     a("--timeout-s", type=_positive, default=300, help="collective / store timeout")
-    a(
-        "--stop-check-every",
-        type=_non_negative,
-        default=0,
-        help="steps between the all-reduces that agree on a SIGTERM stop (0: auto, about "
-        "every 0.25 s)",
-    )
-
-
-def _rank_spec(kind: str) -> Callable[[str], tuple[int, float]]:
-    def parse(v: str) -> tuple[int, float]:
-        r, sep, x = v.partition(":")
-        try:
-            if sep and int(r) >= 0 and float(x) >= 0:
-                return int(r), float(x)
-        except ValueError:
-            pass
-        raise argparse.ArgumentTypeError(f"must look like RANK:{kind}, got {v!r}")
-
-    return parse
+    a("--stop-check-every", type=_non_negative, default=0,
+      help="steps between the all-reduces that agree on a SIGTERM stop (0: auto, about "
+      "every 0.25 s)")  # fmt: skip
 
 
 def _diagnostic_flags(a: Callable[..., Any]) -> None:
-    # ddpkit's diagnostics (see ddpkit.py): the probe, the ranks event, the hang watchdog.
-    a("--no-probe", action="store_true", default=os.environ.get("DDPDEPLOY_PROBE") == "0",
+    # ddpkit's diagnostics (see ddpkit.py): the probe, the ranks event, the hang watchdog;
+    # defaults from the env the spec's diagnostics section sets (ddpkit reads the same).
+    e = os.environ
+    a("--no-probe", action="store_true", default=e.get("DDPDEPLOY_PROBE") == "0",
       help="skip the all-reduce probe at start")  # fmt: skip
     a("--probe-min-busbw", type=float, metavar="GBPS",
-      default=float(os.environ.get("DDPDEPLOY_PROBE_MIN_BUSBW") or 0) or None,
+      default=float(e.get("DDPDEPLOY_PROBE_MIN_BUSBW") or 0) or None,
       help="fail at start (exit 3) when the probe's bus bandwidth is below this")  # fmt: skip
-    # Defaults from the env the spec's diagnostics section sets (ddpkit reads the same).
-    e = os.environ
     a("--ranks-every", type=_non_negative, default=None,
       help="steps between `ranks` events (per-rank work times; 0: only at the end; "
       "default: DDPDEPLOY_RANKS_EVERY, else 50 steps, then about every 10 s)")  # fmt: skip
@@ -116,13 +180,10 @@ def _diagnostic_flags(a: Callable[..., Any]) -> None:
 
 
 def _checkpoint_flags(a: Callable[..., Any]) -> None:
-    a(
-        "--checkpoint-dir",
-        # ddpdeploy sets the variable in every process of a job with a checkpoint volume.
-        default=os.environ.get("DDPDEPLOY_CHECKPOINT_DIR") or None,
-        help="directory shared by all nodes; resume from it on start "
-        "(default: $DDPDEPLOY_CHECKPOINT_DIR)",
-    )
+    # ddpdeploy sets the variable in every process of a job with a checkpoint volume.
+    a("--checkpoint-dir", default=os.environ.get("DDPDEPLOY_CHECKPOINT_DIR") or None,
+      help="directory shared by all nodes; resume from it on start "
+      "(default: $DDPDEPLOY_CHECKPOINT_DIR)")  # fmt: skip
     a("--checkpoint-every", type=_non_negative, default=0, help="steps between checkpoints")
     a("--keep", type=_positive, default=3, help="checkpoints to keep")
     a("--save-final", help="rank 0 writes ddp.module.state_dict() here at the end")
@@ -131,11 +192,8 @@ def _checkpoint_flags(a: Callable[..., Any]) -> None:
 def _debug_flags(a: Callable[..., Any]) -> None:
     # Test and teaching hooks; documented in train/README.md.
     a("--debug-dump", help="every rank writes rank<R>.pt with per-rank state here")
-    a(
-        "--debug-desync-opt",
-        action="store_true",
-        help="ranks != 0 use 2x lr: shows DDP does not sync optimizer state/hyperparameters",
-    )
+    a("--debug-desync-opt", action="store_true",
+      help="ranks != 0 use 2x lr: DDP does not sync optimizer state/hyperparameters")  # fmt: skip
     a("--debug-step-delay", type=float, default=0.0, help="sleep seconds per step")
     a("--debug-slow-save", type=float, default=0.0, help="writer sleeps mid-write")
     a("--debug-slow-rank", type=_rank_spec("SECONDS"), metavar="R:SECONDS",
@@ -144,21 +202,16 @@ def _debug_flags(a: Callable[..., Any]) -> None:
       help="rank R blocks forever loading the data of step STEP")  # fmt: skip
 
 
-def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
+def parse_args(argv: list[str] | None, description: str) -> Args:
     p = _OneLineParser(prog="ddptrain.py", description=description)
-    for add_flags in (
-        _training_flags,
-        _distributed_flags,
-        _diagnostic_flags,
-        _checkpoint_flags,
-        _debug_flags,
-    ):
+    for add_flags in (_training_flags, _distributed_flags, _diagnostic_flags,
+                      _checkpoint_flags, _debug_flags):  # fmt: skip
         add_flags(p.add_argument)
-    args = p.parse_args(argv)
+    ns = vars(p.parse_args(argv))
+    args = Args(**{f.name: ns[f.name] for f in fields(Args)})
     if args.checkpoint_every and not args.checkpoint_dir:
         bad_args("--checkpoint-every needs --checkpoint-dir")
-    for flag in ("model", "dataset"):
-        spec = getattr(args, flag)
+    for flag, spec in (("model", args.model), ("dataset", args.dataset)):
         if spec is not None and (spec.count(":") != 1 or not all(spec.split(":"))):
             bad_args(f"--{flag} must look like pkg.mod:factory, got {spec!r}")
     if args.backend == "nccl" and not torch.cuda.is_available():
@@ -166,13 +219,12 @@ def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
     return args
 
 
-def load_factory(flag: str, spec: str | None) -> Callable[[], Any] | None:
-    """The zero-argument callable that --model/--dataset name, or None when not given."""
-    if spec is None:
-        return None
+def load_factory(flag: str, spec: str) -> Callable[[], Any]:
+    """The zero-argument callable that --model/--dataset names. What it returns is the
+    user's (an nn.Module, a map-style Dataset): unknown until it is called."""
     mod_name, fn_name = spec.split(":")
     try:
-        fn = getattr(importlib.import_module(mod_name), fn_name)
+        fn: object = getattr(importlib.import_module(mod_name), fn_name)
     except (ImportError, AttributeError) as e:
         bad_args(f"--{flag} {spec}: {type(e).__name__}: {e}")
     if not callable(fn):

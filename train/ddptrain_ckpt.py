@@ -1,47 +1,186 @@
-"""Checkpoints for ddptrain.py: snapshot, async atomic write, verify, retain, resume.
+"""Checkpoints for ddptrain.py: what one holds (``TrainState``), every rank's RNG, and the
+manager that snapshots, writes in the background and resumes.
 
-Layout in the checkpoint directory, per checkpoint at optimizer step N:
-  ckpt-step-000000N.pt    torch.save payload (its contents: see ddptrain_state.py)
-  ckpt-step-000000N.json  sidecar: step, world size, host, rank, restart count, time, sha256
-The sidecar is written (atomically) only after the payload is durable, so it is the commit
-point: a payload without a sidecar, or whose sha256 does not match, is never loaded. The
-folder's format, writes, retention, verification and the ranks' agreement on resume are
-ddpkit's (the module a user's script imports); this file adds the trainer's asynchronous
-snapshot and every rank's RNG state on top.
+The folder is ddpkit's store (the module a user's script imports): per checkpoint at
+optimizer step N, ``ckpt-step-{N:09d}.pt`` (the payload) and ``ckpt-step-{N:09d}.json``
+(its sidecar: step, world size, host, rank, restart count, time, run, run_id, sha256),
+written atomically, the sidecar last as the commit point, with retention and verified
+reads; ddpkit also decides which checkpoint every rank resumes from. This file adds the
+trainer's asynchronous snapshot and every rank's RNG state on top.
+
+A payload (torch.save, loaded with weights_only=True) is a dict:
+  model        ddp.module.state_dict()
+  optimizer    optimizer.state_dict()
+  scheduler    the LR scheduler's state_dict()
+  step         optimizer steps done
+  epoch, pos   where the next step starts: the epoch, and optimizer steps already done in it
+  world_size, batch_size, grad_accum   the layout that `pos` counts in
+  rng          one entry per rank: that rank's RNG states (python, torch, numpy if present,
+               cuda if present), gathered to rank 0 by the checkpoint manager
 
 No collective here goes through numpy (torch's *_object collectives do, and numpy is
-optional): candidate steps travel as an int64 tensor, RNG states as serialised bytes.
+optional): RNG states travel as serialised bytes in uint8 tensors.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
+import importlib
 import io
 import os
+import random
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import ddpkit
 import torch
 import torch.distributed as dist
+from ddptrain_args import Args, bad_args
 from ddptrain_dist import DistEnv
-from ddptrain_state import TrainState, get_rng_state
+from torch import nn
 
 WRITER_NICE = 10  # added to the writer's nice once its snapshot is taken (see below)
 
 
-def make_checkpointer(
-    args: argparse.Namespace, env: DistEnv, slow_save: float = 0.0
-) -> CheckpointManager | NoCheckpoint:
-    """The manager for --checkpoint-dir (--checkpoint-every, --keep), or a no-op one."""
+def _numpy() -> types.ModuleType | None:
+    """numpy when installed (seeded and checkpointed then); torch does not need it."""
+    try:
+        return importlib.import_module("numpy")
+    except ImportError:
+        return None
+
+
+np = _numpy()
+
+
+# ---- the training state: what a checkpoint holds ---------------------------------------
+@dataclass(frozen=True)
+class Layout:
+    """What one epoch's steps depend on; a mid-epoch checkpoint resumes only in the same."""
+
+    world_size: int
+    batch_size: int
+    grad_accum: int
+
+
+class TrainState:
+    """Step, epoch and position in it, RNG, and the model/optimizer/scheduler they go with."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        layout: Layout,
+        steps_per_epoch: int,
+    ) -> None:
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.layout = layout
+        self.steps_per_epoch = steps_per_epoch
+        self.step, self.epoch, self.pos = 0, 0, 0
+        self._buffer_names = {n for n, _ in model.named_buffers()}
+
+    def advance(self) -> None:
+        """One optimizer step done; roll over to the next epoch at its end."""
+        self.step += 1
+        self.pos += 1
+        if self.pos == self.steps_per_epoch:
+            self.epoch, self.pos = self.epoch + 1, 0
+
+    def save_parts(self) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+        """The payload minus "rng", split by when each part changes next.
+
+        ``now``: what the next forward changes in place (BatchNorm buffers) and small
+        values; the caller copies it at once. ``deferred``: parameters and optimizer state,
+        which change only in the next optimizer.step(), so they can be copied while the
+        next forward/backward runs. ``now["model"]`` lists every key (None where the value
+        is deferred) to keep the state_dict's key order.
+        """
+        model_sd = self.model.state_dict()
+        buffers = self._buffer_names
+        now = {
+            "model": {k: (v if k in buffers else None) for k, v in model_sd.items()},
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step,
+            "epoch": self.epoch,
+            "pos": self.pos,
+            "world_size": self.layout.world_size,
+            "batch_size": self.layout.batch_size,
+            "grad_accum": self.layout.grad_accum,
+        }
+        deferred = {
+            "model": {k: v for k, v in model_sd.items() if k not in buffers},
+            "optimizer": self.optimizer.state_dict(),
+        }
+        return now, deferred
+
+    def load(self, payload: dict[str, Any], where: str, rank: int, seed: int) -> None:
+        """Restore from a payload; exits 2 if it was written mid-epoch in another layout."""
+        saved = Layout(payload["world_size"], payload["batch_size"], payload["grad_accum"])
+        if saved != self.layout and payload["pos"] != 0:
+            now = self.layout
+            bad_args(
+                f"checkpoint {where} was written mid-epoch with world size {saved.world_size}, "
+                f"batch size {saved.batch_size}, grad accum {saved.grad_accum}; resume it with "
+                f"the same values (now {now.world_size}, {now.batch_size}, {now.grad_accum})"
+            )
+        self.model.load_state_dict(payload["model"])
+        self.optimizer.load_state_dict(payload["optimizer"])
+        self.scheduler.load_state_dict(payload["scheduler"])
+        self.step, self.epoch, self.pos = payload["step"], payload["epoch"], payload["pos"]
+        if saved.world_size == self.layout.world_size:
+            set_rng_state(payload["rng"][rank])
+        else:  # new layout at an epoch boundary: fresh, still per-rank, RNG streams
+            seed_everything(seed + rank + 1_000_003 * self.step)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy (if present) and torch. The trainer seeds rank r with seed + r:
+    per-rank randomness (dropout, augmentation) should differ, and the model still starts
+    identical everywhere because DDP broadcasts rank 0's weights when it wraps the model."""
+    random.seed(seed)
+    if np is not None:
+        np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
+def get_rng_state() -> dict[str, Any]:
+    """This rank's RNG states in a form torch.load(weights_only=True) accepts."""
+    st: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if np is not None:
+        kind, keys, pos, has_gauss, gauss = np.random.get_state()
+        st["numpy"] = [kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, gauss]
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state()
+    return st
+
+
+def set_rng_state(st: dict[str, Any]) -> None:
+    py = st["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    torch.set_rng_state(st["torch"].cpu())
+    if np is not None and "numpy" in st:
+        kind, keys, pos, has_gauss, gauss = st["numpy"]
+        np.random.set_state((kind, keys.cpu().numpy().astype("uint32"), pos, has_gauss, gauss))
+    if torch.cuda.is_available() and "cuda" in st:
+        torch.cuda.set_rng_state(st["cuda"].cpu())
+
+
+# ---- the checkpoint manager ------------------------------------------------------------
+def make_checkpointer(args: Args, env: DistEnv) -> CheckpointManager | NoCheckpoint:
+    """The manager for --checkpoint-dir (--checkpoint-every, --keep), or a no-op one.
+    --debug-slow-save pauses the writer mid-write (ddpkit's test hook)."""
     if args.checkpoint_dir is None:
         return NoCheckpoint()
-    store = CheckpointDir(args.checkpoint_dir, args.keep, slow_save)
+    store = ddpkit.CheckpointStore(args.checkpoint_dir, args.keep, args.debug_slow_save)
     return CheckpointManager(store, args.checkpoint_every, env)
 
 
@@ -75,7 +214,7 @@ class CheckpointManager:
     checkpoints, so they never interleave with DDP's collectives on the default group.
     """
 
-    def __init__(self, store: CheckpointDir, every: int, env: DistEnv) -> None:
+    def __init__(self, store: ddpkit.CheckpointStore, every: int, env: DistEnv) -> None:
         self.store, self.every, self.env = store, every, env
         self._group = dist.new_group(backend="gloo")
         self._thread: threading.Thread | None = None
@@ -126,9 +265,10 @@ class CheckpointManager:
             }
             self._snapshot_done = threading.Event()
             # `now` changes in the next forward: copied here, before returning.
-            self._start(self._write, _copy_to_cpu(now), deferred, meta, rng)
+            copied = _copy_to_cpu(now)
+            self._start(lambda: self._write(copied, deferred, meta, rng))
         else:
-            self._start(_gather_to_rank0, rng, self._group, self.env.world_size)
+            self._start(lambda: _gather_to_rank0(rng, self._group, self.env.world_size))
         self._last_saved = state.step
         return time.perf_counter() - t0
 
@@ -157,13 +297,13 @@ class CheckpointManager:
         return self.store.payload_path(step)
 
     # ---- the background thread ---------------------------------------------------------
-    def _start(self, fn: Callable[..., Any], *args: Any) -> None:
-        self._thread = threading.Thread(target=self._guard, args=(fn, *args), daemon=True)
+    def _start(self, work: Callable[[], object]) -> None:
+        self._thread = threading.Thread(target=self._guard, args=(work,), daemon=True)
         self._thread.start()
 
-    def _guard(self, fn: Callable[..., Any], *args: Any) -> None:
+    def _guard(self, work: Callable[[], object]) -> None:
         try:
-            fn(*args)
+            work()
         except BaseException as e:  # surfaced to the main thread by _wait()
             self._error = e
         finally:
@@ -171,7 +311,11 @@ class CheckpointManager:
                 self._snapshot_done.set()  # never leave the training loop waiting
 
     def _write(
-        self, now: dict[str, Any], deferred: dict[str, dict[str, Any]], meta: dict, rng: Any
+        self,
+        now: dict[str, Any],
+        deferred: dict[str, dict[str, Any]],
+        meta: dict[str, Any],
+        rng: dict[str, Any],
     ) -> None:
         """Rank 0's writer: finish the snapshot, collect every rank's RNG, write."""
         done = self._snapshot_done
@@ -223,7 +367,9 @@ def _copy_to_cpu(obj: Any) -> Any:
     return obj
 
 
-def _gather_to_rank0(obj: Any, group: Any, world_size: int) -> list[Any] | None:
+def _gather_to_rank0(
+    obj: dict[str, Any], group: dist.ProcessGroup, world_size: int
+) -> list[dict[str, Any]] | None:
     """gather_object without numpy: every rank's ``obj`` (torch.save-able) on rank 0."""
     buf = io.BytesIO()
     torch.save(obj, buf)
@@ -240,12 +386,3 @@ def _gather_to_rank0(obj: Any, group: Any, world_size: int) -> list[Any] | None:
         return None
     raw = [ctypes.string_at(p.data_ptr(), int(n)) for p, n in zip(parts, sizes, strict=True)]
     return [torch.load(io.BytesIO(b), weights_only=True) for b in raw]
-
-
-class CheckpointDir(ddpkit.CheckpointStore):
-    """The checkpoint folder: ddpkit's store (names, atomic writes with a sha256 sidecar,
-    retention, verified reads), so the trainer and a user's script write one format.
-    ``slow_save`` is the --debug-slow-save hook: the writer pauses mid-write."""
-
-    def __init__(self, directory: str, keep: int, slow_save: float = 0.0) -> None:
-        super().__init__(directory, keep, pause_mid_write=slow_save)

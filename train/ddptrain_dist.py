@@ -1,11 +1,14 @@
-"""Distributed setup for ddptrain.py: torchrun's env, the process group (ddpkit's), the
-device, exit."""
+"""Distributed set-up for ddptrain.py: torchrun's env, the process group (ddpkit's) and the
+device; the SIGTERM stop every rank agrees on; exit."""
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import NoReturn
@@ -13,6 +16,10 @@ from typing import NoReturn
 import ddpkit
 import torch
 import torch.distributed as dist
+from ddptrain_args import Args
+
+STOP_CHECK_S = 0.25  # auto cadence of the stop agreement (--stop-check-every 0)
+CALIBRATION_STEPS = 10  # auto mode checks every step until it has timed this many
 
 
 @dataclass(frozen=True)
@@ -34,12 +41,16 @@ class DistEnv:
         return self.rank == 0
 
 
-def setup(
-    backend: str, timeout_s: int, probe: bool = True, probe_min_busbw: float | None = None
-) -> DistEnv:
+def setup(args: Args) -> DistEnv:
     """Read torchrun's env, pick backend and device, create the default process group and
-    run ddpkit's collective probe on it (unless ``probe`` is False)."""
-    e = os.environ
+    run ddpkit's collective probe on it (unless --no-probe); ddpkit's run record and
+    diagnostics settings from the flags."""
+    ddpkit.set_seed(args.seed)
+    ddpkit.diagnostics(
+        ranks_every=args.ranks_every, straggler_factor=args.straggler_factor,
+        hang_timeout_s=args.hang_timeout_s, hang_dir=args.checkpoint_dir,
+    )  # fmt: skip
+    e, backend = os.environ, args.backend
     local_rank = int(e.get("LOCAL_RANK", 0))
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -64,11 +75,75 @@ def setup(
     # call a user's script makes, see ddpkit.init_process_group and train/README.md.
     ddpkit.init_process_group(
         backend,
-        timeout=timedelta(seconds=timeout_s),
-        probe=probe,
-        probe_min_busbw=probe_min_busbw,
+        timeout=timedelta(seconds=args.timeout_s),
+        probe=not args.no_probe,
+        probe_min_busbw=args.probe_min_busbw,
     )
     return env
+
+
+# ---- SIGTERM: every rank stops at the same step, whichever rank got the signal -----------
+class StopAgreement:
+    """The SIGTERM handler only sets a flag; ranks agree on it with an all-reduce(MAX).
+
+    Every ``every`` steps each rank reads the previous all-reduce and starts the next one
+    asynchronously, so the agreement overlaps a step of training instead of adding a round
+    trip to every step. Auto mode (every=0) checks every step until it has timed
+    CALIBRATION_STEPS steps; then the ranks agree (MAX of their proposals, carried by the
+    same all-reduce) on the number of steps that take about STOP_CHECK_S.
+    """
+
+    def __init__(self, every: int) -> None:
+        self._requested = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: self._requested.set())
+        self._auto = every == 0
+        self._every = every or 1
+        self._since_check = 0
+        self._pending: tuple[dist.Work, torch.Tensor] | None = None
+        self._device = torch.device("cpu")
+        self._calibrate_at: int | None = None
+        self._first_step, self._t_first = 0, 0.0
+
+    def start(self, step: int, device: torch.device) -> None:
+        """Called just before the first step (``step`` steps are already done)."""
+        self._device = device
+        self._first_step, self._t_first = step, time.perf_counter()
+        self._calibrate_at = step + CALIBRATION_STEPS if self._auto else None
+
+    def should_stop(self, step: int) -> bool:
+        """After optimizer step ``step``: True on every rank at the same step."""
+        self._since_check += 1
+        if self._since_check < self._every:
+            return False
+        self._since_check = 0
+        stop = self._read_previous()
+        self._start_next(step)
+        return stop
+
+    def finish(self) -> None:
+        """Complete the all-reduce in flight: every rank runs the same collectives."""
+        if self._pending is not None:
+            self._pending[0].wait()
+            self._pending = None
+
+    def _read_previous(self) -> bool:
+        if self._pending is None:
+            return False
+        work, flag = self._pending
+        work.wait()
+        stop, cadence = flag.tolist()
+        if cadence > 0:  # the agreed cadence (auto mode)
+            self._every = int(cadence)
+        return bool(stop)
+
+    def _start_next(self, step: int) -> None:
+        proposal = 0
+        if self._calibrate_at is not None and step >= self._calibrate_at:
+            per_step = (time.perf_counter() - self._t_first) / max(1, step - self._first_step)
+            proposal = max(1, min(1000, round(STOP_CHECK_S / max(per_step, 1e-6))))
+            self._calibrate_at = None
+        flag = torch.tensor([int(self._requested.is_set()), proposal], device=self._device)
+        self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True), flag)
 
 
 def exit_now(code: int) -> NoReturn:
