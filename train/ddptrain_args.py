@@ -8,85 +8,13 @@ import importlib
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, fields
-from typing import Any, NoReturn
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, NoReturn, TypeVar
 
 import torch
 
 EXIT_BAD_ARGS = 2
-
-
-@dataclass(frozen=True)
-class Args:
-    """Every flag, typed; the help texts are in the parser below."""
-
-    # training
-    steps: int | None
-    epochs: int | None
-    batch_size: int
-    lr: float
-    optimizer: str
-    momentum: float
-    weight_decay: float
-    warmup_steps: int
-    seed: int
-    grad_accum: int
-    bn: bool
-    amp: bool
-    clip_grad: float
-    model: str | None
-    dataset: str | None
-    loss: str
-    num_workers: int
-    no_drop_last: bool
-    log_every: int
-    # distributed
-    backend: str
-    bucket_cap_mb: float
-    static_graph: bool
-    find_unused_parameters: bool
-    sync_bn: bool
-    timeout_s: int
-    stop_check_every: int
-    # ddpkit's diagnostics
-    no_probe: bool
-    probe_min_busbw: float | None
-    ranks_every: int | None
-    straggler_factor: float
-    hang_timeout_s: float
-    # checkpoints
-    checkpoint_dir: str | None
-    checkpoint_every: int
-    keep: int
-    save_final: str | None
-    # test and teaching hooks (ddptrain_debug.py)
-    debug_dump: str | None
-    debug_desync_opt: bool
-    debug_step_delay: float
-    debug_slow_save: float
-    debug_slow_rank: tuple[int, float] | None
-    debug_hang_rank: tuple[int, float] | None
-
-    @property
-    def debugging(self) -> bool:
-        """A --debug-* flag that installs hooks into the step (not --debug-slow-save, which
-        is the checkpoint writer's own pause, nor --debug-desync-opt: see ``lr_of``)."""
-        return bool(
-            self.debug_dump or self.debug_step_delay or self.debug_slow_rank
-            or self.debug_hang_rank
-        )  # fmt: skip
-
-    def lr_of(self, rank: int) -> float:
-        """This rank's learning rate: --lr, doubled on ranks != 0 by --debug-desync-opt (to
-        show that DDP does not sync optimizer hyperparameters)."""
-        return self.lr * 2.0 if self.debug_desync_opt and rank != 0 else self.lr
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    """argparse prints usage plus the error; the CLI wants exactly one line and exit 2."""
-
-    def error(self, message: str) -> NoReturn:
-        bad_args(message)
+T = TypeVar("T")
 
 
 def bad_args(message: str) -> NoReturn:
@@ -125,95 +53,136 @@ def _rank_spec(kind: str) -> Callable[[str], tuple[int, float]]:
     return parse
 
 
-def _training_flags(a: Callable[..., Any]) -> None:
-    a("--steps", type=_positive, help="total optimizer steps (default: --epochs worth)")
-    a("--epochs", type=_positive, help="epochs (default 1 when --steps is not given)")
-    a("--batch-size", type=_positive, default=32, help="per-rank micro-batch size")
-    a("--lr", type=float, default=0.05)
-    a("--optimizer", choices=["sgd", "adamw"], default="sgd")
-    a("--momentum", type=float, default=0.9, help="SGD momentum")
-    a("--weight-decay", type=float, default=0.0)
-    a("--warmup-steps", type=_non_negative, default=0, help="linear LR warmup steps")
-    a("--seed", type=int, default=0, help="rank r is seeded with seed + r")
-    a("--grad-accum", type=_positive, default=1, help="micro-steps per optimizer step")
-    a("--bn", action="store_true", help="built-in MLP: add a BatchNorm1d layer")
-    a("--amp", action="store_true", help="bf16 autocast (GPU only; ignored with a warning)")
-    a("--clip-grad", type=float, default=0.0, help="max grad norm (0: off)")
-    a("--model", help="pkg.mod:factory returning an nn.Module (default: built-in MLP)")
-    a("--dataset", help="pkg.mod:factory returning a map-style Dataset of (input, target)")
-    a("--loss", choices=["cross_entropy", "mse"], default="cross_entropy")
-    a("--num-workers", type=_non_negative, default=0, help="DataLoader workers per rank")
-    a("--no-drop-last", action="store_true", help="DistributedSampler pads instead of drops")
-    a("--log-every", type=_positive, default=1)
+def flag(default: T, help: str | None = None, **argparse_kw: Any) -> T:
+    """A field of ``Args`` that is a flag too: its default, help text and what else
+    ``add_argument`` takes (type, choices, action, metavar)."""
+    return field(default=default, metadata={"help": help, **argparse_kw})
 
 
-def _distributed_flags(a: Callable[..., Any]) -> None:
-    a("--backend", choices=["auto", "nccl", "gloo"], default="auto")
-    a("--bucket-cap-mb", type=float, default=25.0)
-    a("--static-graph", action="store_true")
-    a("--find-unused-parameters", action="store_true")
-    a("--sync-bn", action="store_true", help="synchronise BatchNorm statistics across ranks")
-    a("--timeout-s", type=_positive, default=300, help="collective / store timeout")
-    a("--stop-check-every", type=_non_negative, default=0,
-      help="steps between the all-reduces that agree on a SIGTERM stop (0: auto, about "
-      "every 0.25 s)")  # fmt: skip
+def env_flag(default: Callable[[], T], help: str, **argparse_kw: Any) -> T:
+    """A flag whose default is read from the env when the flags are parsed: the variables
+    ddpdeploy sets (the checkpoint volume, the spec's diagnostics section)."""
+    return field(default_factory=default, metadata={"help": help, **argparse_kw})
 
 
-def _diagnostic_flags(a: Callable[..., Any]) -> None:
-    # ddpkit's diagnostics (see ddpkit.py): the probe, the ranks event, the hang watchdog;
-    # defaults from the env the spec's diagnostics section sets (ddpkit reads the same).
-    e = os.environ
-    a("--no-probe", action="store_true", default=e.get("DDPDEPLOY_PROBE") == "0",
-      help="skip the all-reduce probe at start")  # fmt: skip
-    a("--probe-min-busbw", type=float, metavar="GBPS",
-      default=float(e.get("DDPDEPLOY_PROBE_MIN_BUSBW") or 0) or None,
-      help="fail at start (exit 3) when the probe's bus bandwidth is below this")  # fmt: skip
-    a("--ranks-every", type=_non_negative, default=None,
-      help="steps between `ranks` events (per-rank work times; 0: only at the end; "
-      "default: DDPDEPLOY_RANKS_EVERY, else 50 steps, then about every 10 s)")  # fmt: skip
-    a("--straggler-factor", type=float,
-      default=float(e.get("DDPDEPLOY_STRAGGLER_FACTOR") or 1.2),
-      help="a rank whose work time exceeds the median by this factor is a straggler")  # fmt: skip
-    a("--hang-timeout-s", type=float, default=float(e.get("DDPDEPLOY_HANG_TIMEOUT_S") or 0),
-      help="seconds without a step before the hang watchdog dumps stacks and ends the run "
-      "(0: max(60, 5x the slowest step); negative: off)")  # fmt: skip
+def _env(name: str) -> str | None:
+    return os.environ.get(name) or None
 
 
-def _checkpoint_flags(a: Callable[..., Any]) -> None:
-    # ddpdeploy sets the variable in every process of a job with a checkpoint volume.
-    a("--checkpoint-dir", default=os.environ.get("DDPDEPLOY_CHECKPOINT_DIR") or None,
-      help="directory shared by all nodes; resume from it on start "
-      "(default: $DDPDEPLOY_CHECKPOINT_DIR)")  # fmt: skip
-    a("--checkpoint-every", type=_non_negative, default=0, help="steps between checkpoints")
-    a("--keep", type=_positive, default=3, help="checkpoints to keep")
-    a("--save-final", help="rank 0 writes ddp.module.state_dict() here at the end")
+@dataclass(frozen=True)
+class Args:
+    """Every flag, once: its type, default and help. The parser is made from these fields
+    (``--batch-size`` is ``batch_size``), in this order."""
+
+    # fmt: off
+    # ---- training
+    steps: int | None = flag(None, "total optimizer steps (default: --epochs worth)",
+                             type=_positive)
+    epochs: int | None = flag(None, "epochs (default 1 when --steps is not given)",
+                              type=_positive)
+    batch_size: int = flag(32, "per-rank micro-batch size", type=_positive)
+    lr: float = flag(0.05, type=float)
+    optimizer: str = flag("sgd", choices=["sgd", "adamw"])
+    momentum: float = flag(0.9, "SGD momentum", type=float)
+    weight_decay: float = flag(0.0, type=float)
+    warmup_steps: int = flag(0, "linear LR warmup steps", type=_non_negative)
+    seed: int = flag(0, "rank r is seeded with seed + r", type=int)
+    grad_accum: int = flag(1, "micro-steps per optimizer step", type=_positive)
+    bn: bool = flag(False, "built-in MLP: add a BatchNorm1d layer", action="store_true")
+    amp: bool = flag(False, "bf16 autocast (GPU only; ignored with a warning)",
+                     action="store_true")
+    clip_grad: float = flag(0.0, "max grad norm (0: off)", type=float)
+    model: str | None = flag(None, "pkg.mod:factory returning an nn.Module (default: "
+                             "built-in MLP)")
+    dataset: str | None = flag(None, "pkg.mod:factory returning a map-style Dataset of "
+                               "(input, target)")
+    loss: str = flag("cross_entropy", choices=["cross_entropy", "mse"])
+    num_workers: int = flag(0, "DataLoader workers per rank", type=_non_negative)
+    no_drop_last: bool = flag(False, "DistributedSampler pads instead of drops",
+                              action="store_true")
+    log_every: int = flag(1, type=_positive)
+    # ---- distributed
+    backend: str = flag("auto", choices=["auto", "nccl", "gloo"])
+    bucket_cap_mb: float = flag(25.0, type=float)
+    static_graph: bool = flag(False, action="store_true")
+    find_unused_parameters: bool = flag(False, action="store_true")
+    sync_bn: bool = flag(False, "synchronise BatchNorm statistics across ranks",
+                         action="store_true")
+    timeout_s: int = flag(300, "collective / store timeout", type=_positive)
+    stop_check_every: int = flag(0, "steps between the all-reduces that agree on a SIGTERM "
+                                 "stop (0: auto, about every 0.25 s)", type=_non_negative)
+    # ---- ddpkit's diagnostics (ddpkit.py): the probe, the ranks event, the hang watchdog
+    no_probe: bool = env_flag(lambda: _env("DDPDEPLOY_PROBE") == "0",
+                              "skip the all-reduce probe at start", action="store_true")
+    probe_min_busbw: float | None = env_flag(
+        lambda: float(_env("DDPDEPLOY_PROBE_MIN_BUSBW") or 0) or None,
+        "fail at start (exit 3) when the probe's bus bandwidth is below this",
+        type=float, metavar="GBPS")
+    ranks_every: int | None = flag(None, "steps between `ranks` events (per-rank work times; "
+                                   "0: only at the end; default: DDPDEPLOY_RANKS_EVERY, else "
+                                   "50 steps, then about every 10 s)", type=_non_negative)
+    straggler_factor: float = env_flag(
+        lambda: float(_env("DDPDEPLOY_STRAGGLER_FACTOR") or 1.2),
+        "a rank whose work time exceeds the median by this factor is a straggler", type=float)
+    hang_timeout_s: float = env_flag(
+        lambda: float(_env("DDPDEPLOY_HANG_TIMEOUT_S") or 0),
+        "seconds without a step before the hang watchdog dumps stacks and ends the run "
+        "(0: max(60, 5x the slowest step); negative: off)", type=float)
+    # ---- checkpoints (ddpdeploy sets the variable wherever the job has a checkpoint volume)
+    checkpoint_dir: str | None = env_flag(
+        lambda: _env("DDPDEPLOY_CHECKPOINT_DIR"),
+        "directory shared by all nodes; resume from it on start "
+        "(default: $DDPDEPLOY_CHECKPOINT_DIR)")
+    checkpoint_every: int = flag(0, "steps between checkpoints", type=_non_negative)
+    keep: int = flag(3, "checkpoints to keep", type=_positive)
+    save_final: str | None = flag(None, "rank 0 writes ddp.module.state_dict() here at the end")
+    # ---- test and teaching hooks (ddptrain_debug.py, train/README.md)
+    debug_dump: str | None = flag(None, "every rank writes rank<R>.pt with per-rank state here")
+    debug_desync_opt: bool = flag(False, "ranks != 0 use 2x lr: shows DDP does not sync "
+                                  "optimizer state/hyperparameters", action="store_true")
+    debug_step_delay: float = flag(0.0, "sleep seconds per step", type=float)
+    debug_slow_save: float = flag(0.0, "writer sleeps mid-write", type=float)
+    debug_slow_rank: tuple[int, float] | None = flag(
+        None, "rank R sleeps SECONDS in each step's data loading",
+        type=_rank_spec("SECONDS"), metavar="R:SECONDS")
+    debug_hang_rank: tuple[int, float] | None = flag(
+        None, "rank R blocks forever loading the data of step STEP",
+        type=_rank_spec("STEP"), metavar="R:STEP")
+    # fmt: on
+
+    @property
+    def debugging(self) -> bool:
+        """A --debug-* flag that installs hooks into the step (not --debug-slow-save, which
+        is the checkpoint writer's own pause, nor --debug-desync-opt: see ``lr_of``)."""
+        return bool(
+            self.debug_dump or self.debug_step_delay or self.debug_slow_rank
+            or self.debug_hang_rank
+        )  # fmt: skip
+
+    def lr_of(self, rank: int) -> float:
+        """This rank's learning rate: --lr, doubled on ranks != 0 by --debug-desync-opt (to
+        show that DDP does not sync optimizer hyperparameters)."""
+        return self.lr * 2.0 if self.debug_desync_opt and rank != 0 else self.lr
 
 
-def _debug_flags(a: Callable[..., Any]) -> None:
-    # Test and teaching hooks; documented in train/README.md.
-    a("--debug-dump", help="every rank writes rank<R>.pt with per-rank state here")
-    a("--debug-desync-opt", action="store_true",
-      help="ranks != 0 use 2x lr: DDP does not sync optimizer state/hyperparameters")  # fmt: skip
-    a("--debug-step-delay", type=float, default=0.0, help="sleep seconds per step")
-    a("--debug-slow-save", type=float, default=0.0, help="writer sleeps mid-write")
-    a("--debug-slow-rank", type=_rank_spec("SECONDS"), metavar="R:SECONDS",
-      help="rank R sleeps SECONDS in each step's data loading")  # fmt: skip
-    a("--debug-hang-rank", type=_rank_spec("STEP"), metavar="R:STEP",
-      help="rank R blocks forever loading the data of step STEP")  # fmt: skip
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse prints usage plus the error; the CLI wants exactly one line and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        bad_args(message)
 
 
 def parse_args(argv: list[str] | None, description: str) -> Args:
     p = _OneLineParser(prog="ddptrain.py", description=description)
-    for add_flags in (_training_flags, _distributed_flags, _diagnostic_flags,
-                      _checkpoint_flags, _debug_flags):  # fmt: skip
-        add_flags(p.add_argument)
-    ns = vars(p.parse_args(argv))
-    args = Args(**{f.name: ns[f.name] for f in fields(Args)})
+    for f in fields(Args):
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        p.add_argument("--" + f.name.replace("_", "-"), default=default, **f.metadata)
+    args = Args(**vars(p.parse_args(argv)))
     if args.checkpoint_every and not args.checkpoint_dir:
         bad_args("--checkpoint-every needs --checkpoint-dir")
-    for flag, spec in (("model", args.model), ("dataset", args.dataset)):
+    for flag_name, spec in (("model", args.model), ("dataset", args.dataset)):
         if spec is not None and (spec.count(":") != 1 or not all(spec.split(":"))):
-            bad_args(f"--{flag} must look like pkg.mod:factory, got {spec!r}")
+            bad_args(f"--{flag_name} must look like pkg.mod:factory, got {spec!r}")
     if args.backend == "nccl" and not torch.cuda.is_available():
         bad_args("--backend nccl needs CUDA, which is not available here")
     return args
