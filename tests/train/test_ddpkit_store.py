@@ -182,3 +182,17 @@ def test_only_the_one_spelling_of_a_name_is_read(
     assert "ddpkit:" not in capfd.readouterr().err  # not even tried
     kit.save({"step": 123}, 123)
     assert (ck / "ckpt-step-000000123.pt").is_file()
+
+
+NAME = re.compile(r"ckpt-step-[^\s`\"'/)]*")
+ONE_SPELLING = re.compile(r"ckpt-step-(\d{9,18}|\{step:09d\}|\{N:09d\})\.(pt|json)$")
+
+
+def test_docs_spell_checkpoint_names_one_way() -> None:
+    """ckpt-step-{step:09d}.pt, read back by ^ckpt-step-(\\d{9,18})\\.json$: examples
+    in the docs and the trainer's folder use that spelling only."""
+    pages = [*(ROOT / "docs").glob("*.md"), TRAIN_DIR / "README.md", *TRAIN_DIR.glob("*.py")]
+    found = {(p.name, m) for p in pages for m in NAME.findall(p.read_text())}
+    names = {(page, n) for page, n in found if n.endswith((".pt", ".json"))}
+    assert names, "no checkpoint name in the docs"
+    assert sorted(x for x in names if not ONE_SPELLING.match(x[1])) == []
