@@ -1,14 +1,16 @@
 """The wheel and the sdist carry everything ddpdeploy runs.
 
-Built here, installed (not editable) with torch==2.13.0 into one fresh venv outside the
-source tree, and run from an empty folder, as a user who ran `pip install ddpdeploy` would.
-Slow (a venv and a torch install, about a minute), and part of the suite all the same.
+Built here, installed (not editable) with its `train` extra and torch==2.13.0 into one fresh
+venv outside the source tree, and run from an empty folder, as a user who ran
+`pip install 'ddpdeploy[train]'` would. Slow (a venv and a torch install, about a minute),
+and part of the suite all the same.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -72,7 +74,7 @@ def user(tmp_path_factory: pytest.TempPathFactory, wheels: dict[str, Path]):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     pip = [venv / "bin" / "python", "-m", "pip", "install", "-q"]
-    check([*pip, wheels["tree"], "torch==2.13.0"], base, env=env)
+    check([*pip, f"{wheels['tree']}[train]", "torch==2.13.0"], base, env=env)
     empty = base / "work"
     empty.mkdir()
     return venv / "bin", env, empty
@@ -112,6 +114,18 @@ def test_installed_wheel_runs_the_smoke_job_from_an_empty_folder(user) -> None:
     p = check([*argv, "--steps", "3"], empty, env=env, timeout=300)
     assert "steps           3" in p.stdout
     assert "weights_sha256  " in p.stdout
+
+
+def test_installed_wheel_shows_a_scripts_own_output_first(user, tmp_path: Path) -> None:
+    """A user's torch script under `smoke --local`: every rank's first line is the script's,
+    not torch's "Failed to initialize NumPy" warning (the train extra brings numpy)."""
+    bin_dir, env, _ = user
+    shutil.copy(ROOT / "tests" / "scripts" / "plain.py", tmp_path / "plain.py")
+    (tmp_path / "ddpdeploy.yaml").write_text("nodes: 1\ncommand: {script: plain.py}\n")
+    argv = [bin_dir / "ddpdeploy", "smoke", "--local", "--procs", "2", "--ranks", "all"]
+    p = check(argv, tmp_path, env=env, timeout=300)
+    assert "[rank0] epoch 0 loss" in p.stderr, p.stderr
+    assert "NumPy" not in p.stderr + p.stdout, p.stderr
 
 
 def test_installed_wheel_build_reaches_the_engine(user, tmp_path: Path) -> None:
