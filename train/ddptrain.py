@@ -50,7 +50,7 @@ from ddptrain_ckpt import (  # noqa: E402
     seed_everything,
     set_rng_state,
 )
-from ddptrain_debug import Debug  # noqa: E402
+from ddptrain_debug import AfterStep, Debug  # noqa: E402
 from ddptrain_dist import DistEnv, StopAgreement  # noqa: E402
 from ddptrain_model import Batch, ShardedData  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
@@ -60,7 +60,7 @@ EXIT_OK = 0
 EXIT_PREEMPTED = 143  # 128 + SIGTERM, returned only after the SIGTERM checkpoint is durable
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-Amp = contextlib.AbstractContextManager[Any]  # bf16 autocast, or a null context
+Amp = contextlib.AbstractContextManager[None]  # bf16 autocast, or a null context
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     # ---- the step loop
     amp, loss_fn = autocast(args.amp, env.device), make_loss(args.loss)
     batches = data.batches(state.epoch, state.pos, total_steps - state.step)
-    after_step: Callable[[int, torch.Tensor], None] = StepReport(env, args, total_steps)
+    after_step: AfterStep = StepReport(env, args, total_steps)
     if debug is not None:
         batches, after_step = debug.install(
             ddp, optimizer, batches, after_step, state.step, total_steps

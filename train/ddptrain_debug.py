@@ -28,6 +28,7 @@ import ddpkit
 import torch
 import torch.distributed as dist
 from ddptrain_args import Args
+from ddptrain_model import Batch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -36,7 +37,7 @@ if TYPE_CHECKING:  # where torch's stubs declare it; torch.distributed does not 
 else:
     GradBucket = dist.GradBucket
 
-CommHook = Callable[[Any, GradBucket], torch.futures.Future[torch.Tensor]]
+CommHook = Callable[[None, GradBucket], torch.futures.Future[torch.Tensor]]
 
 AfterStep = Callable[[int, torch.Tensor], None]  # (optimizer steps done, the step's loss)
 
@@ -55,11 +56,11 @@ class Debug:
         self,
         ddp: DDP,
         optimizer: torch.optim.Optimizer,
-        batches: Iterator[Any],
+        batches: Iterator[list[Batch]],
         after_step: AfterStep,
         done_steps: int,
         total_steps: int,
-    ) -> tuple[Iterator[Any], AfterStep]:
+    ) -> tuple[Iterator[list[Batch]], AfterStep]:
         """The hooks the flags ask for, on the built parts: the data iterator and the
         post-step callback come back wrapped, the comm hook goes into ``ddp``.
         ``done_steps``: the steps done before the first of this run."""
@@ -83,7 +84,7 @@ class Debug:
         local: dict[str, torch.Tensor] = {}
         self.dump["grads_local"], self.dump["grads_avg"] = local, {}
 
-        def hook(_: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+        def hook(_: None, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
             params, buf, first_step = bucket.parameters(), bucket.buffer(), finished[0] == 1
             finished[0] += bucket.is_last()
             if first_step:
@@ -105,14 +106,14 @@ class Debug:
 
         return hook
 
-    def _slowed(self, batches: Iterator[Any], done: int) -> Iterator[Any]:
+    def _slowed(self, batches: Iterator[list[Batch]], done: int) -> Iterator[list[Batch]]:
         slow, hang = self.args.debug_slow_rank, self.args.debug_hang_rank
         delay = slow[1] if slow and slow[0] == self.rank else 0.0
         hang_step = int(hang[1]) if hang and hang[0] == self.rank else None
         if not delay and hang_step is None:
             return batches  # another rank's straggler or hang
 
-        def slowed() -> Iterator[Any]:
+        def slowed() -> Iterator[list[Batch]]:
             step = done
             for item in batches:
                 step += 1
