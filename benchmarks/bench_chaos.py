@@ -157,7 +157,7 @@ def follow(target: Any, config: Config, kills: list[tuple[int, int]], timeout: f
     """Follow one run to its end; at each held kill step SIGKILL the next (node, local
     rank) of ``kills`` and time kill -> the restarted group's first step. Returns (done
     event fields, kill rows)."""
-    from ddpdeploy.smoke.events import parse_event, split_rank
+    from ddpdeploy.events import parse_event, split_rank
 
     names = [n.name for n in target.nodes]
     rows: list[KillRow] = []

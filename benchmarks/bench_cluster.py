@@ -294,7 +294,7 @@ class Bench:
         """The Indexed Job's objects, created without the fields 1.20 lacks, and its pods
         as the Job controller names and labels them."""
         from ddpdeploy.cluster.plan import with_saved_spec
-        from ddpdeploy.options import spec_from_flags
+        from ddpdeploy.commands.options import spec_from_flags
         from ddpdeploy.targets import render_objects
 
         file = self.workdir / f"indexed-{n}.yaml"
@@ -324,7 +324,7 @@ class Bench:
     def list_jobs(self, ns: str, count: int) -> None:
         """``count`` PyTorchJobs of ours, created directly (what `up` would submit)."""
         from ddpdeploy.cluster.plan import with_saved_spec
-        from ddpdeploy.options import spec_from_flags
+        from ddpdeploy.commands.options import spec_from_flags
         from ddpdeploy.targets import render_objects
 
         jobs = res(self.admin, "kubeflow.org/v1", "PyTorchJob")

@@ -42,7 +42,7 @@ from typing import BinaryIO, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ddpdeploy.adapters import files
+from ddpdeploy import fs
 from ddpdeploy.errors import OperationError, UserError
 
 CHUNK = 1 << 20
@@ -145,8 +145,8 @@ class LocalSource:
         # Through the one safe reader, never following a link: a symlink swapped in after
         # the listing is refused at the open, a FIFO does not hang it.
         try:
-            return files.open_regular(self.folder / name, follow_symlinks=False)  # type: ignore[return-value]
-        except files.NotRegularFile:
+            return fs.open_regular(self.folder / name, follow_symlinks=False)  # type: ignore[return-value]
+        except fs.NotRegularFile:
             link = os.path.islink(self.folder / name)
             raise Unreadable(
                 _open_reason(OSError(errno.ELOOP, "")) if link else "not a regular file"
@@ -660,7 +660,7 @@ class Destination:
         self.path, self.overwrite = path, overwrite
         self._made_dirs: list[Path] = []
         self._made_files: list[Path] = []
-        self._lock: files.FolderLock | None = None
+        self._lock: fs.FolderLock | None = None
         self._old: dict[Path, Path] = {}  # a file --overwrite replaced -> its old version
 
     def existing(self) -> Path:
@@ -703,8 +703,8 @@ class Destination:
         holds a mix of two runs' files."""
         self._ensure()
         try:
-            self._lock = files.FolderLock(self.path, "--to")
-        except files.FolderBusy:
+            self._lock = fs.FolderLock(self.path, "--to")
+        except fs.FolderBusy:
             # Whichever of the two made the folders, they hold the other run's files now.
             self._made_dirs.clear()
             raise UserError(
@@ -746,11 +746,11 @@ class Destination:
         --overwrite is about to replace, so that a rollback can put it back."""
         if not os.path.lexists(target):
             return None
-        old = target.with_name(f".{target.name}.{secrets.token_hex(8)}{files.TEMP_SUFFIX}")
+        old = target.with_name(f".{target.name}.{secrets.token_hex(8)}{fs.TEMP_SUFFIX}")
         try:
             os.link(target, old, follow_symlinks=False)
         except OSError as exc:
-            raise files.write_error(target, exc, "--to") from None
+            raise fs.write_error(target, exc, "--to") from None
         return old
 
     def _ensure(self) -> None:
@@ -766,7 +766,7 @@ class Destination:
                 if isinstance(exc, FileExistsError) and folder.is_dir():
                     continue  # made meanwhile by a parallel collect: never ours to remove
                 # No space or read-only is exit 1, as for a file; a path in the way exit 2.
-                raise files.write_error(folder, exc, "--to", verb="create") from None
+                raise fs.write_error(folder, exc, "--to", verb="create") from None
             self._made_dirs.append(folder)
 
     def rollback(self) -> None:
@@ -783,7 +783,7 @@ class Destination:
 
 def _file_sha256(path: Path) -> str | None:
     try:
-        return files.sha256_file(path, follow_symlinks=False)
+        return fs.sha256_file(path, follow_symlinks=False)
     except OSError:
         return None
 
@@ -802,7 +802,7 @@ def _write_atomic(
     """Write ``path`` whole or not at all through the project's one atomic writer; without
     ``overwrite`` a create-only commit (a hard link, which never replaces). False when an
     identical file was already there (kept)."""
-    with files.Staged(path, "--to") as out:
+    with fs.Staged(path, "--to") as out:
         if isinstance(fill, bytes):
             out.write(fill)
         else:
@@ -811,7 +811,7 @@ def _write_atomic(
             out.commit(replace=overwrite)
         except FileExistsError:
             out.sync()
-            if _file_sha256(path) == files.sha256_file(out.temp) and not path.is_symlink():
+            if _file_sha256(path) == fs.sha256_file(out.temp) and not path.is_symlink():
                 return False
             raise UserError(
                 f"--to: {path} already exists and differs; pass --overwrite to replace it"

@@ -11,8 +11,9 @@ from typing import Annotated, Any
 import typer
 
 from ddpdeploy import __version__
+from ddpdeploy.commands.options import TrainArgsCommand
 from ddpdeploy.errors import UserError
-from ddpdeploy.options import TrainArgsCommand
+from ddpdeploy.signals import catch_signals
 
 app = typer.Typer(
     name="ddpdeploy",
@@ -85,6 +86,7 @@ _register()
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: usage errors become one line on stderr with exit code 2."""
+    catch_signals()  # SIGTERM, like Ctrl-C, ends every command with one line
     try:
         # Without standalone mode, click returns typer.Exit's code instead of exiting.
         code = app(args=argv, standalone_mode=False)
@@ -96,11 +98,13 @@ def main(argv: list[str] | None = None) -> None:
             typer.echo(ctx.get_help())
             sys.exit(0)
         message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        # Typer's Literal check words it as pydantic does ("Value error, ... .").
+        message = message.replace("Value error, ", "").rstrip(".")
         hint = f"; see `{ctx.command_path} --help`" if ctx is not None else ""
         typer.echo(f"error: {message}{hint}", err=True)
         sys.exit(getattr(exc, "exit_code", 2))
     except (typer.Abort, KeyboardInterrupt) as exc:
-        # A cluster command's SIGTERM arrives as kubeopts.Interrupted: exit 143, not 130.
+        # A cluster command's SIGTERM arrives as signals.Interrupted: exit 143, not 130.
         name = getattr(exc, "name", None)
         typer.echo(f"aborted ({name}); nothing more was done" if name else "aborted", err=True)
         sys.exit(getattr(exc, "exit_code", 130))

@@ -11,8 +11,8 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ddpdeploy.adapters.files import write_error
 from ddpdeploy.checkpoints import MAX_DEBUG, Destination, LocalSource, debug_kind, shown
+from ddpdeploy.fs import write_error
 
 
 @contextlib.contextmanager

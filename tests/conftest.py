@@ -28,7 +28,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(autouse=True)
 def _signal_handlers_restored() -> Iterator[None]:
     """A cluster command run in-process (cli.main) installs its SIGINT/SIGTERM handlers
-    (kubeopts.catch_signals), as the CLI process should; the next test in this process
+    (signals.catch_signals), as the CLI process should; the next test in this process
     gets Python's own back."""
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     yield

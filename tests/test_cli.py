@@ -121,7 +121,13 @@ def test_out_dir_never_overwrites_a_file_it_did_not_write(tmp_path):
         (["render", "--image", "t:1", "-f", "/nonexistent.yaml"], "-f/--file:"),
         (["render", "--image", "t:1", "--bogus"], "No such option: --bogus"),
         (["render"], "image: required to render manifests"),
-        (["render", "--image", "t:1", "-o", "xml"], "-o/--output: 'xml' is not a format"),
+        (
+            ["render", "--image", "t:1", "-o", "xml"],
+            "Invalid value for '-o' / '--output': 'xml' is not one of 'yaml', 'json'",
+        ),
+        # Checked by Typer before any connection: each command lists its own formats.
+        (["status", "j", "-o", "xml"], "'xml' is not one of 'table', 'json', 'yaml'"),
+        (["list", "-o", "yaml"], "'yaml' is not one of 'table', 'json'"),
         (["render", "--image", "t:1", "deploy/"], "unexpected argument 'deploy/' before `--`"),
         (["render", "--image", "t:1", "x", "--", "y"], "unexpected argument 'x' before `--`"),
         (["render", "--image", "t:1", "--out-dir", ""], "--out-dir: empty"),

@@ -15,7 +15,7 @@ from ddpdeploy.cluster import apply as deploy
 from ddpdeploy.cluster.find import find_job
 from ddpdeploy.cluster.plan import scaled_spec, with_saved_spec
 from ddpdeploy.errors import OperationError
-from ddpdeploy.kubeopts import catch_signals
+from ddpdeploy.signals import catch_signals
 from ddpdeploy.spec import JobSpec
 from ddpdeploy.targets import render_objects
 

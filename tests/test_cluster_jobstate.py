@@ -6,8 +6,8 @@ import pytest
 
 from ddpdeploy.cluster.jobstate import job_size, job_state, logs_show_rank0, pod_view
 from ddpdeploy.cluster.plan import gpu_nodes, gpu_nodes_free, scaled_spec, with_saved_spec
+from ddpdeploy.commands.options import spec_from_flags
 from ddpdeploy.errors import UserError
-from ddpdeploy.options import spec_from_flags
 from ddpdeploy.targets import layout_of, render_objects
 
 

@@ -157,7 +157,7 @@ def test_a_read_only_mount_is_one_line(project, tmp_path):
 def test_a_full_disk_is_one_line_and_leaves_nothing(project, tmp_path):
     (tmp_path / "small").mkdir()
     out = _collect_under_mount(project, tmp_path / "small", "size=4k", tmp_path / "small" / "x")
-    # The system refused, not the user's input: exit 1, as for every writer (adapters/files).
+    # The system refused, not the user's input: exit 1, as for every writer (fs).
     assert out.returncode == 1, out.stderr
     assert out.stderr.strip().splitlines()[-1].startswith("error: --to: cannot write ")
     assert "No space left on device" in out.stderr and "Traceback" not in out.stderr

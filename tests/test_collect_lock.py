@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from cli_runner import run_cli
 
-from ddpdeploy.adapters import files
+from ddpdeploy import fs
 from ddpdeploy.checkpoints import payload_name, sidecar_name
 from ddpdeploy.errors import UserError
 
@@ -147,7 +147,7 @@ def test_a_folder_another_writer_holds_is_refused_before_anything_is_read(projec
     to = tmp_path / "out"
     to.mkdir()
     (to / "mine.txt").write_bytes(b"kept")
-    with files.FolderLock(to):
+    with fs.FolderLock(to):
         out = run_cli("collect", "j", "--to", str(to), "--from", "local", "--debug", cwd=project)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [busy_line(to)]
@@ -161,9 +161,9 @@ def test_a_folder_another_writer_holds_is_refused_before_anything_is_read(projec
 def test_a_lock_keeps_a_second_one_out_until_released(tmp_path):
     folder = tmp_path / "f"
     folder.mkdir()
-    with files.FolderLock(folder), pytest.raises(files.FolderBusy):
-        files.FolderLock(folder)  # another open of the folder: another holder
-    with files.FolderLock(folder):  # released when the block ended
+    with fs.FolderLock(folder), pytest.raises(fs.FolderBusy):
+        fs.FolderLock(folder)  # another open of the folder: another holder
+    with fs.FolderLock(folder):  # released when the block ended
         pass
     assert list(folder.iterdir()) == []  # no lock file, nothing left behind
 
@@ -173,12 +173,12 @@ def test_a_folder_removed_under_its_lock_is_no_lock(tmp_path):
     nobody reaches; a new one made at that path is not held by it."""
     folder = tmp_path / "f"
     folder.mkdir()
-    old = files.FolderLock(folder)
+    old = fs.FolderLock(folder)
     folder.rmdir()
     folder.mkdir()
-    with files.FolderLock(folder):  # the new folder: free
+    with fs.FolderLock(folder):  # the new folder: free
         pass
     old.release()
     old.release()  # idempotent
     with pytest.raises(UserError, match=r"cannot lock .*/gone: No such file"):
-        files.FolderLock(tmp_path / "gone")
+        fs.FolderLock(tmp_path / "gone")

@@ -32,7 +32,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "paths",
             "streams",
             "text",
-            "adapters.files",
+            "fs",
+            "events",
+            "signals",
         ),
     ),
     ("spec", ("spec.*",)),
@@ -56,10 +58,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "imagebuild",
             "checkpoints",
             "volumecollect",  # collect --from compose: the volume staged, read as a folder
-            "kubeopts",  # the kube connection (and its interrupt handling) cluster code shares
         ),
     ),
-    ("commands", ("commands.*", "options")),
+    ("commands", ("commands.*",)),
     ("cli", ("cli", "__main__")),
 ]
 

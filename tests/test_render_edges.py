@@ -24,8 +24,8 @@ from k8s_schema import (
     trainjob_pod_template,
 )
 
+from ddpdeploy.commands.options import spec_from_flags
 from ddpdeploy.errors import UserError
-from ddpdeploy.options import spec_from_flags
 from ddpdeploy.targets import render_objects
 
 I32, I64 = 2**31, 2**63

@@ -241,7 +241,7 @@ EXAMPLES = sorted(
 
 @pytest.mark.parametrize("spec_file", EXAMPLES, ids=lambda p: p.name)
 def test_committed_examples_are_what_render_produces(spec_file):
-    from ddpdeploy.options import spec_from_flags
+    from ddpdeploy.commands.options import spec_from_flags
     from ddpdeploy.render.output import RECORD, folder_files, plan_folder
 
     folder = spec_file.with_name(spec_file.name.removesuffix(".ddpdeploy.yaml"))

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from cli_runner import run_cli
 
-from ddpdeploy.options import spec_from_flags
+from ddpdeploy.commands.options import spec_from_flags
 
 EXAMPLES = sorted(
     (Path(__file__).resolve().parents[1] / "k8s" / "examples").glob("*.ddpdeploy.yaml")

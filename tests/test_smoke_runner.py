@@ -9,15 +9,15 @@ import pytest
 
 from ddpdeploy.contract import RANK_OUTPUT_ENV
 from ddpdeploy.errors import UserError
-from ddpdeploy.render.local import cpu_spec
-from ddpdeploy.smoke.budget import MAX_WORKERS_PER_CORE, check_cpu_budget
-from ddpdeploy.smoke.events import (
+from ddpdeploy.events import (
     WorkerFailure,
     parse_event,
     root_cause,
     split_rank,
     summary_failures,
 )
+from ddpdeploy.render.local import cpu_spec
+from ddpdeploy.smoke.budget import MAX_WORKERS_PER_CORE, check_cpu_budget
 from ddpdeploy.smoke.plan import CHECKPOINT_ENV, chaos_spec, nodes_of, plan, with_steps
 from ddpdeploy.smoke.runner import KillAt, Outcome, Ranks, same_weights
 from ddpdeploy.spec import JobSpec, spec_with
@@ -189,7 +189,7 @@ def test_line_splitter_and_chunk_reader():
 
 
 def test_a_write_on_the_read_only_root_is_named_with_the_fix():
-    from ddpdeploy.smoke.events import read_only_write
+    from ddpdeploy.events import read_only_write
 
     fix = (
         " on the read-only root file system, as the pod would refuse it; write under "

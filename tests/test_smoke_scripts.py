@@ -133,7 +133,7 @@ def test_sigterm_cleans_up_like_ctrl_c(tmp_path, marker):
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err
-    assert err.rstrip().splitlines()[-1].startswith("error: terminated (SIGTERM)"), err
+    assert err.rstrip().splitlines()[-1].startswith("error: interrupted (SIGTERM)"), err
     assert [ln for ln in err.splitlines() if ln.startswith("error")] == [err.splitlines()[-1]]
     assert leftovers(marker) == []
 
@@ -149,7 +149,7 @@ def test_sigterm_through_timeout_command(tmp_path, marker):
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert res.returncode == 124  # timeout's own code once its child ended on SIGTERM
-    assert res.stderr.rstrip().splitlines()[-1].startswith("error: terminated (SIGTERM)")
+    assert res.stderr.rstrip().splitlines()[-1].startswith("error: interrupted (SIGTERM)")
     assert leftovers(marker) == []
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from ddpdeploy.commands.options import spec_from_flags
 from ddpdeploy.errors import UserError
-from ddpdeploy.options import spec_from_flags
 
 
 def write(tmp_path: Path, text: str) -> Path:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from cli_runner import run_cli
 
+from ddpdeploy.commands.options import spec_from_flags
 from ddpdeploy.errors import UserError
-from ddpdeploy.options import spec_from_flags
 from ddpdeploy.spec import RESERVED_ENV, is_reserved_env
 
 # Plain scalars that YAML 1.1 (PyYAML) reads as something other than the text typed.

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-from ddpdeploy.adapters import files
+from ddpdeploy import fs
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.image_layout import CONTEXT_WORKSPACE
 from ddpdeploy.render.image import (
@@ -44,7 +44,7 @@ def _read_small(path: Path) -> bytes:
     """A small regular file's bytes (following a symlink), or a one-line refusal: a FIFO
     would block and /dev/zero would never end."""
     try:
-        return files.read_regular(path, limit=SMALL_FILE_MAX, hint=_FIX)
+        return fs.read_regular(path, limit=SMALL_FILE_MAX, hint=_FIX)
     except FileNotFoundError as exc:
         raise UserError(f"cannot read {path} ({exc.strerror}); {_FIX}") from None
 
@@ -128,7 +128,7 @@ def dockerfile(docker_dir: Path) -> str:
     """The Dockerfile ddpdeploy ships (docker/ of the source tree or the installed package)."""
     path = docker_dir / "Dockerfile"
     try:
-        return files.read_regular(path, limit=SMALL_FILE_MAX).decode("utf-8")
+        return fs.read_regular(path, limit=SMALL_FILE_MAX).decode("utf-8")
     except (OSError, UserError, UnicodeDecodeError) as exc:
         why = getattr(exc, "strerror", None) or exc
         raise UserError(
@@ -168,8 +168,8 @@ class _HashingWriter:
 def _add_file(tar: tarfile.TarFile, info: tarfile.TarInfo, source: Path) -> None:
     try:
         # A file swapped for a FIFO, a device or a link since the scan is refused, not read.
-        fh = files.open_regular(source, follow_symlinks=False)
-    except files.NotRegularFile as exc:
+        fh = fs.open_regular(source, follow_symlinks=False)
+    except fs.NotRegularFile as exc:
         raise UserError(f"{exc}; {_FIX}") from None
     except OSError as exc:
         raise UserError(f"cannot read {source} ({exc.strerror or exc}); {_FIX}") from None

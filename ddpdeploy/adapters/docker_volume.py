@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ddpdeploy.adapters.docker_engine import connect
-from ddpdeploy.adapters.files import chunk_reader, write_error
 from ddpdeploy.errors import OperationError, UserError
+from ddpdeploy.fs import chunk_reader, write_error
 
 MOUNT = "/ddpdeploy-volume"
 

@@ -36,7 +36,7 @@ from ddpdeploy.cluster.plan import (
 )
 from ddpdeploy.contract import RunRecord
 from ddpdeploy.errors import OperationError, UserError
-from ddpdeploy.kubeopts import held_signals, interrupted
+from ddpdeploy.signals import held_signals, interrupted
 from ddpdeploy.spec import JobSpec, spec_with
 from ddpdeploy.targets import Layout, layout_of
 

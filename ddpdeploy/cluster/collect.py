@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from ddpdeploy.adapters import files
+from ddpdeploy import fs
 from ddpdeploy.adapters.kube import Kube
 from ddpdeploy.checkpoints import FILE, FOLDER, SPECIAL, SYMLINK, Unreadable, plain_name, shown
 from ddpdeploy.cluster.labels import selector
@@ -90,7 +90,7 @@ class PodSource:
             raise Unreadable(f"{shown(name)} is not a plain file name")
         path = posixpath.join(self.folder, name)
         mib = [] if limit is None else [str(-(-limit // (1 << 20)))]  # whole MiB, rounded up
-        return files.chunk_reader(_refusals_as_unreadable(self._run(READ, path, *mib)))  # type: ignore[return-value]
+        return fs.chunk_reader(_refusals_as_unreadable(self._run(READ, path, *mib)))  # type: ignore[return-value]
 
     def _run(self, program: str, *args: str) -> Iterator[bytes]:
         argv = ["sh", "-c", program, "sh", *args]

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddpdeploy.adapters.kube import Kube
 from ddpdeploy.cluster.labels import INSTANCE_LABEL, MANAGED_BY_LABEL
 from ddpdeploy.cluster.plan import saved_spec
 from ddpdeploy.errors import OperationError, UserError
-from ddpdeploy.kubeopts import connect
 from ddpdeploy.targets import DEFAULT_TARGET, JOB_KINDS, TARGETS, Layout
+
+if TYPE_CHECKING:
+    from ddpdeploy.spec import JobSpec
 
 Obj = dict[str, Any]
 
@@ -132,6 +134,27 @@ def find_job(
         kinds = JOB_KINDS if layouts is None else " or ".join(t.kind for t in layouts)
         raise OperationError(no_job(name, ns, kinds) + hint.format(namespace=ns))
     return Found(kube, name, ns, layout, job)
+
+
+def connect(kubeconfig: str | None, context: str | None) -> Kube:
+    """A connected `Kube` adapter (imports the kubernetes client only now)."""
+    return Kube(kubeconfig, context)
+
+
+def in_context_namespace(spec: JobSpec, namespace: str) -> JobSpec:
+    """``spec`` moved into the kubeconfig context's ``namespace`` (for a spec that names
+    none): a context namespace the spec refuses is named as the context's."""
+    from ddpdeploy.spec import spec_with
+    from ddpdeploy.spec.fields import show
+
+    try:
+        return spec_with(spec, namespace=namespace)
+    except UserError as exc:
+        reason = str(exc).removeprefix("namespace: ")
+        raise UserError(
+            f"the kubeconfig context's namespace {show(namespace)} {reason}; fix it in the "
+            "kubeconfig, or pass -n or set namespace: in the spec"
+        ) from None
 
 
 def open_job(

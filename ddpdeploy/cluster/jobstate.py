@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ddpdeploy.smoke.events import parse_event, split_rank
+from ddpdeploy.events import parse_event, split_rank
 from ddpdeploy.targets import Layout, layout_for_kind
 
 Obj = dict[str, Any]

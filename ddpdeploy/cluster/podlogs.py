@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ddpdeploy.adapters.kube import Kube
 from ddpdeploy.errors import OperationError, UserError
-from ddpdeploy.smoke.events import Progress, parse_event, progress, split_rank, split_timestamp
+from ddpdeploy.events import Progress, parse_event, progress, split_rank, split_timestamp
 from ddpdeploy.targets import Layout
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ from ddpdeploy.cluster.jobstate import JobState, job_state, logs_show_rank0
 from ddpdeploy.cluster.labels import selector
 from ddpdeploy.contract import CONTAINER_NAME
 from ddpdeploy.errors import OperationError, UserError
-from ddpdeploy.smoke.events import probe_line
+from ddpdeploy.events import probe_line
 from ddpdeploy.targets import DEFAULT_TARGET, TARGETS, Layout, layout_for_kind
 from ddpdeploy.text import plain
 

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from ddpdeploy.adapters.stdout import write_stdout
-from ddpdeploy.options import spec_command
+from ddpdeploy.commands.options import spec_command
 from ddpdeploy.spec import JobSpec
 
 

@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
-from ddpdeploy.adapters.files import write_atomic
 from ddpdeploy.adapters.stdout import write_stdout
-from ddpdeploy.options import spec_command
+from ddpdeploy.commands.options import spec_command
+from ddpdeploy.fs import write_atomic
 from ddpdeploy.render.compose import render_compose, secret_env_note
 from ddpdeploy.render.output import to_yaml
 from ddpdeploy.spec import JobSpec

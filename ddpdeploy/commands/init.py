@@ -171,6 +171,6 @@ def _check_target(path: Path, force: bool) -> None:
 def _write(path: Path, text: str) -> None:
     """Replace ``path`` whole: never a half-written file. --force may replace a symlink (the
     link itself, never the file it points to)."""
-    from ddpdeploy.adapters.files import write_atomic
+    from ddpdeploy.fs import write_atomic
 
     write_atomic(path, text.encode("utf-8"), replace_link=True)

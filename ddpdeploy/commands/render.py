@@ -8,7 +8,7 @@ import typer
 
 from ddpdeploy.adapters.out_dir import write_folder
 from ddpdeploy.adapters.stdout import write_stdout
-from ddpdeploy.options import OutputOpt, spec_command
+from ddpdeploy.commands.options import ObjectsOutput, spec_command
 from ddpdeploy.render.output import folder_files, to_text
 from ddpdeploy.spec import JobSpec
 from ddpdeploy.targets import render_objects
@@ -17,7 +17,7 @@ from ddpdeploy.targets import render_objects
 @spec_command
 def render(
     spec: JobSpec,
-    output: OutputOpt = "yaml",
+    output: ObjectsOutput = "yaml",
     out_dir: Annotated[
         str | None,
         typer.Option(

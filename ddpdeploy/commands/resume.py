@@ -3,7 +3,7 @@ same checkpoint volume, so that the trainer resumes from its newest checkpoint."
 
 from __future__ import annotations
 
-from ddpdeploy.kubeopts import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt
+from ddpdeploy.commands.options import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt
 
 
 def resume(
@@ -19,7 +19,7 @@ def resume(
     from ddpdeploy.cluster import apply
     from ddpdeploy.cluster.find import open_job
     from ddpdeploy.commands.views import say
-    from ddpdeploy.kubeopts import interrupted
+    from ddpdeploy.signals import interrupted
 
     try:
         found = open_job(kubeconfig, context, name, namespace, verb="resumed", required=False)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ddpdeploy.kubeopts import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt
+from ddpdeploy.commands.options import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt
 
 
 def scale(
@@ -25,7 +25,7 @@ def scale(
     from ddpdeploy.cluster.find import open_job
     from ddpdeploy.cluster.plan import scaled_spec
     from ddpdeploy.commands.views import say
-    from ddpdeploy.kubeopts import interrupted
+    from ddpdeploy.signals import interrupted
     from ddpdeploy.targets import SCALABLE
 
     try:

@@ -6,26 +6,23 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import signal
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from ddpdeploy.commands.options import spec_command
 from ddpdeploy.errors import OperationError, UserError
-from ddpdeploy.options import spec_command
 from ddpdeploy.render.compose import secret_env_note
+from ddpdeploy.signals import interrupted
 from ddpdeploy.spec import JobSpec
 
 if TYPE_CHECKING:
     from ddpdeploy.imagebuild import BuiltImage
     from ddpdeploy.smoke.runner import Kill, KillAt, Outcome, Ranks
     from ddpdeploy.smoke.target import SmokeTarget
-
-TERMINATED = 143  # 128 + SIGTERM, as a shell reports it
 
 
 @spec_command
@@ -109,7 +106,7 @@ def smoke(
         kill_at=chaos,
         checkpoint_dir=lambda: folder,
     )
-    with _sigterm_ends_the_run():
+    try:
         if docker:
             start = _docker_target(spec, restarts, base_image, keep_volume, chaos)
             outcomes = dict(runner.smoke(start, _ConsoleView(), options))
@@ -117,6 +114,8 @@ def smoke(
             start = _local_target(spec, restarts, folder, resume, chaos)
             with _workspace_writes(spec):
                 outcomes = dict(runner.smoke(start, _ConsoleView(), options))
+    except KeyboardInterrupt as exc:  # every target is torn down on its way out
+        raise interrupted(exc, "the run was stopped and its processes ended") from None
     _report(outcomes)
 
 
@@ -228,25 +227,6 @@ def _workspace_writes(spec: JobSpec) -> Iterator[None]:
         line = workspace.warning(workspace.written(before, after))
         if line:
             typer.echo(f"smoke: {line}", err=True)
-
-
-@contextlib.contextmanager
-def _sigterm_ends_the_run() -> Iterator[None]:
-    """SIGTERM (`timeout`, a CI job's end) stops the run like Ctrl-C does: every target is
-    torn down on its way out, then one line."""
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # teardown must not be cut short
-        raise OperationError(
-            "terminated (SIGTERM): the run was stopped and its processes ended",
-            exit_code=TERMINATED,
-        )
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _free_port() -> int:

@@ -10,9 +10,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from ddpdeploy.commands.options import CLUSTER_PANEL, ContextOpt, KubeconfigOpt, spec_command
 from ddpdeploy.errors import UserError
-from ddpdeploy.kubeopts import CLUSTER_PANEL, ContextOpt, KubeconfigOpt, connect
-from ddpdeploy.options import spec_command
 from ddpdeploy.spec import JobSpec, spec_with
 
 if TYPE_CHECKING:
@@ -135,7 +134,7 @@ def _connect(
 ) -> tuple[Kube, JobSpec]:
     """Render first (its errors come before connecting), then connect; a spec that names
     no namespace goes into the kubeconfig context's."""
-    from ddpdeploy.kubeopts import in_context_namespace
+    from ddpdeploy.cluster.find import connect, in_context_namespace
     from ddpdeploy.targets import render_objects
 
     render_objects(spec, record)
@@ -149,7 +148,7 @@ def _connect(
 def _nothing_changed_on_interrupt() -> Iterator[None]:
     """Ctrl-C before the apply (adopting the PVC, the preflight, the dry run) has changed
     nothing, and says so."""
-    from ddpdeploy.kubeopts import interrupted
+    from ddpdeploy.signals import interrupted
 
     try:
         yield
@@ -162,7 +161,7 @@ def _wait(kube: Kube, spec: JobSpec, seconds: float | None, follow: bool) -> Non
     the watching only, and says so."""
     from ddpdeploy.cluster import watch
     from ddpdeploy.commands.views import WaitViews, log_line
-    from ddpdeploy.kubeopts import interrupted
+    from ddpdeploy.signals import interrupted
     from ddpdeploy.targets import layout_of
     from ddpdeploy.text import plain
 

@@ -26,7 +26,7 @@ from rich.text import Text
 from ddpdeploy.adapters.stdout import write_stdout
 from ddpdeploy.cluster.jobstate import PodView, pod_view
 from ddpdeploy.cluster.watch import Snapshot, kind_of, layout_of_job
-from ddpdeploy.smoke.events import Progress
+from ddpdeploy.events import Progress
 from ddpdeploy.text import plain
 
 Obj = dict[str, Any]

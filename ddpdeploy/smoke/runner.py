@@ -2,7 +2,7 @@
 
 The verdict is torchrun's: a run succeeds when every node's agent exits 0, whatever the
 command; it fails naming the root-cause rank with its own last lines. The job's optional
-event lines (see `ddpdeploy.smoke.events`) add progress, steps/s and the final weights'
+event lines (see `ddpdeploy.events`) add progress, steps/s and the final weights'
 checksum; the `--kill-at` chaos run kills one worker and times the recovery.
 
 The runner shows nothing itself: it reports to a `View` the command passes in (progress,
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ddpdeploy.errors import OperationError, UserError
-from ddpdeploy.smoke.events import (
+from ddpdeploy.events import (
     Event,
     agent_lines,
     code_text,

@@ -24,8 +24,8 @@ import yaml
 from pydantic import ValidationError
 from pydantic.alias_generators import to_camel
 
-from ddpdeploy.adapters.files import read_regular
 from ddpdeploy.errors import UserError
+from ddpdeploy.fs import read_regular
 from ddpdeploy.spec.fields import show
 from ddpdeploy.spec.model import JobSpec
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from fs_helpers import mount_tmpfs, tmpfs_mountpoint
 
-from ddpdeploy.adapters.files import FolderLock
+from ddpdeploy.fs import FolderLock
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -17,8 +17,8 @@ import pytest
 
 from ddpdeploy.adapters.compose import PROJECT_LABEL, ComposeRun, Line
 from ddpdeploy.contract import RunRecord
+from ddpdeploy.events import split_rank
 from ddpdeploy.render.compose import compose_job, render_compose
-from ddpdeploy.smoke.events import split_rank
 from ddpdeploy.smoke.plan import nodes_of
 from ddpdeploy.spec import JobSpec
 from ddpdeploy.targets import launch_contract

@@ -35,7 +35,7 @@ def up_built(control_plane, namespace, tmp_path: Path, monkeypatch):
     objects with the build's record and apply them, through the real apiserver."""
     from ddpdeploy.adapters.kube import Kube
     from ddpdeploy.cluster import apply as deploy
-    from ddpdeploy.options import spec_from_flags
+    from ddpdeploy.commands.options import spec_from_flags
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     file = tmp_path / "ddpdeploy.yaml"

@@ -150,7 +150,7 @@ def test_list_of_200_jobs_is_one_list_call_per_kind(
     admin, namespace, cli, monkeypatch, tmp_path: Path
 ):
     from ddpdeploy.cluster.plan import with_saved_spec
-    from ddpdeploy.options import spec_from_flags
+    from ddpdeploy.commands.options import spec_from_flags
     from ddpdeploy.targets import render_objects
 
     file = tmp_path / "ddpdeploy.yaml"

@@ -14,7 +14,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 from typer.core import TyperCommand
@@ -308,6 +308,66 @@ def spec_command(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-OutputOpt = Annotated[
-    str, typer.Option("-o", "--output", help="Output format: yaml or json.", case_sensitive=False)
+# --- the cluster commands' flags (kubectl's spellings) ---------------------------------
+
+CLUSTER_PANEL = "Cluster"
+
+KubeconfigOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--kubeconfig",
+        help="Kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or the pod's account).",
+        rich_help_panel=CLUSTER_PANEL,
+    ),
+]
+ContextOpt = Annotated[
+    str | None,
+    typer.Option("--context", help="Kubeconfig context to use.", rich_help_panel=CLUSTER_PANEL),
+]
+NamespaceOpt = Annotated[
+    str | None,
+    typer.Option(
+        "-n",
+        "--namespace",
+        help="Namespace (default: the kubeconfig context's, else default).",
+        rich_help_panel=CLUSTER_PANEL,
+    ),
+]
+
+
+def _job_name(value: str) -> str:
+    """NAME is checked like the spec's `name` (a DNS-1035 label): it becomes a label selector
+    and a folder name, so `../x` or `a,b=c` never reach either."""
+    from pydantic import TypeAdapter, ValidationError
+
+    field = JobSpec.model_fields["name"]  # the field's own grammar, not the whole spec's rules
+    try:
+        grammar = (field.annotation, *field.metadata)  # Annotated[str, <its validators>]
+        TypeAdapter(Annotated[grammar]).validate_python(value)
+    except ValidationError as exc:
+        shown = repr(value) if len(value) <= 70 else f"{value[:60]!r}…({len(value)} characters)"
+        reason = exc.errors(include_url=False)[0]["msg"].removeprefix("Value error, ")
+        raise typer.BadParameter(f"{shown} {reason} (like the spec's name)") from None
+    return value
+
+
+NameArg = Annotated[
+    str,
+    typer.Argument(help="The job's name.", show_default=False, metavar="NAME", callback=_job_name),
+]
+
+# --- -o/--output: one flag; each command names the formats it has, Typer checks them --------
+
+_OUTPUT = ("-o", "--output")
+ObjectsOutput = Annotated[
+    Literal["yaml", "json"],
+    typer.Option(*_OUTPUT, case_sensitive=False, help="Output format."),
+]
+StatusOutput = Annotated[
+    Literal["table", "json", "yaml"],
+    typer.Option(*_OUTPUT, case_sensitive=False, help="Output format."),
+]
+ListOutput = Annotated[
+    Literal["table", "json"],
+    typer.Option(*_OUTPUT, case_sensitive=False, help="Output format."),
 ]
