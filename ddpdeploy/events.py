@@ -37,6 +37,8 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
+from ddpdeploy.formats import ago, duration
+
 EVENTS = ("start", "step", "checkpoint", "done", "probe", "ranks", "hang")
 DIAGNOSTICS = ("probe", "ranks", "hang")
 
@@ -314,7 +316,7 @@ class Progress:
             return ["no training events in rank 0's log (a script without ddpkit.log)"]
         out = [self._step_line()]
         if self.checkpoint_step is not None:
-            age = "" if self.checkpoint_age_s is None else f", {_ago(self.checkpoint_age_s)}"
+            age = "" if self.checkpoint_age_s is None else f", {ago(self.checkpoint_age_s)}"
             out.append(f"last checkpoint: step {self.checkpoint_step}{age}")
         out += [f"{k}: {v}" for k, v in (("probe", self.probe), ("ranks", self.ranks)) if v]
         if self.hang:
@@ -329,7 +331,7 @@ class Progress:
         total = f"/{self.total_steps}" if self.total_steps is not None else ""
         parts = [f"step {self.step}{total}" + (" (done)" if self.done else "")]
         if self.eta_s is not None and not self.done:
-            parts.append(f"ETA {_duration(self.eta_s)}")
+            parts.append(f"ETA {duration(self.eta_s)}")
         if self.loss is not None:
             parts.append(f"loss {self.loss:.4g}")
         if self.samples_per_s is not None:
@@ -341,19 +343,6 @@ class Progress:
         from dataclasses import asdict
 
         return {**asdict(self), "lines": self.lines()}
-
-
-def _duration(seconds: float) -> str:
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
-
-
-def _ago(seconds: float) -> str:
-    return f"{_duration(max(0.0, seconds))} ago"
 
 
 def _number(value: Any) -> float | None:

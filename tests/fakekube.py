@@ -9,8 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ddpdeploy.adapters.kube import Conflict
+from ddpdeploy.obj import Obj
 
-Obj = dict[str, Any]
 Key = tuple[str, str | None, str]  # kind, namespace, name
 
 

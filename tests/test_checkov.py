@@ -24,12 +24,12 @@ import yaml
 from k8s_schema import trainjob_pod_template
 
 from ddpdeploy.errors import UserError
+from ddpdeploy.obj import Obj
 from ddpdeploy.spec import JobSpec
 from ddpdeploy.targets import TARGETS as LAYOUTS
 from ddpdeploy.targets import render_objects
 
 ALLOWLIST = Path(__file__).resolve().parent / "checkov" / "allowlist.yaml"
-Obj = dict[str, Any]
 
 pytestmark = pytest.mark.slow  # checkov runs a scanner process per folder
 

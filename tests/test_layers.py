@@ -35,6 +35,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "fs",
             "events",
             "signals",
+            "obj",
+            "formats",
         ),
     ),
     ("spec", ("spec.*",)),

@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from ddpdeploy.errors import OperationError
+from ddpdeploy.obj import Obj
 from ddpdeploy.streams import LineSplitter
-
-Obj = dict[str, Any]
 
 FIELD_MANAGER = "ddpdeploy"
 REQUEST_TIMEOUT = 30  # seconds to wait for an answer to an ordinary call

@@ -20,7 +20,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from ddpdeploy.adapters.kube import Conflict, Forbidden, Kube
 from ddpdeploy.cluster.find import Found, no_job, not_ours, owner_of, require_ours
@@ -36,11 +35,11 @@ from ddpdeploy.cluster.plan import (
 )
 from ddpdeploy.contract import RunRecord
 from ddpdeploy.errors import OperationError, UserError
+from ddpdeploy.obj import Obj
 from ddpdeploy.signals import held_signals, interrupted
 from ddpdeploy.spec import JobSpec, spec_with
 from ddpdeploy.targets import Layout, layout_of
 
-Obj = dict[str, Any]
 Say = Callable[[str], None]
 DEFAULT_CLASS = "storageclass.kubernetes.io/is-default-class"
 NETWORK_POLICY = ("networking.k8s.io/v1", "NetworkPolicy")

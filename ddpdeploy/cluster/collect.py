@@ -13,7 +13,7 @@ import contextlib
 import posixpath
 import time
 from collections.abc import Iterator
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from ddpdeploy import fs
 from ddpdeploy.adapters.kube import Kube
@@ -23,8 +23,6 @@ from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.render.pod import COLLECT_CONTAINER, collect_helper_pod
 from ddpdeploy.spec import JobSpec
 from ddpdeploy.targets import layout_of
-
-Obj = dict[str, Any]
 
 # `sh -c` programs, POSIX only (busybox runs them too). The listing tests each entry without
 # following symlinks; NUL-separated, so any name survives.

@@ -12,12 +12,11 @@ from ddpdeploy.adapters.kube import Kube
 from ddpdeploy.cluster.labels import INSTANCE_LABEL, MANAGED_BY_LABEL
 from ddpdeploy.cluster.plan import saved_spec
 from ddpdeploy.errors import OperationError, UserError
+from ddpdeploy.obj import Obj
 from ddpdeploy.targets import DEFAULT_TARGET, JOB_KINDS, TARGETS, Layout
 
 if TYPE_CHECKING:
     from ddpdeploy.spec import JobSpec
-
-Obj = dict[str, Any]
 
 
 def ref(obj: Obj) -> str:

@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddpdeploy.events import parse_event, split_rank
+from ddpdeploy.obj import Obj
 from ddpdeploy.targets import Layout, layout_for_kind
-
-Obj = dict[str, Any]
 
 # Container waiting reasons that no amount of waiting fixes.
 IMAGE_PULL = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull")

@@ -16,10 +16,9 @@ from pydantic import ValidationError
 from ddpdeploy.cluster.labels import INSTANCE_LABEL
 from ddpdeploy.contract import RunRecord, facts_env, record_from_env
 from ddpdeploy.errors import UserError
+from ddpdeploy.obj import Obj
 from ddpdeploy.spec import JobSpec, canonical_json, quantity, spec_with
 from ddpdeploy.targets import layout_for_kind
-
-Obj = dict[str, Any]
 
 SPEC_ANNOTATION = "ddpdeploy.dev/spec"
 # What `up --build` knew of the image beyond the spec (contract.RunRecord: its digest and git

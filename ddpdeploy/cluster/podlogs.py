@@ -22,13 +22,12 @@ from typing import TYPE_CHECKING, Any
 from ddpdeploy.adapters.kube import Kube
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.events import Progress, parse_event, progress, split_rank, split_timestamp
+from ddpdeploy.obj import Obj
 from ddpdeploy.targets import Layout
 
 if TYPE_CHECKING:
     from ddpdeploy.cluster.find import Found
     from ddpdeploy.cluster.watch import JobWatch
-
-Obj = dict[str, Any]
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import typer
 
 from ddpdeploy.commands.options import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt
 from ddpdeploy.errors import UserError
+from ddpdeploy.formats import size
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -188,7 +189,7 @@ def _say_debug(err: Any, got: Any, to: Path) -> None:
         _say(err, f"debug: no diagnostics files in {got.where} ({DEBUG_PATTERNS})")
         return
     for f in got.debug:
-        line = f"debug: {folder / shown(f.name)}  {_size(f.size)}  {f.kind}"
+        line = f"debug: {folder / shown(f.name)}  {size(f.size)}  {f.kind}"
         if f.cut:
             line += f" (cut at {MAX_DEBUG >> 20} MiB)"
         if f.kind == HANG_STACK and f.first_line:
@@ -196,12 +197,6 @@ def _say_debug(err: Any, got: Any, to: Path) -> None:
             line += f": {head if len(head) <= 160 else head[:150] + '…'}"
         _say(err, line)
     _say(err, f"debug: {got.debug_summary()} into {folder}")
-
-
-def _size(n: int) -> str:
-    if n < 1024:
-        return f"{n} bytes"
-    return f"{n / 1024:.1f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.1f} MiB"
 
 
 def _from_compose(

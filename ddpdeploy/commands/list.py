@@ -8,17 +8,7 @@ from typing import Annotated
 import typer
 
 from ddpdeploy.commands.options import ContextOpt, KubeconfigOpt, ListOutput, NamespaceOpt
-
-
-def _age(created: str | None, now: datetime) -> str:
-    if not created:
-        return "?"
-    then = datetime.fromisoformat(str(created).replace("Z", "+00:00"))
-    seconds = int((now - then).total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{max(seconds, 0)}s"
+from ddpdeploy.formats import age
 
 
 def list_jobs(
@@ -60,7 +50,7 @@ def list_jobs(
                 "namespace": meta["namespace"],
                 "kind": job["kind"],
                 "state": job_state(job, []).state,
-                "age": _age(meta.get("creationTimestamp"), now),
+                "age": age(meta.get("creationTimestamp"), now),
                 "nodes": nodes,
                 "gpus": gpus,
             }

@@ -12,6 +12,7 @@ import typer
 
 from ddpdeploy.commands.options import CLUSTER_PANEL, ContextOpt, KubeconfigOpt, spec_command
 from ddpdeploy.errors import UserError
+from ddpdeploy.formats import parse_duration
 from ddpdeploy.spec import JobSpec, spec_with
 
 if TYPE_CHECKING:
@@ -79,9 +80,8 @@ def up(
     Example: ddpdeploy up --image ghcr.io/me/train:v1 --nodes 2 --gpus 8 -- --steps 1000
     """
     from ddpdeploy.cluster import apply as deploy
-    from ddpdeploy.cluster import watch
 
-    seconds = watch.parse_duration(timeout) if timeout else None
+    seconds = parse_duration(timeout) if timeout else None
     ns_given = "namespace" in spec.model_fields_set  # -n or the spec file; else the context's
     spec, record = _with_image(spec, build, base_image)
     kube, spec = _connect(spec, record, ns_given, kubeconfig, context)

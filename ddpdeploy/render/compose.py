@@ -23,13 +23,12 @@ from typing import Any
 
 from ddpdeploy.contract import LaunchContract, RunRecord
 from ddpdeploy.errors import UserError
+from ddpdeploy.obj import Obj
 from ddpdeploy.render.local import cpu_spec
 from ddpdeploy.render.pod import pod_only_env
 from ddpdeploy.spec import HOME_DIR, TMP_DIR, JobSpec
 from ddpdeploy.spec import quantity as spec_quantity
 from ddpdeploy.targets import launch_contract
-
-Obj = dict[str, Any]
 
 NETWORK = "ddp"
 CHECKPOINT_VOLUME = "checkpoints"

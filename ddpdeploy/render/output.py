@@ -15,8 +15,7 @@ from typing import Any, Literal
 import yaml
 
 from ddpdeploy.errors import UserError
-
-Obj = dict[str, Any]
+from ddpdeploy.obj import Obj
 
 KUSTOMIZATION = "kustomization.yaml"
 # Names and sha256 of the files ddpdeploy wrote, in `sha256sum` format, so that

@@ -11,9 +11,8 @@ from typing import Any
 
 from ddpdeploy.contract import CONTAINER_NAME, PORT_NAME, LaunchContract
 from ddpdeploy.errors import UserError
+from ddpdeploy.obj import Obj
 from ddpdeploy.spec import HOME_DIR, NCCL_FIELDS, TMP_DIR, JobSpec
-
-Obj = dict[str, Any]
 
 MANAGED_BY = "ddpdeploy"
 SHM_VOLUME = "dshm"

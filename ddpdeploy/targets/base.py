@@ -15,12 +15,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ddpdeploy.contract import COMPLETION_INDEX_KEY, CONTAINER_NAME, LaunchContract, Node
 from ddpdeploy.errors import UserError
+from ddpdeploy.obj import Obj
 from ddpdeploy.rules import TargetRules
 
 if TYPE_CHECKING:
     from ddpdeploy.spec import JobSpec
-
-Obj = dict[str, Any]
 
 
 class Layout(ABC):

@@ -8,9 +8,10 @@ no operator. The object itself is built in objects.py.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ddpdeploy.contract import LaunchContract, Node
+from ddpdeploy.obj import Obj
 from ddpdeploy.rules import TARGET_RULES
 from ddpdeploy.targets.base import Layout, gpus_of
 from ddpdeploy.targets.pytorchjob.objects import pytorchjob
@@ -18,7 +19,6 @@ from ddpdeploy.targets.pytorchjob.objects import pytorchjob
 if TYPE_CHECKING:
     from ddpdeploy.spec import JobSpec
 
-Obj = dict[str, Any]
 
 # Labels the training operator (v1.9) puts on each replica's pod.
 REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"

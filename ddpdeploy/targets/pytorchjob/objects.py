@@ -6,13 +6,10 @@ the launch contract; the operator injects the per-pod rendezvous env.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ddpdeploy.contract import LaunchContract
+from ddpdeploy.obj import Obj
 from ddpdeploy.render.pod import pod_template, require_image, workload_metadata
 from ddpdeploy.spec import JobSpec
-
-Obj = dict[str, Any]
 
 
 def pytorchjob(spec: JobSpec, contract: LaunchContract, replicas: dict[str, int]) -> Obj:
