@@ -118,26 +118,26 @@ def job_spec(config: Config) -> Any:
 def start_target(config: Config, spec: Any, image: str, ws: Path, kill: bool) -> Any:
     """The target of one run: the same plan `ddpdeploy smoke` runs, with the chaos hold at
     every kill step of a chaos run."""
-    from ddpdeploy.smoke import plan
+    from ddpdeploy.smoke import launch
 
     restarts = len(config.kill_steps) if not spec.elastic else None
     steps = list(config.kill_steps) if kill else []
     if config.target == "local":
-        from ddpdeploy.adapters.local import LocalRun, fresh_folder
         from ddpdeploy.paths import trainer_script
+        from ddpdeploy.smoke.local import LocalRun, fresh_folder
 
         folder = ws / ".ddpdeploy" / "checkpoints" / "chaos"
         fresh_folder(folder, keep=False)
-        hold = plan.hold_steps_env(steps) if steps else None
+        hold = launch.hold_steps_env(steps) if steps else None
         port = _free_port()
-        nodes = plan.plan(spec, port, str(trainer_script()), str(folder), restarts, hold)
+        nodes = launch.local_nodes(spec, port, str(trainer_script()), str(folder), restarts, hold)
         return LocalRun(nodes, ws)
-    from ddpdeploy.adapters.compose import ComposeRun
-    from ddpdeploy.smoke.docker import compose_plan
+    from ddpdeploy.smoke.compose import compose_plan
+    from ddpdeploy.smoke.composerun import ComposeRun
 
-    hold = plan.hold_steps_env(steps, plan.CONTAINER_RELEASE) if steps else {}
-    job = compose_plan(spec, image, plan.run_env(restarts, hold=hold))
-    release = plan.CONTAINER_RELEASE if steps else None
+    hold = launch.hold_steps_env(steps, launch.CONTAINER_RELEASE) if steps else {}
+    job = compose_plan(spec, image, launch.run_env(restarts, hold=hold))
+    release = launch.CONTAINER_RELEASE if steps else None
     return ComposeRun(job.project, job.nodes, job.name, release=release)
 
 

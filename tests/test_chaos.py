@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from ddpdeploy.smoke import plan
+from ddpdeploy.smoke import launch
 from ddpdeploy.smoke.runner import KillAt
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,19 +35,19 @@ KILLS = int(os.environ.get("DDPDEPLOY_CHAOS_KILLS", "4"))
 
 # ---- the plan's hold env (fast) ---------------------------------------------------------
 def test_hold_env_only_for_a_step_kill():
-    assert plan.hold_env(KillAt(step=7), "/tmp/r") == {
-        plan.HOLD_STEP_ENV: "7",
-        plan.HOLD_RELEASE_ENV: "/tmp/r",
+    assert launch.hold_env(KillAt(step=7), "/tmp/r") == {
+        launch.HOLD_STEP_ENV: "7",
+        launch.HOLD_RELEASE_ENV: "/tmp/r",
     }
-    assert plan.hold_env(KillAt(seconds=20.0), "/tmp/r") == {}
-    assert plan.hold_env(KillAt(checkpoint=True)) == {}
-    assert plan.hold_env(None) == {}
-    assert plan.hold_steps_env([9, 3]) == {plan.HOLD_STEP_ENV: "3,9"}
+    assert launch.hold_env(KillAt(seconds=20.0), "/tmp/r") == {}
+    assert launch.hold_env(KillAt(checkpoint=True)) == {}
+    assert launch.hold_env(None) == {}
+    assert launch.hold_steps_env([9, 3]) == {launch.HOLD_STEP_ENV: "3,9"}
 
 
 def test_ddpkit_reads_the_plans_names():
     text = (ROOT / "train" / "ddpkit.py").read_text()
-    for name in (plan.HOLD_STEP_ENV, plan.HOLD_RELEASE_ENV):
+    for name in (launch.HOLD_STEP_ENV, launch.HOLD_RELEASE_ENV):
         assert f'"{name}"' in text
 
 
@@ -84,8 +84,8 @@ def test_step_done_holds_at_the_step_until_the_release(tmp_path):
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT / "train"),
-        plan.HOLD_STEP_ENV: "2",
-        plan.HOLD_RELEASE_ENV: str(release),
+        launch.HOLD_STEP_ENV: "2",
+        launch.HOLD_RELEASE_ENV: str(release),
     }
     done = subprocess.run(
         [sys.executable, "-c", _HOLDER, str(release)],
@@ -104,7 +104,7 @@ def test_step_done_holds_at_the_step_until_the_release(tmp_path):
 def test_no_hold_without_the_env_or_once_released(tmp_path):
     release = tmp_path / "release"
     release.write_bytes(b"\n")  # already released: a restarted worker passes the step
-    for extra in ({}, {plan.HOLD_STEP_ENV: "2", plan.HOLD_RELEASE_ENV: str(release)}):
+    for extra in ({}, {launch.HOLD_STEP_ENV: "2", launch.HOLD_RELEASE_ENV: str(release)}):
         env = {**os.environ, "PYTHONPATH": str(ROOT / "train"), **extra}
         script = _HOLDER.replace('open(sys.argv[1], "ab").write(b"\\n")', "")
         done = subprocess.run(

@@ -244,7 +244,7 @@ def test_chunk_reader_joins_uneven_chunks() -> None:
 
 def test_an_engine_that_never_answers_is_one_line_not_a_hang(monkeypatch) -> None:
     from ddpdeploy.adapters import docker_engine
-    from ddpdeploy.adapters.compose import engine
+    from ddpdeploy.smoke.composerun import engine
 
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
@@ -282,7 +282,7 @@ def test_read_at_most_sees_past_the_limit_through_short_reads() -> None:
 
 def test_a_malformed_docker_host_is_bad_input_for_every_caller(monkeypatch) -> None:
     from ddpdeploy.adapters import docker_engine
-    from ddpdeploy.adapters.compose import engine
+    from ddpdeploy.smoke.composerun import engine
 
     monkeypatch.setenv("DOCKER_HOST", "tcp://host:port")
     for connect in (docker_engine.connect, engine):

@@ -44,11 +44,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # Pure renderers below the targets: the one pod, the policy, output, the Dockerfile.
     ("render", ("render", "render.pod", "render.policy", "render.output", "render.image")),
     ("targets", ("targets.*",)),
-    # Local runs need a target's layout (through the contract); adapters run them.
-    ("local runs", ("render.local", "render.compose")),
-    # The smoke room is pure (target interface, log parser, runner, plan); the local-process
-    # and compose adapters above it implement its target interface.
-    ("smoke", ("smoke.*",)),
     ("adapters", ("adapters.*",)),
     # Decisions and loops over the outside systems (cluster, smoke runs, image builds). The
     # cluster room (apply, find, labels, jobstate, plan, watch, collect) prints nothing: its
@@ -57,6 +52,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "operations",
         (
             "cluster.*",
+            "smoke.*",
             "imagebuild",
             "checkpoints",
             "volumecollect",  # collect --from compose: the volume staged, read as a folder

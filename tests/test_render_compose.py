@@ -16,9 +16,9 @@ import pytest
 import yaml
 from cli_runner import run_cli
 
-from ddpdeploy.render.compose import ROLE_LABEL, quantity_bytes, render_compose
 from ddpdeploy.render.output import to_yaml
 from ddpdeploy.render.pod import pod_only_env
+from ddpdeploy.smoke.compose import ROLE_LABEL, quantity_bytes, render_compose
 from ddpdeploy.spec import JobSpec
 from ddpdeploy.targets import launch_contract
 
@@ -265,8 +265,8 @@ def test_cli_stdout_out_file_and_missing_image(tmp_path):
 
 
 def test_no_engine_is_one_line_pointing_to_local(tmp_path, monkeypatch):
-    from ddpdeploy.adapters.compose import engine
     from ddpdeploy.errors import OperationError
+    from ddpdeploy.smoke.composerun import engine
 
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
     with pytest.raises(OperationError) as info:
@@ -345,7 +345,7 @@ def test_secret_env_is_passed_by_name_and_said_so(tmp_path):
 
 
 def test_secret_env_note_for_a_run_says_what_is_set_here():
-    from ddpdeploy.render.compose import secret_env_note
+    from ddpdeploy.smoke.compose import secret_env_note
 
     refs = {n: {"secret": "s", "key": "k"} for n in ("B_KEY", "A_TOKEN")}
     spec = JobSpec.model_validate({"secretEnv": refs})

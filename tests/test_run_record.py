@@ -18,9 +18,9 @@ from ddpdeploy.commands.options import spec_from_flags
 from ddpdeploy.contract import RunRecord, facts_env, record_env, record_from_env
 from ddpdeploy.imagebuild import BuiltImage
 from ddpdeploy.render import image
-from ddpdeploy.render.compose import render_compose
 from ddpdeploy.rules import DIAGNOSTICS_ENV, RECORD_ENV, RESERVED_ENV, TARGET_NAMES
-from ddpdeploy.smoke.plan import plan
+from ddpdeploy.smoke.compose import render_compose
+from ddpdeploy.smoke.launch import local_nodes
 from ddpdeploy.spec import JobSpec, canonical_json, spec_sha256, spec_with
 from ddpdeploy.targets import render_objects
 
@@ -55,7 +55,7 @@ def compose_envs(spec: JobSpec, record: RunRecord | None = None) -> list[dict[st
 
 
 def local_envs(spec: JobSpec) -> list[dict[str, str]]:
-    return [n.env for n in plan(spec, 29500, "/t/ddptrain.py")]
+    return [n.env for n in local_nodes(spec, 29500, "/t/ddptrain.py")]
 
 
 def every_env(spec: JobSpec, record: RunRecord | None = None) -> list[dict[str, str]]:

@@ -10,8 +10,8 @@ import typer
 from ddpdeploy.adapters.stdout import write_stdout
 from ddpdeploy.commands.options import spec_command
 from ddpdeploy.fs import write_atomic
-from ddpdeploy.render.compose import render_compose, secret_env_note
 from ddpdeploy.render.output import to_yaml
+from ddpdeploy.smoke.compose import render_compose, secret_env_note
 from ddpdeploy.spec import JobSpec
 
 

@@ -15,14 +15,14 @@ import typer
 
 from ddpdeploy.commands.options import spec_command
 from ddpdeploy.errors import OperationError, UserError
-from ddpdeploy.render.compose import secret_env_note
 from ddpdeploy.signals import interrupted
+from ddpdeploy.smoke.compose import secret_env_note
 from ddpdeploy.spec import JobSpec
 
 if TYPE_CHECKING:
     from ddpdeploy.imagebuild import BuiltImage
+    from ddpdeploy.smoke.backend import RunBackend
     from ddpdeploy.smoke.runner import Kill, KillAt, Outcome, Ranks
-    from ddpdeploy.smoke.target import SmokeTarget
 
 
 @spec_command
@@ -138,10 +138,10 @@ def _checked_flags(
 
 def _runnable(spec: JobSpec, steps: int | None, force: bool, docker: bool) -> JobSpec:
     """The job with --steps, once this host can run it: its cores, its script, torch."""
-    from ddpdeploy.smoke import plan
+    from ddpdeploy.smoke import launch
     from ddpdeploy.smoke.budget import check_cpu_budget
 
-    spec = plan.with_steps(spec, steps)
+    spec = launch.with_steps(spec, steps)
     check_cpu_budget(spec.nodes, spec.procs_per_node, force)
     if not docker or not spec.image:  # a ready --image carries its own workspace
         _check_script(spec)
@@ -155,9 +155,9 @@ def _runnable(spec: JobSpec, steps: int | None, force: bool, docker: bool) -> Jo
 def _chaos_spec(spec: JobSpec, chaos: KillAt) -> tuple[JobSpec, int]:
     """The job as --kill-at runs it, and its restarts; a note where an own script's
     restart may not come back."""
-    from ddpdeploy.smoke import plan
+    from ddpdeploy.smoke import launch
 
-    spec, restarts = plan.chaos_spec(spec, chaos)
+    spec, restarts = launch.chaos_spec(spec, chaos)
     if not spec.command.builtin and not spec.elastic:
         # The launch contract makes restarts safe under c10d only (train/README.md).
         typer.echo(
@@ -215,8 +215,8 @@ def _workspace_writes(spec: JobSpec) -> Iterator[None]:
     if not spec.security.read_only_root_filesystem:
         yield
         return
-    from ddpdeploy.adapters.local import workspace_listing
     from ddpdeploy.smoke import workspace
+    from ddpdeploy.smoke.local import workspace_listing
 
     root = Path.cwd()
     before = workspace_listing(root, workspace.IGNORED)
@@ -241,12 +241,12 @@ def _local_target(
     folder: Path | None,
     resume: bool,
     chaos: KillAt | None = None,
-) -> Callable[[bool], SmokeTarget]:
+) -> Callable[[bool], RunBackend]:
     """Start the job's agents on a fresh port, each run in a fresh checkpoint folder unless
     ``resume``; the chaos run's with the hold at its --kill-at step."""
-    from ddpdeploy.adapters.local import LocalRun, fresh_folder
     from ddpdeploy.paths import trainer_script
-    from ddpdeploy.smoke.plan import hold_env, plan
+    from ddpdeploy.smoke.launch import hold_env, local_nodes
+    from ddpdeploy.smoke.local import LocalRun, fresh_folder
 
     def start(kill: bool = False) -> LocalRun:
         checkpoint_dir = None
@@ -256,7 +256,7 @@ def _local_target(
             checkpoint_dir = str(folder)
         hold = hold_env(chaos) if kill else None
         trainer = str(trainer_script())
-        nodes = plan(spec, _free_port(), trainer, checkpoint_dir, restarts, hold)
+        nodes = local_nodes(spec, _free_port(), trainer, checkpoint_dir, restarts, hold)
         return LocalRun(nodes, Path.cwd())
 
     return start
@@ -268,15 +268,15 @@ def _docker_target(
     base_image: str | None,
     keep_volume: bool,
     chaos: KillAt | None = None,
-) -> Callable[[bool], SmokeTarget]:
+) -> Callable[[bool], RunBackend]:
     """Check the engine, get the image; each run a fresh project (started through the SDK,
     or the compose CLI for a file the SDK path does not read; the chaos run's with the hold
     at its --kill-at step)."""
-    from ddpdeploy.adapters.compose import ComposeRun, engine
     from ddpdeploy.adapters.docker_engine import image_id
     from ddpdeploy.contract import RunRecord
-    from ddpdeploy.smoke import plan
-    from ddpdeploy.smoke.docker import compose_plan
+    from ddpdeploy.smoke import launch
+    from ddpdeploy.smoke.compose import compose_plan
+    from ddpdeploy.smoke.composerun import ComposeRun, engine
 
     client = engine()  # no engine: one line pointing to --local, before any build
     if spec.image:  # a ready image: the record names the image ID that runs
@@ -284,15 +284,15 @@ def _docker_target(
     else:  # built here: its ID and the workspace's git facts, from the build
         built = _build_image(spec, base_image)
         image, record = built.reference, built.record()
-    hold = plan.hold_env(chaos, plan.CONTAINER_RELEASE)
+    hold = launch.hold_env(chaos, launch.CONTAINER_RELEASE)
     jobs = {
-        kill: compose_plan(spec, image, plan.run_env(restarts, hold=hold if kill else {}), record)
+        kill: compose_plan(spec, image, launch.run_env(restarts, hold=hold if kill else {}), record)
         for kill in (False, True)
     }
 
     def start(kill: bool = False) -> ComposeRun:
         job = jobs[kill]
-        release = plan.CONTAINER_RELEASE if kill and hold else None
+        release = launch.CONTAINER_RELEASE if kill and hold else None
         return ComposeRun(
             job.project,
             job.nodes,
@@ -309,7 +309,7 @@ def _build_image(spec: JobSpec, base_image: str | None) -> BuiltImage:
     """`ddpdeploy build` of this folder, in this process (no second interpreter to start),
     its progress on our stderr. Skipped when the image is up to date."""
     from ddpdeploy.imagebuild import build_image
-    from ddpdeploy.smoke.docker import LOCAL_REPO
+    from ddpdeploy.smoke.compose import LOCAL_REPO
     from ddpdeploy.spec import spec_with
 
     local = spec_with(spec, {"image": f"{LOCAL_REPO}/{spec.name}"})

@@ -33,7 +33,7 @@ from ddpdeploy.events import (
     split_rank,
     summary_failures,
 )
-from ddpdeploy.smoke.target import Line, Node, NoWorker, SmokeTarget
+from ddpdeploy.smoke.backend import Line, Node, NoWorker, RunBackend
 
 SETTLE_S = 5.0  # after the first failure, how long the other nodes get to report theirs
 TAIL_LINES = 12
@@ -163,7 +163,7 @@ class Outcome:
 class _Run:
     """One run of a target: consumes its lines, feeds the view, names failures."""
 
-    target: SmokeTarget
+    target: RunBackend
     view: RunView
     ranks: Ranks
     world_size: int
@@ -369,7 +369,7 @@ class RunOptions:
 
 
 def run_once(
-    start: Callable[[bool], SmokeTarget],
+    start: Callable[[bool], RunBackend],
     view: View,
     label: str,
     options: RunOptions,
@@ -396,7 +396,7 @@ def run_once(
 
 
 def smoke(
-    start: Callable[[bool], SmokeTarget], view: View, options: RunOptions
+    start: Callable[[bool], RunBackend], view: View, options: RunOptions
 ) -> Iterator[tuple[str, Outcome]]:
     """The smoke run: ("run", outcome). With ``kill_at``: ("clean", outcome) of a clean run
     first, then ("kill", outcome) of the same job with one worker SIGKILLed."""

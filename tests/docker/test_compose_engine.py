@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from ddpdeploy.adapters.compose import PROJECT_LABEL, ComposeRun, compose_cli, engine_plan
 from ddpdeploy.errors import OperationError
-from ddpdeploy.render.compose import ROLE_LABEL, compose_job, render_compose
-from ddpdeploy.smoke.plan import nodes_of
+from ddpdeploy.smoke.compose import ROLE_LABEL, compose_job, render_compose
+from ddpdeploy.smoke.composerun import PROJECT_LABEL, ComposeRun, compose_cli, engine_plan
+from ddpdeploy.smoke.launch import nodes_of
 from ddpdeploy.spec import JobSpec
 from ddpdeploy.targets import launch_contract
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from ddpdeploy.adapters.compose import PROJECT_LABEL, ComposeRun, Line
 from ddpdeploy.contract import RunRecord
 from ddpdeploy.events import split_rank
-from ddpdeploy.render.compose import compose_job, render_compose
-from ddpdeploy.smoke.plan import nodes_of
+from ddpdeploy.smoke.compose import compose_job, render_compose
+from ddpdeploy.smoke.composerun import PROJECT_LABEL, ComposeRun, Line
+from ddpdeploy.smoke.launch import nodes_of
 from ddpdeploy.spec import JobSpec
 from ddpdeploy.targets import launch_contract
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from ddpdeploy.adapters.compose import PROJECT_LABEL
+from ddpdeploy.smoke.composerun import PROJECT_LABEL
 
 pytestmark = pytest.mark.docker
 

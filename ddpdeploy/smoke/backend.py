@@ -1,6 +1,6 @@
 """The interface every smoke target implements: one run of the job's nodes somewhere.
 
-A target subclasses `SmokeTarget`:
+A target subclasses `RunBackend`:
 
 - `nodes`: the job's nodes in order, as `Node(name, rank)`: name is the pod hostname
   (`<job>-master-0`, `<job>-worker-0`, ...), rank the static node rank or None (c10d
@@ -52,7 +52,7 @@ class Node:
     rank: int | None  # static node rank; None when the rendezvous assigns it
 
 
-class SmokeTarget(ABC):
+class RunBackend(ABC):
     """One run of the job's nodes on some target; see the module docstring.
 
     The line queue is shared: an adapter starts one reader per node stream with
@@ -124,7 +124,7 @@ class SmokeTarget(ABC):
     def finished(self) -> bool:
         return all(c == 0 for c in self.exit_codes().values())
 
-    def __enter__(self) -> SmokeTarget:
+    def __enter__(self) -> RunBackend:
         return self
 
     def __exit__(self, *exc: object) -> None:

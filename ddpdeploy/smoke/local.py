@@ -23,8 +23,8 @@ from pathlib import Path
 
 from ddpdeploy.errors import OperationError
 from ddpdeploy.paths import helpers_dir
-from ddpdeploy.smoke.plan import HOLD_RELEASE_ENV, HOLD_STEP_ENV, LocalNode
-from ddpdeploy.smoke.target import Line, Node, NoWorker, SmokeTarget
+from ddpdeploy.smoke.backend import Line, Node, NoWorker, RunBackend
+from ddpdeploy.smoke.launch import HOLD_RELEASE_ENV, HOLD_STEP_ENV, LocalNode
 
 RUN_MARKER = "DDPDEPLOY_SMOKE_RUN"  # this run's id, in the env of its agents and workers
 NODE_MARKER = "DDPDEPLOY_SMOKE_NODE"  # the node (hostname) an agent or worker belongs to
@@ -37,7 +37,7 @@ class Agent:
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=300))
 
 
-class LocalRun(SmokeTarget):
+class LocalRun(RunBackend):
     """The agents of one local run; use as a context manager so they always stop."""
 
     def __init__(self, nodes: list[LocalNode], cwd: Path) -> None:

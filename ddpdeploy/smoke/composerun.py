@@ -10,7 +10,7 @@ codes, and execs into a node to kill a worker. The project (containers, network,
 volume unless kept) is always removed by its label: on success, on failure and on Ctrl-C
 (use it as a context manager).
 
-`ComposeRun` is a smoke target (`ddpdeploy.smoke.target.SmokeTarget`), so `smoke --docker`
+`ComposeRun` is a smoke target (`ddpdeploy.smoke.backend.RunBackend`), so `smoke --docker`
 drives it with the same loop as local processes; its nodes come from the run plan.
 """
 
@@ -34,7 +34,7 @@ from typing import Any
 
 from ddpdeploy.errors import OperationError
 from ddpdeploy.render.output import to_yaml
-from ddpdeploy.smoke.target import Line, Node, NoWorker, SmokeTarget
+from ddpdeploy.smoke.backend import Line, Node, NoWorker, RunBackend
 from ddpdeploy.streams import LineSplitter
 
 PROJECT_LABEL = "com.docker.compose.project"
@@ -124,7 +124,7 @@ class Container:
         return self.code if self.status in ("exited", "dead") else None
 
 
-class ComposeRun(SmokeTarget):
+class ComposeRun(RunBackend):
     """One rendered compose project, started under a unique project name."""
 
     def __init__(

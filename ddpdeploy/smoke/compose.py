@@ -18,21 +18,24 @@ accept; tests check the file against both.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from decimal import ROUND_CEILING
 from typing import Any
 
 from ddpdeploy.contract import LaunchContract, RunRecord
 from ddpdeploy.errors import UserError
 from ddpdeploy.obj import Obj
-from ddpdeploy.render.local import cpu_spec
 from ddpdeploy.render.pod import pod_only_env
-from ddpdeploy.spec import HOME_DIR, TMP_DIR, JobSpec
+from ddpdeploy.smoke.backend import Node
+from ddpdeploy.smoke.launch import cpu_spec, nodes_of
+from ddpdeploy.spec import HOME_DIR, TMP_DIR, JobSpec, spec_with
 from ddpdeploy.spec import quantity as spec_quantity
 from ddpdeploy.targets import launch_contract
 
 NETWORK = "ddp"
 CHECKPOINT_VOLUME = "checkpoints"
 ROLE_LABEL = "ddpdeploy.role"  # "node" for a node of the job, "volume-init" for the helper
+LOCAL_REPO = "ddpdeploy-smoke"  # where a smoke run's own build is tagged
 
 
 # Docker wants shm_size in bytes.
@@ -202,3 +205,27 @@ def render_compose(
         services[volume_init_name(job)] = _volume_init(job)
         project["volumes"] = {CHECKPOINT_VOLUME: {}}
     return project
+
+
+# ---- the plan of a `smoke --docker` run -------------------------------------------------
+# The command gets the image (the spec's, or one `ddpdeploy build` makes), checks the
+# engine, and starts one fresh compose project per run from this plan (so a --kill-at run
+# and its clean run share nothing, checkpoint volume included).
+
+
+@dataclass(frozen=True)
+class ComposePlan:
+    name: str
+    project: Obj  # the rendered compose file
+    nodes: list[Node]  # the job's nodes, one service each
+
+
+def compose_plan(
+    spec: JobSpec, image: str, run_env: Mapping[str, str], record: RunRecord | None = None
+) -> ComposePlan:
+    """The job on CPU in ``image``, with ``run_env`` (the launch's `run_env`) on every node;
+    ``record``: what is known of ``image`` (the engine's image ID)."""
+    job = spec_with(spec, {"image": image})
+    project = render_compose(job, cpu=True, run_env=run_env, record=record)
+    nodes = nodes_of(launch_contract(compose_job(job, cpu=True), run_env=run_env))
+    return ComposePlan(job.name, project, nodes)

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 
 from ddpdeploy.contract import CHECKPOINT_DIR_ENV, LaunchContract, RunRecord
 from ddpdeploy.errors import UserError
-from ddpdeploy.render.local import cpu_spec
+from ddpdeploy.smoke.backend import Node
 from ddpdeploy.smoke.runner import KillAt
-from ddpdeploy.smoke.target import Node
 from ddpdeploy.spec import JobSpec, spec_with
 from ddpdeploy.targets import launch_contract
 
@@ -31,6 +30,13 @@ class LocalNode:
     rank: int | None  # static node rank; None when the rendezvous assigns it
     argv: list[str]
     env: dict[str, str]
+
+
+def cpu_spec(spec: JobSpec) -> JobSpec:
+    """The job as a CPU run: no GPUs, gloo, the same processes per node, as `compose --cpu`
+    and every smoke run turn it. (A run on another port passes it to the launch contract,
+    `port=`: some targets fix the spec's.)"""
+    return spec_with(spec, {"gpus": 0, "procs": spec.procs_per_node, "backend": "gloo"})
 
 
 def nodes_of(contract: LaunchContract) -> list[Node]:
@@ -126,7 +132,7 @@ def run_env(
     return env
 
 
-def local_nodes(
+def _contract_nodes(
     contract: LaunchContract,
     trainer_path: str,
     checkpoint_dir: str | None = None,
@@ -143,7 +149,7 @@ def local_nodes(
     return out
 
 
-def plan(
+def local_nodes(
     spec: JobSpec,
     port: int,
     trainer_path: str,
@@ -157,4 +163,4 @@ def plan(
     env = run_env(max_restarts, checkpoint_dir, hold=hold)
     # The record names the spec smoke was given, not the CPU job derived from it.
     contract = launch_contract(cpu_spec(spec), port, run_env=env, record=RunRecord().of(spec))
-    return local_nodes(contract, trainer_path, checkpoint_dir)
+    return _contract_nodes(contract, trainer_path, checkpoint_dir)
