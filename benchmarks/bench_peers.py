@@ -239,7 +239,7 @@ def phases(sides: Sides) -> None:
 
 def overhead(sides: Sides, trials: int, before: Path | None) -> None:
     """Up, down and the image check, the compose CLI (and --before's build) vs now."""
-    from ddpdeploy.imagebuild import build_image
+    from ddpdeploy.image.build import build_image
     from ddpdeploy.smoke.compose import LOCAL_REPO, compose_plan
     from ddpdeploy.smoke.composerun import ComposeRun, compose_cli, engine
     from ddpdeploy.spec import JobSpec, spec_with

@@ -37,12 +37,13 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "signals",
             "obj",
             "formats",
+            "report",
         ),
     ),
     ("spec", ("spec.*",)),
     ("contract", ("contract",)),
     # Pure renderers below the targets: the one pod, the policy, output, the Dockerfile.
-    ("render", ("render", "render.pod", "render.policy", "render.output", "render.image")),
+    ("render", ("render", "render.pod", "render.policy", "render.output")),
     ("targets", ("targets.*",)),
     ("adapters", ("adapters.*",)),
     # Decisions and loops over the outside systems (cluster, smoke runs, image builds). The
@@ -53,7 +54,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "cluster.*",
             "smoke.*",
-            "imagebuild",
+            "image.*",
             "checkpoints",
             "volumecollect",  # collect --from compose: the volume staged, read as a folder
         ),

@@ -54,7 +54,8 @@ def build(
 
     Example: ddpdeploy render --image "$(ddpdeploy build --image ghcr.io/me/train --push)"
     """
-    from ddpdeploy.imagebuild import build_image
+    from ddpdeploy.commands.console import ConsoleReport
+    from ddpdeploy.image.build import build_image
 
     built = build_image(
         spec,
@@ -64,5 +65,6 @@ def build(
         system_packages=system_packages,
         network=network,
         no_cache=no_cache,
+        report=ConsoleReport(),
     )
     write_stdout(built.reference + "\n")

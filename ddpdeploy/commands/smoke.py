@@ -9,10 +9,11 @@ import os
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from ddpdeploy.commands.console import ConsoleReport
 from ddpdeploy.commands.options import spec_command
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.signals import interrupted
@@ -20,7 +21,7 @@ from ddpdeploy.smoke.compose import secret_env_note
 from ddpdeploy.spec import JobSpec
 
 if TYPE_CHECKING:
-    from ddpdeploy.imagebuild import BuiltImage
+    from ddpdeploy.image.build import BuiltImage
     from ddpdeploy.smoke.backend import RunBackend
     from ddpdeploy.smoke.runner import Kill, KillAt, Outcome, Ranks
 
@@ -109,11 +110,11 @@ def smoke(
     try:
         if docker:
             start = _docker_target(spec, restarts, base_image, keep_volume, chaos)
-            outcomes = dict(runner.smoke(start, _ConsoleView(), options))
+            outcomes = dict(runner.smoke(start, ConsoleReport(), options))
         else:
             start = _local_target(spec, restarts, folder, resume, chaos)
             with _workspace_writes(spec):
-                outcomes = dict(runner.smoke(start, _ConsoleView(), options))
+                outcomes = dict(runner.smoke(start, ConsoleReport(), options))
     except KeyboardInterrupt as exc:  # every target is torn down on its way out
         raise interrupted(exc, "the run was stopped and its processes ended") from None
     _report(outcomes)
@@ -308,70 +309,12 @@ def _docker_target(
 def _build_image(spec: JobSpec, base_image: str | None) -> BuiltImage:
     """`ddpdeploy build` of this folder, in this process (no second interpreter to start),
     its progress on our stderr. Skipped when the image is up to date."""
-    from ddpdeploy.imagebuild import build_image
+    from ddpdeploy.image.build import build_image
     from ddpdeploy.smoke.compose import LOCAL_REPO
     from ddpdeploy.spec import spec_with
 
     local = spec_with(spec, {"image": f"{LOCAL_REPO}/{spec.name}"})
-    return build_image(local, workspace=Path.cwd(), base_image=base_image)
-
-
-# ---- the view ---------------------------------------------------------------------------
-
-
-class _ConsoleView:
-    """The runner's view on stderr: a progress line per run, the job's output above it."""
-
-    def __init__(self) -> None:
-        from rich.console import Console
-
-        self.console = Console(stderr=True)
-
-    @contextlib.contextmanager
-    def run(self, label: str, total: int | None) -> Iterator[_Shown]:
-        from rich.progress import BarColumn, Progress, TextColumn
-
-        progress = Progress(
-            TextColumn(f"[bold]{label}"),
-            BarColumn(),
-            TextColumn("{task.fields[steps]}"),
-            TextColumn("{task.fields[info]}"),
-            console=self.console,
-            transient=False,
-        )
-        task = progress.add_task("job", total=total, info="starting…", steps="")
-        with progress:
-            yield _Shown(progress, task)
-
-
-class _Shown:
-    def __init__(self, progress: Any, task: Any) -> None:
-        self.progress, self.task = progress, task
-
-    def update(
-        self, *, completed: int | None = None, total: int | None = None, info: str | None = None
-    ) -> None:
-        fields: dict[str, Any] = {}
-        if total is not None:
-            fields["total"] = total
-        if info is not None:
-            fields["info"] = info
-        if completed is not None:
-            fields["completed"] = completed
-        self.progress.update(self.task, **fields)
-        current = self.progress.tasks[self.task]
-        if completed is not None or (total is not None and current.completed):
-            count = f"{int(current.completed)}/{int(current.total) if current.total else '?'}"
-            self.progress.update(self.task, steps=count)
-
-    def output(self, text: str) -> None:
-        # The job's text as written: no markup, no highlighting.
-        self.progress.console.print(text, markup=False, highlight=False, soft_wrap=True)
-
-    def note(self, text: str) -> None:
-        from rich.text import Text
-
-        self.progress.console.print(Text(text, style="dim"), soft_wrap=True)
+    return build_image(local, workspace=Path.cwd(), base_image=base_image, report=ConsoleReport())
 
 
 # ---- the report -------------------------------------------------------------------------

@@ -117,10 +117,16 @@ def _with_image(
         raise UserError("--base-image: only used with --build; add --build or drop it")
     if not build:
         return spec, None
-    from ddpdeploy.imagebuild import build_image
+    from ddpdeploy.commands.console import ConsoleReport
+    from ddpdeploy.image.build import build_image
 
     built = build_image(
-        spec, workspace=Path.cwd(), base_image=base_image, push=True, push_flag="--build"
+        spec,
+        workspace=Path.cwd(),
+        base_image=base_image,
+        push=True,
+        push_flag="--build",
+        report=ConsoleReport(),
     )
     return spec_with(spec, image=built.reference), built.record()
 

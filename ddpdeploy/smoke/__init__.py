@@ -11,5 +11,5 @@ and tell the truth about the run.
 - `workspace`: what a local run wrote into the workspace outside its checkpoint folder.
 
 No rich or typer here: the command (`ddpdeploy.commands.smoke`) shows what the runner
-reports through a `View`.
+reports through a `Report` (ddpdeploy.report).
 """

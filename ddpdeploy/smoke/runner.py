@@ -5,7 +5,7 @@ command; it fails naming the root-cause rank with its own last lines. The job's 
 event lines (see `ddpdeploy.events`) add progress, steps/s and the final weights'
 checksum; the `--kill-at` chaos run kills one worker and times the recovery.
 
-The runner shows nothing itself: it reports to a `View` the command passes in (progress,
+The runner shows nothing itself: it reports to a `Report` the command passes in (progress,
 the job's own output lines, notes), and returns an `Outcome` the command prints.
 """
 
@@ -15,11 +15,10 @@ import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, suppress
+from contextlib import suppress
 from dataclasses import dataclass, field
 from math import inf
 from pathlib import Path
-from typing import Protocol
 
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.events import (
@@ -33,29 +32,12 @@ from ddpdeploy.events import (
     split_rank,
     summary_failures,
 )
+from ddpdeploy.report import Progress, Report
 from ddpdeploy.smoke.backend import Line, Node, NoWorker, RunBackend
 
 SETTLE_S = 5.0  # after the first failure, how long the other nodes get to report theirs
 TAIL_LINES = 12
 TICK_S = 1.0  # how often the progress line's clock moves when the job prints no steps
-
-
-class RunView(Protocol):
-    """What one run shows while it runs."""
-
-    def update(
-        self, *, completed: int | None = None, total: int | None = None, info: str | None = None
-    ) -> None: ...
-
-    def output(self, text: str) -> None:
-        """One line the job printed (rank-prefixed when more than one rank is shown)."""
-
-    def note(self, text: str) -> None:
-        """The runner's own word: a start or checkpoint event, the chaos kill."""
-
-
-class View(Protocol):
-    def run(self, label: str, total: int | None) -> AbstractContextManager[RunView]: ...
 
 
 # ---- which ranks' output to show ---------------------------------------------------------
@@ -164,7 +146,7 @@ class _Run:
     """One run of a target: consumes its lines, feeds the view, names failures."""
 
     target: RunBackend
-    view: RunView
+    view: Progress
     ranks: Ranks
     world_size: int
     kill: Kill | None = None
@@ -370,14 +352,14 @@ class RunOptions:
 
 def run_once(
     start: Callable[[bool], RunBackend],
-    view: View,
+    report: Report,
     label: str,
     options: RunOptions,
     kill: bool = False,
 ) -> Outcome:
     """Start a target (``start(kill)``: a chaos run's target holds its ranks at a --kill-at
     STEP until the kill), follow it to the end, always tear it down."""
-    with view.run(label, options.steps) as shown, start(kill) as target:
+    with report.progress(label, options.steps, keep=True) as shown, start(kill) as target:
         run = _Run(
             target,
             shown,
@@ -396,7 +378,7 @@ def run_once(
 
 
 def smoke(
-    start: Callable[[bool], RunBackend], view: View, options: RunOptions
+    start: Callable[[bool], RunBackend], report: Report, options: RunOptions
 ) -> Iterator[tuple[str, Outcome]]:
     """The smoke run: ("run", outcome). With ``kill_at``: ("clean", outcome) of a clean run
     first, then ("kill", outcome) of the same job with one worker SIGKILLed."""
@@ -405,10 +387,10 @@ def smoke(
     if last is not None and kill_at and kill_at.step is not None and kill_at.step >= last:
         raise UserError(f"--kill-at: step {kill_at.step} is not before the last step ({last})")
     if kill_at is None:
-        yield "run", run_once(start, view, "job", options)
+        yield "run", run_once(start, report, "job", options)
         return
-    yield "clean", run_once(start, view, "clean run", options)
-    yield "kill", run_once(start, view, f"kill at {kill_at}", options, kill=True)
+    yield "clean", run_once(start, report, "clean run", options)
+    yield "kill", run_once(start, report, f"kill at {kill_at}", options, kill=True)
 
 
 def same_weights(chaos: Outcome, clean: Outcome) -> bool | None:

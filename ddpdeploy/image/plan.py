@@ -1,6 +1,6 @@
 """The pure part of `ddpdeploy build`: the build context's plan, the build args, the image's
 content tag and its repository. No file, engine or clock here: the adapters
-(ddpdeploy.adapters.build_context, .docker_engine) scan the disk, write the tar, talk to the
+(ddpdeploy.image.context, .docker_engine) scan the disk, write the tar, talk to the
 engine, and feed these functions what they found.
 
 The context the engine receives has two folders (named in ddpdeploy.image_layout):

@@ -1,6 +1,7 @@
 """Build (and optionally push) the training image: the flow behind `build` and `up --build`.
 
-Progress goes to stderr; the caller gets the image reference back and decides what to print.
+Progress goes to the Report the caller passes; the caller gets the image reference back and
+decides what to print.
 """
 
 from __future__ import annotations
@@ -9,19 +10,24 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
+from ddpdeploy.adapters import docker_engine as engine
+from ddpdeploy.adapters import git
+from ddpdeploy.adapters.docker_streams import PUSH_DONE, BuildProgress, PushProgress
 from ddpdeploy.contract import RunRecord
 from ddpdeploy.errors import UserError
-from ddpdeploy.spec import JobSpec
-
-if TYPE_CHECKING:  # annotations only: rich and the adapters load when a build runs
-    from rich.console import Console
-    from rich.progress import Progress, TaskID
-
-    from ddpdeploy.adapters.docker_streams import BuildProgress, PushProgress
-    from ddpdeploy.render.image import ContextEntry
+from ddpdeploy.image import plan
+from ddpdeploy.image.context import (
+    context_file,
+    dockerfile,
+    requirements,
+    scan_trainer,
+    scan_workspace,
+)
+from ddpdeploy.paths import docker_dir, trainer_dir
+from ddpdeploy.report import Progress, Quiet, Report
+from ddpdeploy.spec import ImageRef, JobSpec
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,7 @@ def build_image(
     network: str | None = None,
     no_cache: bool = False,
     push_flag: str = "--push",
+    report: Report | None = None,
 ) -> BuiltImage:
     """Build the workspace image; its reference is `repo:tag`, or `repo@sha256:…` when
     pushed.
@@ -58,27 +65,21 @@ def build_image(
     `push_flag` names the flag that asked for the push, for the one-line error without a
     repository (`up --build` pushes without a --push flag of its own).
     """
-    # Heavy imports here, not at module top: `ddpdeploy --help` and `render` stay docker-free.
-    from rich.console import Console
-
-    from ddpdeploy.adapters import docker_engine as engine
-
+    report = report or Quiet()
     job = _inputs(spec, workspace, base_image, push, system_packages, push_flag)
     # The engine first: with no engine, say so before reading a single workspace file.
     client = engine.connect()
-    console = Console(stderr=True)
-    local, tag, new_tag = _build_tagged(console, client, job, no_cache, network)
+    local, tag, new_tag = _build_tagged(report, client, job, no_cache, network)
     if not push:
         return local
     try:
-        digest = _push_with_progress(console, engine, client, job.repository, tag)
+        digest = _push_with_progress(report, client, job.repository, tag)
     except UserError:
         # A failed command leaves nothing tagged that was not there before.
         if new_tag:
             engine.untag(client, job.repository, tag)
         raise
-    # soft_wrap: one line however long the reference (a git tag is longer than ctx-…).
-    console.print(f"pushed {job.repository}:{tag}", markup=False, highlight=False, soft_wrap=True)
+    report.say(f"pushed {job.repository}:{tag}")
     return BuiltImage(f"{job.repository}@{digest}", digest, local.git_commit, local.git_dirty)
 
 
@@ -102,44 +103,41 @@ def _inputs(
     push_flag: str,
 ) -> _Inputs:
     """The flags checked, before the engine is asked anything."""
-    from ddpdeploy.render import image
 
     workspace = workspace.resolve()
     if not workspace.is_dir():
         raise UserError(f"--workspace: {workspace} is not a folder")
-    repository = image.repository_for(spec.image, spec.name)
+    repository = plan.repository_for(spec.image, spec.name)
     if push and not spec.image:
         raise UserError(
             f"{push_flag} needs a repository to push to: pass --image REGISTRY/REPO "
             "(e.g. ghcr.io/me/train) or set image: in ddpdeploy.yaml"
         )
-    base = _image_ref("--base-image", base_image or image.DEFAULT_BASE_IMAGE)
+    base = _image_ref("--base-image", base_image or plan.DEFAULT_BASE_IMAGE)
     return _Inputs(workspace, repository, base, _apt_packages(system_packages or ""))
 
 
 def _build_tagged(
-    console: Console, client: Any, job: _Inputs, no_cache: bool, network: str | None
+    report: Report, client: Any, job: _Inputs, no_cache: bool, network: str | None
 ) -> tuple[BuiltImage, str, bool]:
     """(the image as built here, its content tag, whether the tag is new): the workspace's
     context and git facts hashed into the tag, then a build unless that image is here."""
-    from ddpdeploy.adapters import build_context, git
-    from ddpdeploy.render import image
 
     revision, dirty = git.revision(job.workspace), git.dirty(job.workspace)
     source = git.source(job.workspace)
-    build_args = image.build_args(job.base, job.packages, revision, source, dirty)
+    build_args = plan.build_args(job.base, job.packages, revision, source, dirty)
     entries = _context_entries(job.workspace)
-    with build_context.context_file(entries) as (context, context_sha256):
-        inputs = image.inputs_hash(context_sha256, build_args)
-        tag = image.content_tag(inputs, revision)
+    with context_file(entries) as (context, context_sha256):
+        inputs = plan.inputs_hash(context_sha256, build_args)
+        tag = plan.content_tag(inputs, revision)
         built_id, new_tag = _build_or_reuse(
-            console, client, job, context, build_args, inputs, tag, no_cache, network
+            report, client, job, context, build_args, inputs, tag, no_cache, network
         )
     return BuiltImage(f"{job.repository}:{tag}", built_id, revision, dirty), tag, new_tag
 
 
 def _build_or_reuse(
-    console: Console,
+    report: Report,
     client: Any,
     job: _Inputs,
     context: Any,
@@ -151,32 +149,19 @@ def _build_or_reuse(
 ) -> tuple[str, bool]:
     """(image ID, whether the tag is new): the tagged image when it was built from these
     inputs on this base image, else a build through the engine, tagged."""
-    from ddpdeploy.adapters import docker_engine as engine
-
     base, repository = job.base, job.repository
-
-    labels = _input_labels(engine, client, base, inputs)
-    current = None if no_cache else _up_to_date(engine, client, f"{repository}:{tag}", labels)
+    labels = _input_labels(client, base, inputs)
+    current = None if no_cache else _up_to_date(client, f"{repository}:{tag}", labels)
     if current is not None:
-        console.print(
-            f"up to date: {repository}:{tag} (same inputs and base)",
-            soft_wrap=True,
-            markup=False,
-            highlight=False,
-        )
+        report.say(f"up to date: {repository}:{tag} (same inputs and base)")
         return current, False
     result = _build_with_progress(
-        console, engine, client, context, build_args, labels, base, no_cache, network
+        report, client, context, build_args, labels, base, no_cache, network
     )
     built_id = result.image_id or ""
     new_tag = engine.tag(client, built_id, repository, tag)
     cached = len(result.cached_steps)
-    console.print(
-        f"built {repository}:{tag} ({cached}/{len(result.steps)} steps cached)",
-        markup=False,
-        highlight=False,
-        soft_wrap=True,
-    )
+    report.say(f"built {repository}:{tag} ({cached}/{len(result.steps)} steps cached)")
     return built_id, new_tag
 
 
@@ -186,7 +171,7 @@ INPUTS_LABEL = "io.ddpdeploy.inputs-sha256"
 BASE_ID_LABEL = "io.ddpdeploy.base-image-id"
 
 
-def _input_labels(engine: ModuleType, client: Any, base: str, inputs: str) -> dict[str, str]:
+def _input_labels(client: Any, base: str, inputs: str) -> dict[str, str]:
     """The build's inputs as labels: the inputs' hash and, when the base is here already,
     its image ID (the hash names the base by reference only, which a pull can move)."""
     labels = {INPUTS_LABEL: inputs}
@@ -196,7 +181,7 @@ def _input_labels(engine: ModuleType, client: Any, base: str, inputs: str) -> di
     return labels
 
 
-def _up_to_date(engine: ModuleType, client: Any, ref: str, labels: dict[str, str]) -> str | None:
+def _up_to_date(client: Any, ref: str, labels: dict[str, str]) -> str | None:
     """The image ID of ``ref`` when it is here and was built from exactly these inputs on
     this base image; None when it must be built."""
     if BASE_ID_LABEL not in labels:
@@ -207,26 +192,21 @@ def _up_to_date(engine: ModuleType, client: Any, ref: str, labels: dict[str, str
     return found[0]
 
 
-def _context_entries(workspace: Path) -> list[ContextEntry]:
+def _context_entries(workspace: Path) -> list[plan.ContextEntry]:
     """What goes into the build context: your code, the trainer, the Dockerfile, requirements."""
-    from ddpdeploy.adapters import build_context
-    from ddpdeploy.paths import docker_dir, trainer_dir
-    from ddpdeploy.render import image
 
-    kept = build_context.scan_workspace(workspace)
-    return image.plan_context(
+    kept = scan_workspace(workspace)
+    return plan.plan_context(
         kept,
-        build_context.scan_trainer(trainer_dir()),
-        build_context.dockerfile(docker_dir()),
-        build_context.requirements(workspace, kept),
+        scan_trainer(trainer_dir()),
+        dockerfile(docker_dir()),
+        requirements(workspace, kept),
     )
 
 
 def _image_ref(flag: str, value: str) -> str:
     """The spec's own image-reference rule: a bad one is bad input, not an engine error."""
     from pydantic import TypeAdapter, ValidationError
-
-    from ddpdeploy.spec import ImageRef
 
     try:
         return str(TypeAdapter(ImageRef).validate_python(value))
@@ -251,8 +231,7 @@ def _apt_packages(value: str) -> str:
 
 
 def _build_with_progress(
-    console: Console,
-    engine: ModuleType,
+    report: Report,
     client: Any,
     context: IO[bytes],
     build_args: dict[str, str],
@@ -261,37 +240,24 @@ def _build_with_progress(
     no_cache: bool,
     network: str | None,
 ) -> BuildProgress:
-    from rich.progress import BarColumn, Progress, TextColumn
-
-    # Non-terminals (CI logs) get one line per step instead of a redrawn bar.
-    live = console.is_terminal
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        # Not markup: an instruction like CMD ["a"] must print as written.
-        TextColumn("{task.fields[info]}", markup=False),
-        console=console,
-        transient=True,
-        disable=not live,
-    ) as bar:
-        task = bar.add_task("build", total=None, info="sending context")
+    with report.progress("build") as shown:
+        shown.update(info="sending context")
         result = engine.build(
             client,
             context,
             build_args,
             base,
-            _on_build(console, bar, task),
+            _on_build(shown),
             no_cache=no_cache,
             network=network,
             labels=labels,
         )
-        bar.update(task, completed=result.total)
+        shown.update(completed=result.total)
     return result
 
 
-def _on_build(console: Console, bar: Progress, task: TaskID) -> Callable[[BuildProgress], None]:
-    """The build's progress: the bar on a terminal, else one line per step."""
-    live = console.is_terminal
+def _on_build(shown: Progress) -> Callable[[BuildProgress], None]:
+    """The build's progress: where it is, and a line per step where that is all a log shows."""
     seen: set[int] = set()
 
     def on_build(state: BuildProgress) -> None:
@@ -299,63 +265,37 @@ def _on_build(console: Console, bar: Progress, task: TaskID) -> Callable[[BuildP
         if step is None:
             return
         instruction = " ".join(step.instruction.split())
-        info = f"{instruction[:60]}{' (cached)' if step.cached else ''}"
-        bar.update(
-            task,
+        cached = " (cached)" if step.cached else ""
+        shown.update(
             total=state.total,
             completed=step.number - 1,
-            description=f"step {step.number}/{state.total}",
-            info=info,
+            info=f"step {step.number}/{state.total} {instruction[:60]}{cached}",
         )
-        if not live and step.number not in seen:
+        if step.number not in seen:
             seen.add(step.number)
-            console.print(
-                f"step {step.number}/{state.total}: {instruction[:100]}",
-                markup=False,
-                highlight=False,
-                soft_wrap=True,
-            )
+            shown.step(f"step {step.number}/{state.total}: {instruction[:100]}")
 
     return on_build
 
 
-def _push_with_progress(
-    console: Console, engine: ModuleType, client: Any, repository: str, tag: str
-) -> str:
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
-
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        console=console,
-        transient=True,
-        disable=not console.is_terminal,
-    ) as bar:
-        return str(engine.push(client, repository, tag, _on_push(console, bar)))
+def _push_with_progress(report: Report, client: Any, repository: str, tag: str) -> str:
+    with report.progress("push", unit="bytes") as shown:
+        return str(engine.push(client, repository, tag, _on_push(shown)))
 
 
-def _on_push(console: Console, bar: Progress) -> Callable[[PushProgress], None]:
-    """The push's progress: a bar per layer on a terminal, else one line per layer done."""
-    from ddpdeploy.adapters.docker_streams import PUSH_DONE
-
-    live = console.is_terminal
-    tasks: dict[str, TaskID] = {}
+def _on_push(shown: Progress) -> Callable[[PushProgress], None]:
+    """The push's progress: its bytes, and a line per layer once it is settled."""
     done: set[str] = set()
 
     def on_push(state: PushProgress) -> None:
-        for layer, (status, current, total) in state.layers.items():
-            if layer not in tasks:
-                tasks[layer] = bar.add_task(layer, total=total or None)
-            bar.update(
-                tasks[layer],
-                description=f"{layer} {status}",
-                completed=current,
-                total=total or None,
-            )
-            # Non-terminals: one line per layer once it is settled.
-            if not live and layer not in done and status.startswith(PUSH_DONE):
+        layers = state.layers.values()
+        shown.update(
+            completed=sum(current for _, current, _ in layers),
+            total=sum(total for _, _, total in layers) or None,
+        )
+        for layer, (status, _, _) in state.layers.items():
+            if layer not in done and status.startswith(PUSH_DONE):
                 done.add(layer)
-                console.print(f"layer {layer}: {status}", markup=False, highlight=False)
+                shown.step(f"layer {layer}: {status}")
 
     return on_push

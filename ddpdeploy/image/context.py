@@ -23,14 +23,14 @@ from typing import IO
 
 from ddpdeploy import fs
 from ddpdeploy.errors import OperationError, UserError
-from ddpdeploy.image_layout import CONTEXT_WORKSPACE
-from ddpdeploy.render.image import (
+from ddpdeploy.image.plan import (
     DEFAULT_IGNORES,
     REQUIREMENTS,
     ContextEntry,
     LocalFile,
     dockerignore_patterns,
 )
+from ddpdeploy.image_layout import CONTEXT_WORKSPACE
 
 # A fixed mtime (1980-01-01, the earliest a zip can hold) so identical files give identical
 # tar entries whatever their checkout time; the image content does not depend on when.
