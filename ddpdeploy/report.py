@@ -40,6 +40,9 @@ class Report(Protocol):
     def say(self, text: str) -> None:
         """One line of ours."""
 
+    def warn(self, text: str) -> None:
+        """One line of ours about something skipped or suspicious; the work goes on."""
+
     def progress(
         self, label: str, total: float | None = None, *, unit: str = "steps", keep: bool = False
     ) -> AbstractContextManager[Progress]:
@@ -71,6 +74,9 @@ class Quiet:
     """A Report that shows nothing (library use, tests that only look at results)."""
 
     def say(self, text: str) -> None:
+        pass
+
+    def warn(self, text: str) -> None:
         pass
 
     @contextlib.contextmanager

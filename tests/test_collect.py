@@ -96,8 +96,8 @@ class _ExecFromFolder:
 
 
 def test_pod_source_reads_through_exec_chunks(tmp_path):
-    from ddpdeploy.checkpoints import collect
-    from ddpdeploy.cluster.collect import PodSource
+    from ddpdeploy.collect.checkpoint import collect
+    from ddpdeploy.collect.pod import PodSource
 
     folder = tmp_path / "vol"
     folder.mkdir()
@@ -116,7 +116,7 @@ def test_pod_source_reads_through_exec_chunks(tmp_path):
 
 
 def test_run_record_is_the_sidecars_run_object_or_nothing():
-    from ddpdeploy.checkpoints import Sidecar, run_record
+    from ddpdeploy.collect.checkpoint import Sidecar, run_record
 
     base = {"step": 4, "sha256": "a" * 64}
     for not_a_record in ({}, {"run": "x"}, {"run": [1, 2]}, {"run": None}):

@@ -13,17 +13,13 @@ from pathlib import Path
 
 import pytest
 from cli_runner import run_cli
+from reports import Recorded
 from test_collect_pod import ExecHere
 
-from ddpdeploy.checkpoints import (
-    MAX_DEBUG,
-    LocalSource,
-    NoCheckpoint,
-    collect,
-    payload_name,
-    sidecar_name,
-)
-from ddpdeploy.cluster.collect import PodSource
+from ddpdeploy.collect.checkpoint import collect, payload_name, sidecar_name
+from ddpdeploy.collect.debug import MAX_DEBUG
+from ddpdeploy.collect.pod import PodSource
+from ddpdeploy.collect.source import LocalSource, NoCheckpoint
 from ddpdeploy.errors import UserError
 
 NOTE = f"\n# ddpdeploy collect: cut here at {MAX_DEBUG} bytes; the file was longer\n".encode()
@@ -183,15 +179,13 @@ def test_ctrl_c_mid_copy_leaves_no_file_behind(project, tmp_path):
     put_diagnostics(folder)
     (folder / "hang-rank7.txt").write_bytes(os.urandom(3 << 20))  # several chunks
     to = tmp_path / "out"
-    seen: list[int] = []
 
-    def interrupt(n: int) -> None:
-        seen.append(n)
-        if sum(seen) > 5000 + (1 << 20):  # inside hang-rank7.txt, after the first ones
+    def interrupt(copied: float) -> None:
+        if copied > 5000 + (1 << 20):  # inside hang-rank7.txt, after the first ones
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        collect(LocalSource(folder), to, progress=interrupt, debug=True)
+        collect(LocalSource(folder), to, report=Recorded(interrupt), debug=True)
     assert not to.exists()  # the checkpoint and the stacks already copied went too
     assert not [p for p in tmp_path.rglob("*ddpdeploy-tmp*")]
 
@@ -222,9 +216,10 @@ def test_the_pod_source_brings_the_diagnostics_and_sends_no_more_than_the_bound(
         f.truncate(2 << 30)  # 2 GB: the pod's reader stops at 33 MiB
     (vol / "hang-rank3.txt").symlink_to("/etc/passwd")
     exec_ = LyingExec(vol)
-    warnings: list[str] = []
+    said = Recorded()
+    warnings = said.warnings
     source = PodSource(exec_, "j-master-0", "ns", "pytorch", str(vol))
-    got = collect(source, tmp_path / "out", warn=warnings.append, debug=True)
+    got = collect(source, tmp_path / "out", report=said, debug=True)
     assert got.no_checkpoint and got.step is None
     assert sorted(f.name for f in got.debug or []) == [
         "ddpkit-nccl.node-1.4242.log",
@@ -248,7 +243,7 @@ def test_the_pod_reader_without_gnu_dd_bounds_too(tmp_path):
     big = tmp_path / "big"
     with open(big, "wb") as f:
         f.truncate(5 << 20)
-    from ddpdeploy.cluster.collect import READ
+    from ddpdeploy.collect.pod import READ
 
     program = READ.replace("iflag=nofollow status=none 2>/dev/null", "iflag=no-such-flag 2>&-")
     assert program != READ  # the probe for GNU dd now fails: the other branch runs
@@ -311,7 +306,7 @@ def test_the_compose_staging_writes_a_bounded_file_only_that_far(tmp_path):
     import io
     import tarfile
 
-    from ddpdeploy.adapters.docker_volume import _extract_files
+    from ddpdeploy.collect.volume import _extract_files
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:

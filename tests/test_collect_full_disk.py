@@ -15,7 +15,7 @@ import pytest
 from cli_runner import run_cli
 from fs_helpers import mount_tmpfs, tmpfs_mountpoint
 
-from ddpdeploy.checkpoints import payload_name, sidecar_name
+from ddpdeploy.collect.checkpoint import payload_name, sidecar_name
 
 mountpoint = tmpfs_mountpoint  # the fixture (unmounts in its finalizer), by the name used here
 

@@ -15,7 +15,7 @@ import pytest
 from cli_runner import run_cli
 
 from ddpdeploy import fs
-from ddpdeploy.checkpoints import payload_name, sidecar_name
+from ddpdeploy.collect.checkpoint import payload_name, sidecar_name
 from ddpdeploy.errors import UserError
 
 PAYLOAD = 48 << 20  # long enough to copy that the other run reaches the lock meanwhile

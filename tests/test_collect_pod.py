@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from reports import Recorded
 
-from ddpdeploy.checkpoints import SUMS, collect, payload_name, sidecar_name
-from ddpdeploy.cluster.collect import PodSource
+from ddpdeploy.collect.checkpoint import collect, payload_name, sidecar_name
+from ddpdeploy.collect.plain import SUMS
+from ddpdeploy.collect.pod import PodSource, collect_helper_pod
 from ddpdeploy.errors import OperationError, UserError
-from ddpdeploy.render.pod import collect_helper_pod
 from ddpdeploy.spec import JobSpec
 
 JOB = {
@@ -148,8 +149,9 @@ def test_the_pod_source_refuses_symlinks_and_falls_back_past_a_vanished_payload(
     entries = source.entries()
     assert entries[payload_name(2)] == "symlink" and entries["pipe"] == "special file"
     assert entries["odd\nname"] == "regular file"
-    warnings: list[str] = []
-    got = collect(source, tmp_path / "out", warn=warnings.append)
+    said = Recorded()
+    warnings = said.warnings
+    got = collect(source, tmp_path / "out", report=said)
     assert got.step == 1
     assert (tmp_path / "out" / payload_name(1)).read_bytes() == (vol / payload_name(1)).read_bytes()
     text = "\n".join(warnings)

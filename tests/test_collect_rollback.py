@@ -10,8 +10,10 @@ import os
 from pathlib import Path
 
 import pytest
+from reports import Recorded
 
-from ddpdeploy.checkpoints import LocalSource, collect, payload_name, sidecar_name
+from ddpdeploy.collect.checkpoint import collect, payload_name, sidecar_name
+from ddpdeploy.collect.source import LocalSource
 
 
 def test_ctrl_c_after_overwrite_puts_the_old_files_back(tmp_path: Path) -> None:
@@ -27,15 +29,13 @@ def test_ctrl_c_after_overwrite_puts_the_old_files_back(tmp_path: Path) -> None:
     mine = {payload_name(3): b"an older step 3", sidecar_name(3): b"{}", "notes": b"kept"}
     for name, data in mine.items():
         (to / name).write_bytes(data)
-    seen: list[int] = []
 
-    def interrupt(n: int) -> None:
-        seen.append(n)
-        if sum(seen) > 5000 + (1 << 20):  # inside the stack, the checkpoint replaced
+    def interrupt(copied: float) -> None:
+        if copied > 5000 + (1 << 20):  # inside the stack, the checkpoint replaced
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        collect(LocalSource(src), to, progress=interrupt, overwrite=True, debug=True)
+        collect(LocalSource(src), to, report=Recorded(interrupt), overwrite=True, debug=True)
     assert {p.name: p.read_bytes() for p in to.iterdir()} == mine  # no debug/, no temp file
     got = collect(LocalSource(src), to, overwrite=True, debug=True)  # and nothing in its way
     assert got.step == 3 and (to / payload_name(3)).read_bytes() == payload

@@ -16,16 +16,12 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from reports import Recorded
 
-from ddpdeploy.checkpoints import (
-    SUMS,
-    LocalSource,
-    Unreadable,
-    _write_atomic,
-    collect,
-    payload_name,
-    sidecar_name,
-)
+from ddpdeploy.collect.checkpoint import collect, payload_name, sidecar_name
+from ddpdeploy.collect.destination import _write_atomic
+from ddpdeploy.collect.plain import SUMS
+from ddpdeploy.collect.source import LocalSource, Unreadable
 from ddpdeploy.errors import OperationError, UserError
 
 
@@ -61,8 +57,9 @@ def src(tmp_path: Path) -> Path:
 
 
 def run(folder: Path, dest: Path, **kw: Any) -> tuple[Any, list[str]]:
-    warnings: list[str] = []
-    got = collect(LocalSource(folder), dest, warn=warnings.append, **kw)
+    said = Recorded()
+    warnings = said.warnings
+    got = collect(LocalSource(folder), dest, report=said, **kw)
     return got, warnings
 
 
@@ -174,8 +171,9 @@ class SwapOnOpen:
 def test_a_payload_deleted_between_list_and_open_falls_back(src, tmp_path):
     put_checkpoint(src, 2)
     source = SwapOnOpen(src, payload_name(2), (src / payload_name(2)).unlink)
-    warnings: list[str] = []
-    assert collect(source, tmp_path / "out", warn=warnings.append).step == 1
+    said = Recorded()
+    warnings = said.warnings
+    assert collect(source, tmp_path / "out", report=said).step == 1
     assert len(warnings) == 1 and "vanished" in warnings[0]
     assert listing(tmp_path / "out") == [sidecar_name(1), payload_name(1)]  # no temp left
 
@@ -191,8 +189,9 @@ def test_a_symlink_swapped_in_after_the_listing_is_refused_at_open(src, tmp_path
 
     source = SwapOnOpen(src, payload_name(2), swap)
     assert source.entries()[payload_name(2)] == "regular file"  # when listed
-    warnings: list[str] = []
-    assert collect(source, tmp_path / "out", warn=warnings.append).step == 1
+    said = Recorded()
+    warnings = said.warnings
+    assert collect(source, tmp_path / "out", report=said).step == 1
     assert any("a symlink, not a regular file" in w for w in warnings)
 
 
@@ -266,9 +265,10 @@ def test_a_plain_file_still_being_written_is_skipped(tmp_path):
                         fh.write(b" and more")
             return self.inner.open(name)
 
-    warnings: list[str] = []
+    said = Recorded()
+    warnings = said.warnings
     source = GrowsAfterFirstRead(src, "", None)
-    got = collect(source, tmp_path / "out", warn=warnings.append)
+    got = collect(source, tmp_path / "out", report=said)
     assert got.files == ["done.pt"]
     assert len(warnings) == 1 and "growing.pt" in warnings[0] and "between two reads" in warnings[0]
     with pytest.raises(OperationError, match="--file: growing.pt"):
@@ -353,8 +353,9 @@ def test_any_sidecar_contents_give_one_plain_line_and_nothing_outside_to(doc, ra
         data = raw if raw is not None else json.dumps(doc).encode()
         (src / sidecar_name(2)).write_bytes(data)
         before = tree(base)
-        warnings: list[str] = []
-        got = collect(LocalSource(src), base / "out", warn=warnings.append)
+        said = Recorded()
+        warnings = said.warnings
+        got = collect(LocalSource(src), base / "out", report=said)
         assert got.step in (1, 2)
         assert len(warnings) == (got.step == 1)
         for line in warnings:

@@ -261,7 +261,8 @@ def test_an_engine_that_never_answers_is_one_line_not_a_hang(monkeypatch) -> Non
 
 
 def test_a_dead_socket_gives_the_same_line_everywhere(tmp_path: Path, monkeypatch) -> None:
-    from ddpdeploy.adapters import docker_engine, docker_volume
+    from ddpdeploy.adapters import docker_engine
+    from ddpdeploy.collect import volume as docker_volume
 
     dead = f"unix://{tmp_path}/dead.sock"
     monkeypatch.setenv("DOCKER_HOST", dead)

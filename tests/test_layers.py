@@ -55,8 +55,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "cluster.*",
             "smoke.*",
             "image.*",
-            "checkpoints",
-            "volumecollect",  # collect --from compose: the volume staged, read as a folder
+            "collect.*",
         ),
     ),
     ("commands", ("commands.*",)),

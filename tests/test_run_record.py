@@ -16,8 +16,8 @@ from cli_runner import run_cli
 from ddpdeploy.cluster.plan import RECORD_PREFIX, SPEC_ANNOTATION, saved_record, with_saved_spec
 from ddpdeploy.commands.options import spec_from_flags
 from ddpdeploy.contract import RunRecord, facts_env, record_env, record_from_env
-from ddpdeploy.image.build import BuiltImage
 from ddpdeploy.image import plan as image
+from ddpdeploy.image.build import BuiltImage
 from ddpdeploy.rules import DIAGNOSTICS_ENV, RECORD_ENV, RESERVED_ENV, TARGET_NAMES
 from ddpdeploy.smoke.compose import render_compose
 from ddpdeploy.smoke.launch import local_nodes

@@ -65,7 +65,11 @@ class ConsoleReport:
         self.console = console or Console(stderr=True, highlight=False)
 
     def say(self, text: str) -> None:
+        # Text as written (names and reasons from outside may hold `[`), one line however long.
         self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    def warn(self, text: str) -> None:
+        self.say(f"warning: {text}")
 
     @contextlib.contextmanager
     def progress(

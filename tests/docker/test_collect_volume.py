@@ -133,7 +133,7 @@ def test_collect_plain_files_from_a_volume(cli, engine, base_image, tmp_path):
 def test_collect_debug_from_a_volume(cli, engine, base_image, tmp_path):
     """--debug: the stacks, a dump and an NCCL log come into --to/debug/; a 40 MB stack is cut
     at the bound (and staged no further), a symlink posing as a stack is refused."""
-    from ddpdeploy.checkpoints import MAX_DEBUG
+    from ddpdeploy.collect.debug import MAX_DEBUG
 
     name = f"ddpdeploy-test-collect-debug-{os.getpid()}"
     vol = engine.volumes.create(name)

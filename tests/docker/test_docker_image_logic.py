@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from ddpdeploy import image_layout
-from ddpdeploy.image import context as build_context
 from ddpdeploy.adapters.docker_streams import BuildProgress, PushProgress
 from ddpdeploy.errors import UserError
-from ddpdeploy.paths import docker_dir
+from ddpdeploy.image import context as build_context
 from ddpdeploy.image import plan as image
+from ddpdeploy.paths import docker_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 

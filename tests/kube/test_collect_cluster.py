@@ -12,7 +12,7 @@ import pytest
 from actors import res
 from conftest import ROOT
 
-from ddpdeploy.render.pod import collect_helper_pod
+from ddpdeploy.collect.pod import collect_helper_pod
 from ddpdeploy.spec import JobSpec
 
 pytestmark = pytest.mark.slow  # a real kube-apiserver

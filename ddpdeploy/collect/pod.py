@@ -1,10 +1,10 @@
 """Reading a job's checkpoint volume on the cluster, for `collect --from cluster`.
 
 From a running pod of the job when there is one (the volume is mounted there), else from a
-short-lived helper pod (ddpdeploy.render.pod.collect_helper_pod) that mounts the claim
+short-lived helper pod (`collect_helper_pod`, below) that mounts the claim
 read-only and is deleted afterwards, on failure and Ctrl-C too. Entries are listed and files
 read by small POSIX `sh` programs through the exec API; the reader refuses anything but a
-regular file, and checksums are checked by ddpdeploy.checkpoints like for any other source.
+regular file, and checksums are checked by ddpdeploy.collect like for any other source.
 """
 
 from __future__ import annotations
@@ -17,10 +17,19 @@ from typing import BinaryIO
 
 from ddpdeploy import fs
 from ddpdeploy.adapters.kube import Kube
-from ddpdeploy.checkpoints import FILE, FOLDER, SPECIAL, SYMLINK, Unreadable, plain_name, shown
 from ddpdeploy.cluster.labels import selector
+from ddpdeploy.collect.source import FILE, FOLDER, SPECIAL, SYMLINK, Unreadable, plain_name, shown
 from ddpdeploy.errors import OperationError, UserError
-from ddpdeploy.render.pod import COLLECT_CONTAINER, collect_helper_pod
+from ddpdeploy.obj import Obj
+from ddpdeploy.render.pod import (
+    CHECKPOINT_VOLUME,
+    checkpoint_claim_name,
+    container_security,
+    metadata,
+    placement,
+    pod_security,
+    require_image,
+)
 from ddpdeploy.spec import JobSpec
 from ddpdeploy.targets import layout_of
 
@@ -51,6 +60,62 @@ else
 fi"""
 _REFUSED = "ddpdeploy-refused: "
 _KINDS = {"f": FILE, "l": SYMLINK, "d": FOLDER, "o": SPECIAL}
+
+
+COLLECT_CONTAINER = "reader"
+
+
+def collect_helper_pod(spec: JobSpec, image: str | None = None) -> Obj:
+    """The short-lived pod `collect --from cluster` reads the checkpoint volume through: it
+    mounts the job's claim read-only and idles until deleted. Hardened like the job's pods
+    (same securityContext, no service account token, no service links, resources) with a
+    read-only root always, as it writes nothing; the job's image unless ``image`` is given
+    (it needs `sh`, `cat` and `sleep`)."""
+    claim = checkpoint_claim_name(spec)
+    if spec.checkpoint is None or claim is None:
+        raise UserError(f"job {spec.name} has no checkpoint volume (checkpoint: in the spec)")
+    security = {**container_security(spec), "readOnlyRootFilesystem": True}
+    security["capabilities"] = {"drop": ["ALL"]}  # no IPC_LOCK: it does no RDMA
+    pod: Obj = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "restartPolicy": "Never",
+        "activeDeadlineSeconds": 3600,  # a safety net should the delete never come
+        "terminationGracePeriodSeconds": 1,  # `sleep` as PID 1 ignores SIGTERM
+        "securityContext": pod_security(spec),
+        "containers": [
+            {
+                "name": COLLECT_CONTAINER,
+                "image": image or require_image(spec),
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["sleep", "3600"],
+                "resources": {
+                    "requests": {"cpu": "100m", "memory": "64Mi"},
+                    "limits": {"memory": "256Mi"},
+                },
+                "securityContext": security,
+                "volumeMounts": [
+                    {
+                        "name": CHECKPOINT_VOLUME,
+                        "mountPath": spec.checkpoint.mount_path,
+                        "readOnly": True,
+                    }
+                ],
+            }
+        ],
+        "volumes": [
+            {
+                "name": CHECKPOINT_VOLUME,
+                "persistentVolumeClaim": {"claimName": claim, "readOnly": True},
+            }
+        ],
+    }
+    # Where the job's pods may run (and the claim can attach), the reader may too.
+    pod |= placement(spec)
+    meta = metadata(spec, f"{spec.name}-collect")
+    meta["labels"]["ddpdeploy.dev/role"] = "collect"
+    meta["annotations"] = {**meta.get("annotations", {}), "sidecar.istio.io/inject": "false"}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod}
 
 
 def _refusals_as_unreadable(chunks: Iterator[bytes]) -> Iterator[bytes]:
