@@ -293,7 +293,7 @@ class Bench:
     def indexed_job(self, ns: str, name: str, n: int) -> None:
         """The Indexed Job's objects, created without the fields 1.20 lacks, and its pods
         as the Job controller names and labels them."""
-        from ddpdeploy.cluster.plan import with_saved_spec
+        from ddpdeploy.cluster.saved import with_saved_spec
         from ddpdeploy.commands.options import spec_from_flags
         from ddpdeploy.targets import render_objects
 
@@ -323,7 +323,7 @@ class Bench:
 
     def list_jobs(self, ns: str, count: int) -> None:
         """``count`` PyTorchJobs of ours, created directly (what `up` would submit)."""
-        from ddpdeploy.cluster.plan import with_saved_spec
+        from ddpdeploy.cluster.saved import with_saved_spec
         from ddpdeploy.commands.options import spec_from_flags
         from ddpdeploy.targets import render_objects
 

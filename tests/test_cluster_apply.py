@@ -12,7 +12,7 @@ from fakekube import FakeKube
 
 from ddpdeploy.cluster import apply as deploy
 from ddpdeploy.cluster.find import find_job
-from ddpdeploy.cluster.plan import scaled_spec, with_saved_spec
+from ddpdeploy.cluster.saved import scaled_spec, with_saved_spec
 from ddpdeploy.errors import OperationError
 from ddpdeploy.obj import Obj
 from ddpdeploy.signals import catch_signals

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from cli_runner import run_cli
 
-from ddpdeploy.cluster.plan import RECORD_PREFIX, SPEC_ANNOTATION, saved_record, with_saved_spec
+from ddpdeploy.cluster.saved import RECORD_PREFIX, SPEC_ANNOTATION, saved_record, with_saved_spec
 from ddpdeploy.commands.options import spec_from_flags
 from ddpdeploy.contract import RunRecord, facts_env, record_env, record_from_env
 from ddpdeploy.image import plan as image

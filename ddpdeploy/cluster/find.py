@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ddpdeploy.adapters.kube import Kube
 from ddpdeploy.cluster.labels import INSTANCE_LABEL, MANAGED_BY_LABEL
-from ddpdeploy.cluster.plan import saved_spec
+from ddpdeploy.cluster.saved import saved_spec
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.obj import Obj
 from ddpdeploy.targets import DEFAULT_TARGET, JOB_KINDS, TARGETS, Layout

@@ -88,11 +88,11 @@ def up(
     with _nothing_changed_on_interrupt():
         if adopt_pvc:
             spec = deploy.adopt_pvc(kube, spec, _say)
-        plan = deploy.plan_job(kube, spec, _say, create_namespace, record)
+        checked = deploy.prepare(kube, spec, _say, create_namespace, record)
         if dry_run:
-            deploy.dry_run(kube, plan, replace, _say)
+            deploy.dry_run(kube, checked, replace, _say)
             return
-    deploy.apply(kube, plan, replace, _say)  # says itself what an interrupt left
+    deploy.apply(kube, checked, replace, _say)  # says itself what an interrupt left
     if wait is None:
         wait = sys.stdout.isatty()
     if not (wait or follow):

@@ -47,7 +47,7 @@ def up_built(control_plane, namespace, tmp_path: Path, monkeypatch):
         kube = Kube(str(control_plane.kubeconfig))
         said: list[str] = []
         deploy.apply(
-            kube, deploy.plan_job(kube, spec, said.append, record=RECORD), False, said.append
+            kube, deploy.prepare(kube, spec, said.append, record=RECORD), False, said.append
         )
         assert not record_warnings(said), said
 

@@ -149,7 +149,7 @@ def test_status_and_down_cost_the_same_at_2_and_128_nodes(
 def test_list_of_200_jobs_is_one_list_call_per_kind(
     admin, namespace, cli, monkeypatch, tmp_path: Path
 ):
-    from ddpdeploy.cluster.plan import with_saved_spec
+    from ddpdeploy.cluster.saved import with_saved_spec
     from ddpdeploy.commands.options import spec_from_flags
     from ddpdeploy.targets import render_objects
 

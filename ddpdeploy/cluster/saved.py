@@ -1,8 +1,6 @@
-"""What `up` needs to decide before and around applying, as pure functions over dicts.
-
-The saved spec and run record (annotations on the job and on its checkpoint PVC, so that
-`resume` can recreate a job even after `down`), GPU capacity from node objects, and the size
-limits `scale` enforces.
+"""The spec and run record a job carries (annotations on the job and on its checkpoint PVC,
+so that `resume` can recreate a job even after `down`), read back strictly, and the spec
+`scale` makes from a live job. Pure functions over dicts.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from ddpdeploy.cluster.labels import INSTANCE_LABEL
 from ddpdeploy.contract import RunRecord, facts_env, record_from_env
 from ddpdeploy.errors import UserError
 from ddpdeploy.obj import Obj
-from ddpdeploy.spec import JobSpec, canonical_json, quantity, spec_with
+from ddpdeploy.spec import JobSpec, canonical_json, spec_with
 from ddpdeploy.targets import layout_for_kind
 
 SPEC_ANNOTATION = "ddpdeploy.dev/spec"
@@ -29,7 +27,6 @@ SPEC_ANNOTATION = "ddpdeploy.dev/spec"
 # value that is dropped is then left out of the next apply alone, and a key someone else
 # edited (so owns) is left to them rather than conflicting with the apply of the others.
 RECORD_PREFIX = "record.ddpdeploy.dev/"
-GPU = "nvidia.com/gpu"
 
 
 def spec_json(spec: JobSpec) -> str:
@@ -131,52 +128,6 @@ def _read_saved(text: Any, where: str) -> JobSpec:
         first = exc.errors(include_url=False)[0]
         loc = ".".join(str(p) for p in first["loc"])
         raise refuse(f"{loc}: {first['msg']}" if loc else first["msg"]) from None
-
-
-def _quantity_int(value: Any) -> int:
-    """A count the API reports as a quantity ("8"), whole; 0 when it is none."""
-    try:
-        return int(quantity(value)[1])
-    except (ValueError, OverflowError):  # OverflowError: an infinite amount
-        return 0
-
-
-def gpu_nodes(nodes: list[Obj], gpus: int) -> tuple[int, int]:
-    """(nodes whose allocatable GPUs hold ``gpus`` at all, schedulable ones among them)."""
-    fit = ready = 0
-    for node in nodes:
-        alloc = _quantity_int(((node.get("status") or {}).get("allocatable") or {}).get(GPU, 0))
-        if alloc < gpus:
-            continue
-        fit += 1
-        if not (node.get("spec") or {}).get("unschedulable"):
-            ready += 1
-    return fit, ready
-
-
-def gpu_requests_by_node(pods: list[Obj]) -> dict[str, int]:
-    """GPUs that running or pending-but-bound pods hold, per node name."""
-    used: dict[str, int] = {}
-    for pod in pods:
-        node = (pod.get("spec") or {}).get("nodeName")
-        if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-            continue
-        for c in (pod.get("spec") or {}).get("containers") or []:
-            limits = (c.get("resources") or {}).get("limits") or {}
-            used[node] = used.get(node, 0) + _quantity_int(limits.get(GPU, 0))
-    return used
-
-
-def gpu_nodes_free(nodes: list[Obj], pods: list[Obj], gpus: int) -> int:
-    """Nodes that have ``gpus`` free right now."""
-    used = gpu_requests_by_node(pods)
-    free = 0
-    for node in nodes:
-        name = (node.get("metadata") or {}).get("name", "")
-        alloc = _quantity_int(((node.get("status") or {}).get("allocatable") or {}).get(GPU, 0))
-        if alloc - used.get(name, 0) >= gpus and not (node.get("spec") or {}).get("unschedulable"):
-            free += 1
-    return free
 
 
 def scaled_spec(job: Obj, nodes: int) -> JobSpec:
