@@ -12,7 +12,7 @@ import typer
 
 from ddpdeploy import __version__
 from ddpdeploy.commands.options import TrainArgsCommand
-from ddpdeploy.errors import UserError
+from ddpdeploy.errors import DdpdeployError
 from ddpdeploy.signals import catch_signals
 
 app = typer.Typer(
@@ -48,7 +48,7 @@ def _one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except UserError as exc:
+        except DdpdeployError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(exc.exit_code) from None
 

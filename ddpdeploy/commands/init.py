@@ -146,7 +146,7 @@ def init(
     _write(schema_path, json.dumps(json_schema(), indent=2) + "\n")
     try:
         _write(path, text)
-    except UserError:
+    except BaseException:
         if not schema_existed:
             schema_path.unlink(missing_ok=True)  # nothing half-written
         raise

@@ -74,8 +74,8 @@ def build_image(
         return local
     try:
         digest = _push_with_progress(report, client, job.repository, tag)
-    except UserError:
-        # A failed command leaves nothing tagged that was not there before.
+    except BaseException:
+        # A failed or interrupted command leaves nothing tagged that was not there before.
         if new_tag:
             engine.untag(client, job.repository, tag)
         raise
