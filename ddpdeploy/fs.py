@@ -26,7 +26,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from ddpdeploy.errors import OperationError, UserError
+from ddpdeploy.errors import DdpdeployError, OperationError, UserError
 from ddpdeploy.streams import ChunkReader
 
 CHUNK = 1 << 20
@@ -63,7 +63,9 @@ def kind_of(mode: int) -> str:
     return _KINDS.get(stat.S_IFMT(mode), "an unknown kind of file")
 
 
-def write_error(path: Path | str, exc: OSError, label: str = "", verb: str = "write") -> UserError:
+def write_error(
+    path: Path | str, exc: OSError, label: str = "", verb: str = "write"
+) -> DdpdeployError:
     """One line naming ``path``: exit 2 where another path fixes it, 1 where the system
     refused (no space, read-only, no permission)."""
     text = f"{_prefix(label)}cannot {verb} {path}: {exc.strerror or exc}"

@@ -8,6 +8,7 @@ The `kubernetes` package is imported lazily, so `render` never loads it.
 from __future__ import annotations
 
 import ast
+import builtins
 import contextlib
 import hashlib
 import json
@@ -60,7 +61,14 @@ def _status_message(body: Any) -> str | None:
 def _json(response: Any) -> Obj:
     """A response read as JSON: plain dicts straight away, not the dynamic client's
     ResourceInstance tree (which a list of 128 pods takes a while to build and unbuild)."""
-    return json.loads(response.data)
+    doc: Obj = json.loads(response.data)
+    return doc
+
+
+def _as_obj(got: Any) -> Obj:
+    """The dynamic client's ResourceInstance of one object, as a plain dict."""
+    doc: Obj = got.to_dict()
+    return doc
 
 
 def _one_line(text: Any, limit: int = 300) -> str:
@@ -458,7 +466,7 @@ class Kube:
         namespace: str | None = None,
         labels: str | None = None,
         fields: str | None = None,
-    ) -> tuple[list[Obj], str]:
+    ) -> tuple[builtins.list[Obj], str]:
         """The objects, in one list call, and the list's resourceVersion (to watch from)."""
         res = self.resource(api_version, kind)
         with self.errors(f"listing {res.kind}"):
@@ -559,7 +567,7 @@ class Kube:
                 dry_run="All" if dry_run else None,
                 _request_timeout=REQUEST_TIMEOUT,
             )
-        return got.to_dict()
+        return _as_obj(got)
 
     def create(self, obj: Obj, dry_run: bool = False) -> Obj:
         res = self.resource(obj["apiVersion"], obj["kind"])
@@ -571,7 +579,7 @@ class Kube:
                 dry_run="All" if dry_run else None,
                 _request_timeout=REQUEST_TIMEOUT,
             )
-        return got.to_dict()
+        return _as_obj(got)
 
     def create_as_applier(self, obj: Obj) -> Obj:
         """Create-only (Conflict when it exists), then record our fields as applied rather
@@ -593,7 +601,7 @@ class Kube:
                 field_manager=FIELD_MANAGER,
                 _request_timeout=REQUEST_TIMEOUT,
             )
-        return got.to_dict()
+        return _as_obj(got)
 
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None) -> bool:
         """Delete (dependents in the background); False when it was not there."""
@@ -659,7 +667,7 @@ class Kube:
                 yield line.decode(errors="replace")
 
     def exec_stream(
-        self, pod: str, namespace: str, container: str, argv: list[str]
+        self, pod: str, namespace: str, container: str, argv: builtins.list[str]
     ) -> Iterator[bytes]:
         """Run ``argv`` in a pod's container (through the kubelet) and yield its stdout."""
         from kubernetes import client

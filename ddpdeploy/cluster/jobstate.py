@@ -107,7 +107,7 @@ def _stuck(pod: Obj) -> JobState | None:
 def _condition(job: Obj, kind: str) -> Obj | None:
     for cond in (job.get("status") or {}).get("conditions") or []:
         if cond.get("type") == kind and cond.get("status") == "True":
-            return cond
+            return dict(cond)
     return None
 
 

@@ -197,7 +197,7 @@ def made_for(pod: Obj, job: Obj) -> bool:
     for owner in meta.get("ownerReferences") or []:
         same_kind = (owner.get("apiVersion"), owner.get("kind")) == (job["apiVersion"], job["kind"])
         if owner.get("controller") and same_kind:
-            return owner.get("uid") == job["metadata"].get("uid")
+            return bool(owner.get("uid") == job["metadata"].get("uid"))
     return True
 
 

@@ -128,16 +128,18 @@ class JobWatch:
 
     def __enter__(self) -> JobWatch:
         found, layout = self.found, self.found.layout
-        streams = {
-            "job": dict(name=found.name),
-            "pods": dict(labels=selector(layout.pod_selector(found.name))),
-        }
-        for what, how in streams.items():
-            api, kind = (layout.api_version, layout.kind) if what == "job" else ("v1", "Pod")
+        # (what, its kind, the one object's name or the pods' label selector)
+        streams = [
+            ("job", layout.api_version, layout.kind, found.name, None),
+            ("pods", "v1", "Pod", None, selector(layout.pod_selector(found.name))),
+        ]
+        for what, api, kind, name, labels in streams:
             if what == "job" and not found.kube.has_kind(api, kind):
                 self.synced.add(what)  # nothing of that kind can appear
                 continue
-            events = found.kube.watch(api, kind, found.namespace, stop=self.stop, **how)
+            events = found.kube.watch(
+                api, kind, found.namespace, name=name, labels=labels, stop=self.stop
+            )
             thread = threading.Thread(
                 target=self._pump, args=(what, events), name=f"watch {what}", daemon=True
             )
@@ -247,7 +249,7 @@ def rank0_pod(kube: Kube, job: Obj, pods: list[Obj]) -> str | None:
             if len(head) >= 200:
                 break
         if logs_show_rank0(head):
-            return pod["metadata"]["name"]
+            return str(pod["metadata"]["name"])
     return None
 
 

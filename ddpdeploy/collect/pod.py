@@ -153,7 +153,7 @@ class PodSource:
             raise Unreadable(f"{shown(name)} is not a plain file name")
         path = posixpath.join(self.folder, name)
         mib = [] if limit is None else [str(-(-limit // (1 << 20)))]  # whole MiB, rounded up
-        return fs.chunk_reader(_refusals_as_unreadable(self._run(READ, path, *mib)))  # type: ignore[return-value]
+        return fs.chunk_reader(_refusals_as_unreadable(self._run(READ, path, *mib)))
 
     def _run(self, program: str, *args: str) -> Iterator[bytes]:
         argv = ["sh", "-c", program, "sh", *args]

@@ -10,7 +10,7 @@ import contextlib
 import errno
 import hashlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
@@ -117,7 +117,9 @@ class Mismatch(Exception):
     """A copy whose sha256 (or size) is not the one expected."""
 
 
-def read_chunks(source: Source, name: str, limit: int | None = None) -> Iterator[bytes]:
+def read_chunks(
+    source: Source, name: str, limit: int | None = None
+) -> Generator[bytes, None, None]:
     """The file's bytes; a read error is the file's problem (Unreadable), not ours."""
     with source.open(name, limit) if limit is not None else source.open(name) as src:
         while True:

@@ -36,7 +36,7 @@ def _image_for(client: Any, volume: str, image: str | None) -> str:
         return image
     for container in client.containers.list(all=True, filters={"volume": volume}):
         tags = container.image.tags
-        return tags[0] if tags else container.image.id
+        return str(tags[0] if tags else container.image.id)
     raise UserError(
         f"--image: no container uses volume {volume} any more; name a local image to read it with"
     )

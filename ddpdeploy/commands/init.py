@@ -106,7 +106,7 @@ def starter(script: str | None = None, module: str | None = None) -> str:
         raise UserError("--script/--module: give one of them, not both")
     if script is None and module is None:
         return STARTER.replace("@COMMAND@", BUILTIN_COMMAND)
-    key, entry = ("script", script) if script is not None else ("module", module)
+    key, entry = ("script", script) if script is not None else ("module", str(module))
     try:
         Command.model_validate({key: entry})
     except ValidationError as exc:

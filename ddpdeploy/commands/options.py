@@ -14,7 +14,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import typer
 from typer.core import TyperCommand
@@ -343,7 +343,7 @@ def _job_name(value: str) -> str:
     field = JobSpec.model_fields["name"]  # the field's own grammar, not the whole spec's rules
     try:
         grammar = (field.annotation, *field.metadata)  # Annotated[str, <its validators>]
-        TypeAdapter(Annotated[grammar]).validate_python(value)
+        TypeAdapter(cast(Any, Annotated[grammar])).validate_python(value)
     except ValidationError as exc:
         shown = repr(value) if len(value) <= 70 else f"{value[:60]!r}…({len(value)} characters)"
         reason = exc.errors(include_url=False)[0]["msg"].removeprefix("Value error, ")

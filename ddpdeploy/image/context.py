@@ -211,10 +211,10 @@ def context_file(entries: list[ContextEntry]) -> Iterator[tuple[IO[bytes], str]]
     """The context tar, ready to send, and its sha256."""
     with tempfile.SpooledTemporaryFile(max_size=SPOOL_MAX) as fileobj:
         try:
-            digest = write_context(entries, fileobj)  # type: ignore[arg-type]
+            digest = write_context(entries, fileobj)
         except _WriteFailed as exc:
             raise OperationError(
                 f"cannot write the build context to a temporary file ({exc}); free space "
                 f"in {tempfile.gettempdir()} or point TMPDIR elsewhere"
             ) from None
-        yield fileobj, digest  # type: ignore[misc]
+        yield fileobj, digest

@@ -93,7 +93,7 @@ class RunBackend(ABC):
         deadline = time.monotonic() + timeout
         for reader in self._readers:
             reader.join(max(0.0, deadline - time.monotonic()))
-        out = []
+        out: list[Line] = []
         while True:
             try:
                 item = self._lines.get_nowait()

@@ -289,7 +289,7 @@ class ComposeRun(RunBackend):
         rank = "" if local_rank is None else str(local_rank)
         container = self.node(node).container
         code, out = container.exec_run(["python3", "-c", _KILL_WORKER, rank])
-        text = out.decode(errors="replace").strip()
+        text: str = out.decode(errors="replace").strip()
         if code != 0:
             if "no worker with LOCAL_RANK" in text:
                 raise NoWorker(f"--kill-at: node {node} had no worker process to kill")

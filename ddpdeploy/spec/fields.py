@@ -229,9 +229,11 @@ def check_env(env: dict[str, str]) -> dict[str, str]:
 
 def qualified_name(key: str, what: str, example: str) -> None:
     prefix, _, name = key.rpartition("/")
-    valid = re.fullmatch(_LABEL_NAME, name) and len(name) <= MAX_DNS_LABEL
+    valid = bool(re.fullmatch(_LABEL_NAME, name)) and len(name) <= MAX_DNS_LABEL
     if "/" in key:
-        valid = valid and len(prefix) <= MAX_DNS_SUBDOMAIN and re.fullmatch(_SUBDOMAIN, prefix)
+        valid = (
+            valid and len(prefix) <= MAX_DNS_SUBDOMAIN and bool(re.fullmatch(_SUBDOMAIN, prefix))
+        )
     if not valid:
         raise ValueError(
             f"{what} {show(key)} is not a qualified name: [DNS subdomain of at most "
@@ -304,11 +306,6 @@ def json_pattern(pattern: str) -> Callable[[dict[str, Any]], None]:
     return update
 
 
-def _int(low: int, high: int) -> Any:
-    # strict: `nodes: true` or `nodes: 2.0` is refused instead of read as 1 or 2.
-    return Annotated[int, Field(strict=True, ge=low, le=high)]
-
-
 DnsName = Annotated[str, AfterValidator(_dns1035), Field(json_schema_extra=json_pattern(_DNS1035))]
 Namespace = Annotated[
     str, AfterValidator(_dns1123), Field(json_schema_extra=json_pattern(_DNS1123))
@@ -324,8 +321,9 @@ ArgStr = Annotated[Str, AfterValidator(no_expansion)]
 EnvMap = Annotated[dict[str, ArgStr], AfterValidator(check_env)]
 LabelMap = Annotated[dict[str, Str], AfterValidator(_labels)]
 AnnotationMap = Annotated[dict[str, Str], AfterValidator(_annotations)]
-Int32 = _int(0, INT32_MAX)
-Count = _int(1, INT32_MAX)
+# strict: `nodes: true` or `nodes: 2.0` is refused instead of read as 1 or 2.
+Int32 = Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)]
+Count = Annotated[int, Field(strict=True, ge=1, le=INT32_MAX)]
 
 
 def secret_key(value: str) -> str:
