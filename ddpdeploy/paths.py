@@ -14,6 +14,9 @@ from pathlib import Path
 
 from ddpdeploy.errors import UserError
 
+DEFAULT_FILE = "ddpdeploy.yaml"  # the job spec a command reads when -f names none
+SCHEMA_FILE = ".ddpdeploy.schema.json"  # written by `ddpdeploy init` beside the spec file
+
 
 def _shipped(name: str, marker: str) -> Path:
     package = Path(str(resources.files("ddpdeploy")))

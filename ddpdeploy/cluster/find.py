@@ -144,7 +144,7 @@ def in_context_namespace(spec: JobSpec, namespace: str) -> JobSpec:
     """``spec`` moved into the kubeconfig context's ``namespace`` (for a spec that names
     none): a context namespace the spec refuses is named as the context's."""
     from ddpdeploy.spec import spec_with
-    from ddpdeploy.spec.fields import show
+    from ddpdeploy.text import show
 
     try:
         return spec_with(spec, namespace=namespace)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ddpdeploy.adapters.stdout import write_stdout
 from ddpdeploy.commands.options import spec_command
-from ddpdeploy.spec import JobSpec
+
+if TYPE_CHECKING:
+    from ddpdeploy.spec import JobSpec
 
 
 @spec_command
@@ -54,6 +55,7 @@ def build(
 
     Example: ddpdeploy render --image "$(ddpdeploy build --image ghcr.io/me/train --push)"
     """
+    from ddpdeploy.adapters.stdout import write_stdout
     from ddpdeploy.commands.console import ConsoleReport
     from ddpdeploy.image.build import build_image
 

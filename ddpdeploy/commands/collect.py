@@ -8,19 +8,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ddpdeploy.collect import checkpoint
-from ddpdeploy.collect.checkpoint import Collected
-from ddpdeploy.collect.debug import DEBUG_DIR, DEBUG_PATTERNS, HANG_STACK, MAX_DEBUG
-from ddpdeploy.collect.destination import Destination
-from ddpdeploy.collect.pod import pod_source
-from ddpdeploy.collect.source import LocalSource, Source, shown
-from ddpdeploy.collect.volume import volume_source
-from ddpdeploy.commands.console import ConsoleReport
 from ddpdeploy.commands.options import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt
 from ddpdeploy.errors import UserError
 from ddpdeploy.formats import size
 
 if TYPE_CHECKING:
+    from ddpdeploy.collect.checkpoint import Collected
+    from ddpdeploy.collect.source import Source
+    from ddpdeploy.commands.console import ConsoleReport
+
     pass
 
 
@@ -88,6 +84,9 @@ def collect(
 
     Example: ddpdeploy collect ddp-train --to ./ckpt --debug
     """
+    from ddpdeploy.collect.destination import Destination
+    from ddpdeploy.collect.source import LocalSource
+    from ddpdeploy.commands.console import ConsoleReport
     from ddpdeploy.paths import local_checkpoints
 
     local_rel = local_checkpoints(name)
@@ -133,6 +132,7 @@ def _copier(
     debug: bool,
 ) -> Callable[[Source], Collected]:
     """Collect from a source into --to, its bytes counted on the report's bar."""
+    from ddpdeploy.collect import checkpoint
 
     def copy(src: Source) -> Collected:
         return checkpoint.collect(
@@ -144,6 +144,8 @@ def _copier(
 
 def _say_debug(report: ConsoleReport, got: Collected, to: Path) -> None:
     """One line per diagnostics file (a hang stack's header shown), then the count."""
+    from ddpdeploy.collect.debug import DEBUG_DIR, DEBUG_PATTERNS, HANG_STACK, MAX_DEBUG
+    from ddpdeploy.collect.source import shown
     from ddpdeploy.text import plain
 
     folder = to / DEBUG_DIR
@@ -170,6 +172,7 @@ def _from_compose(
     debug: bool,
 ) -> Collected:
     """Collect from the compose run's checkpoint volume, staged beside --to."""
+    from ddpdeploy.collect.volume import volume_source
 
     if not volume:
         raise UserError("--volume: name the compose run's checkpoint volume (docker volume ls)")
@@ -188,6 +191,7 @@ def _from_cluster(
 ) -> Collected:
     from ddpdeploy.cluster.apply import saved_spec_of
     from ddpdeploy.cluster.find import open_job
+    from ddpdeploy.collect.pod import pod_source
 
     found = open_job(kubeconfig, context, name, namespace, verb="read", required=False)
     spec = saved_spec_of(found)

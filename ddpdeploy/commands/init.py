@@ -8,11 +8,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import ValidationError
 
 from ddpdeploy.errors import UserError
-from ddpdeploy.spec import DEFAULT_FILE, SCHEMA_FILE, json_schema
-from ddpdeploy.spec.model import Command
+from ddpdeploy.paths import DEFAULT_FILE, SCHEMA_FILE
 
 # The modeline yaml-language-server (VS Code's YAML extension, Neovim's yamlls, …) reads; the
 # path is relative to the spec file, so completion and validation work offline.
@@ -106,6 +104,10 @@ def starter(script: str | None = None, module: str | None = None) -> str:
         raise UserError("--script/--module: give one of them, not both")
     if script is None and module is None:
         return STARTER.replace("@COMMAND@", BUILTIN_COMMAND)
+    from pydantic import ValidationError
+
+    from ddpdeploy.spec.model import Command
+
     key, entry = ("script", script) if script is not None else ("module", str(module))
     try:
         Command.model_validate({key: entry})
@@ -138,6 +140,8 @@ def init(
 
     Example: ddpdeploy init --script train.py && ddpdeploy smoke --local
     """
+    from ddpdeploy.spec import json_schema
+
     text = starter(script, module)
     schema_path = path.parent / SCHEMA_FILE
     _check_target(path, force)

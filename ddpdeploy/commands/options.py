@@ -1,8 +1,10 @@
-"""The CLI's spec flags, declared once: each flag's spelling, help, and where it goes in the
-spec (the spec itself knows no flag spellings).
+"""The CLI's flags, declared once: each spec flag's spelling, help, and where it goes in the
+spec (the spec itself knows no flag spellings); the cluster commands' flags; -o/--output.
 
 `spec_command` adds the spec flags (-f, --name, --image, --nodes, …) and the arguments after
 ``--`` to a command's signature, loads the JobSpec from them, and passes it as ``spec``.
+Declaring them loads no spec model: `--help` and completion stay fast; the spec loads when a
+command runs.
 """
 
 from __future__ import annotations
@@ -10,19 +12,19 @@ from __future__ import annotations
 import functools
 import inspect
 import re
-import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, cast
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 import typer
-from typer.core import TyperCommand
 
 from ddpdeploy.errors import UserError
 from ddpdeploy.rules import TARGET_NAMES
-from ddpdeploy.spec import JobSpec, Override, load_spec
-from ddpdeploy.spec.fields import show
+from ddpdeploy.text import show
+
+if TYPE_CHECKING:
+    from ddpdeploy.spec import JobSpec
 
 SPEC_PANEL = "Job spec (flags override ddpdeploy.yaml)"
 
@@ -249,6 +251,8 @@ def spec_from_flags(
 ) -> JobSpec:
     """The spec from ``path`` (or ./ddpdeploy.yaml) and ``flags`` by flag name (--nodes, …;
     None means not given), then ``extra_args``; errors name the flag that set a field."""
+    from ddpdeploy.spec import Override, load_spec
+
     given = {k: v for k, v in (flags or {}).items() if v is not None}
     unknown = set(given) - set(_BY_FLAG)
     if unknown:
@@ -259,34 +263,25 @@ def spec_from_flags(
     return load_spec(path, overrides, extra_args)
 
 
-class TrainArgsCommand(TyperCommand):
-    """A command whose training arguments must follow ``--``.
-
-    Without this, a stray word among the flags (`render --image x deploy/`) would silently
-    join the training command; with it, that word is refused by name."""
-
-    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        if any(p.name == "train_args" for p in self.params):
-            head = args[: args.index("--")] if "--" in args else args
-            # The command's own parser tells option values from stray words.
-            values, _, _ = self.make_parser(ctx).parse_args(args=list(head))
-            stray = values.get("train_args")
-            if stray:
-                ctx.fail(
-                    f"unexpected argument {stray[0]!r} before `--`; training arguments go "
-                    f"after it: {ctx.command_path} [OPTIONS] -- {' '.join(stray)}"
-                )
-        return super().parse_args(ctx, args)
-
-
 def spec_from_params(values: dict[str, Any]) -> JobSpec:
     flags = {f.flag: values.get(f.param) for f in SPEC_FLAGS}
     return spec_from_flags(values.get("file"), flags, values.get("train_args") or None)
 
 
+def _hints_but_spec(fn: Callable[..., Any]) -> dict[str, Any]:
+    """``fn``'s parameter annotations, evaluated (they are postponed strings), all but
+    ``spec``'s: a command module imports JobSpec for type checking only."""
+    hints = {}
+    for name, annotation in fn.__annotations__.items():
+        if name not in ("spec", "return"):
+            is_text = isinstance(annotation, str)
+            hints[name] = eval(annotation, fn.__globals__) if is_text else annotation
+    return hints
+
+
 def spec_command(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Give ``fn(spec, ...)`` the spec flags; Typer reads the merged signature."""
-    hints = typing.get_type_hints(fn, include_extras=True)  # resolve postponed annotations
+    hints = _hints_but_spec(fn)
     own = [
         p.replace(annotation=hints.get(p.name, p.annotation))
         for p in inspect.signature(fn).parameters.values()
@@ -339,6 +334,8 @@ def _job_name(value: str) -> str:
     """NAME is checked like the spec's `name` (a DNS-1035 label): it becomes a label selector
     and a folder name, so `../x` or `a,b=c` never reach either."""
     from pydantic import TypeAdapter, ValidationError
+
+    from ddpdeploy.spec import JobSpec
 
     field = JobSpec.model_fields["name"]  # the field's own grammar, not the whole spec's rules
     try:

@@ -13,17 +13,15 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ddpdeploy.commands.console import ConsoleReport
 from ddpdeploy.commands.options import spec_command
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.signals import interrupted
-from ddpdeploy.smoke.compose import secret_env_note
-from ddpdeploy.spec import JobSpec
 
 if TYPE_CHECKING:
     from ddpdeploy.image.build import BuiltImage
     from ddpdeploy.smoke.backend import RunBackend
     from ddpdeploy.smoke.runner import Kill, KillAt, Outcome, Ranks
+    from ddpdeploy.spec import JobSpec
 
 
 @spec_command
@@ -90,6 +88,7 @@ def smoke(
 
     Example: ddpdeploy smoke --local --nodes 2 --procs 2 --steps 20
     """
+    from ddpdeploy.commands.console import ConsoleReport
     from ddpdeploy.smoke import runner
 
     shown, chaos = _checked_flags(local, docker, ranks, kill_at, resume)
@@ -173,6 +172,8 @@ def _chaos_spec(spec: JobSpec, chaos: KillAt) -> tuple[JobSpec, int]:
 
 def _announce(spec: JobSpec, docker: bool) -> int:
     """One line of what runs where (and a note on secret env); the world size."""
+    from ddpdeploy.smoke.compose import secret_env_note
+
     world = spec.nodes * spec.procs_per_node
     where = "in docker-compose" if docker else "on 127.0.0.1"
     typer.echo(
@@ -309,6 +310,7 @@ def _docker_target(
 def _build_image(spec: JobSpec, base_image: str | None) -> BuiltImage:
     """`ddpdeploy build` of this folder, in this process (no second interpreter to start),
     its progress on our stderr. Skipped when the image is up to date."""
+    from ddpdeploy.commands.console import ConsoleReport
     from ddpdeploy.image.build import build_image
     from ddpdeploy.smoke.compose import LOCAL_REPO
     from ddpdeploy.spec import spec_with

@@ -13,11 +13,11 @@ import typer
 from ddpdeploy.commands.options import CLUSTER_PANEL, ContextOpt, KubeconfigOpt, spec_command
 from ddpdeploy.errors import UserError
 from ddpdeploy.formats import parse_duration
-from ddpdeploy.spec import JobSpec, spec_with
 
 if TYPE_CHECKING:
     from ddpdeploy.adapters.kube import Kube
     from ddpdeploy.contract import RunRecord
+    from ddpdeploy.spec import JobSpec
 
 
 @spec_command
@@ -119,6 +119,7 @@ def _with_image(
         return spec, None
     from ddpdeploy.commands.console import ConsoleReport
     from ddpdeploy.image.build import build_image
+    from ddpdeploy.spec import spec_with
 
     built = build_image(
         spec,

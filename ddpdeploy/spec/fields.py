@@ -23,6 +23,7 @@ from ddpdeploy.rules import (
     RESERVED_ENV,
     RESERVED_ENV_PREFIXES,
 )
+from ddpdeploy.text import show
 
 MAX_DNS_SUBDOMAIN = 253
 INT32_MAX = 2**31 - 1  # replicas, counts and most seconds fields are int32 in the API
@@ -65,15 +66,6 @@ _LABEL_VALUE = r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?"
 _LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
 MODULE = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
 _QUANTITY_HINT = "use a number with an optional suffix, e.g. 500m, 4, 16Gi, 512Mi"
-
-
-def show(value: Any) -> str:
-    """repr for one-line messages, cut short: a value can be a megabyte long."""
-    try:
-        text = repr(value)
-    except ValueError:  # an int with more digits than Python will print
-        return "a number too long to print"
-    return text if len(text) <= 80 else f"{text[:60]}…({len(text)} characters)"
 
 
 def _dns_name(pattern: str, limit: int, rule: str) -> Callable[[str], str]:

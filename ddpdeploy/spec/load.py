@@ -26,10 +26,10 @@ from pydantic.alias_generators import to_camel
 
 from ddpdeploy.errors import UserError
 from ddpdeploy.fs import read_regular
-from ddpdeploy.spec.fields import show
+from ddpdeploy.paths import DEFAULT_FILE
 from ddpdeploy.spec.model import JobSpec
+from ddpdeploy.text import show
 
-DEFAULT_FILE = "ddpdeploy.yaml"
 MAX_BYTES = 1024 * 1024  # a job spec is a few hundred bytes; anything near this is a mistake
 MAX_DEPTH = 32  # the deepest real spec nests 4 levels (tolerations: - key:)
 _DECIMAL = r"[-+]?(0|[1-9][0-9]*)"

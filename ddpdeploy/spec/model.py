@@ -45,8 +45,8 @@ from ddpdeploy.spec.fields import (
     no_expansion,
     qualified_name,
     secret_key,
-    show,
 )
+from ddpdeploy.text import show
 
 
 def _elastic_target() -> str:
@@ -621,9 +621,6 @@ def canonical_json(spec: JobSpec) -> str:
 def spec_sha256(spec: JobSpec) -> str:
     """sha256 of ``canonical_json(spec)``'s UTF-8 bytes: what DDPDEPLOY_SPEC_SHA256 says."""
     return hashlib.sha256(canonical_json(spec).encode()).hexdigest()
-
-
-SCHEMA_FILE = ".ddpdeploy.schema.json"  # written by `ddpdeploy init` beside the spec file
 
 
 def json_schema() -> dict[str, Any]:
