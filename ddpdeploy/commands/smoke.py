@@ -271,9 +271,8 @@ def _docker_target(
     keep_volume: bool,
     chaos: KillAt | None = None,
 ) -> Callable[[bool], RunBackend]:
-    """Check the engine, get the image; each run a fresh project (started through the SDK,
-    or the compose CLI for a file the SDK path does not read; the chaos run's with the hold
-    at its --kill-at step)."""
+    """Check the engine, get the image; each run a fresh project (the chaos run's with the
+    hold at its --kill-at step)."""
     from ddpdeploy.adapters.docker_engine import image_id
     from ddpdeploy.contract import RunRecord
     from ddpdeploy.smoke import launch

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ddpdeploy.errors import OperationError
+from ddpdeploy.errors import DdpdeployError, OperationError
 
 
 class NoWorker(OperationError):
@@ -127,5 +127,14 @@ class RunBackend(ABC):
     def __enter__(self) -> RunBackend:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> None:
+        try:
+            self.stop()
+        except DdpdeployError as left:
+            if exc is None:
+                raise
+            # The run's own end stays the reason; what teardown could not remove follows it.
+            name = getattr(exc, "name", None)
+            first = f"interrupted ({name})" if isinstance(exc, KeyboardInterrupt) else str(exc)
+            code = getattr(exc, "exit_code", 1)
+            raise OperationError(f"{first}; and {left}", code) from exc

@@ -1,14 +1,13 @@
-"""docker-compose: run a rendered compose file as a project, stream its nodes' lines, tear
-it down.
+"""A `smoke --docker` run: the job's rendered compose file started as a project, its
+nodes' lines streamed, the project torn down.
 
-What runs is what the rendered file says: the file is written to a temporary project folder
-and its objects are created through the Docker SDK as compose would create them
-(`engine_plan`, `start_project`: compose's names and labels); a file with anything that path
-does not read goes to the compose CLI found here (`docker compose` v2, else
-`docker-compose`). The SDK also follows each container's stdout and stderr, reads exit
-codes, and execs into a node to kill a worker. The project (containers, network, and the
-volume unless kept) is always removed by its label: on success, on failure and on Ctrl-C
-(use it as a context manager).
+One path: what runs is what the rendered file says, created through the Docker SDK as
+compose creates it (`engine_plan`, `start_project`: compose's names and labels; tests hold
+the two equal against a real engine). A key it does not start is refused by name, never
+handed to another tool. The SDK also follows each container's stdout and stderr, reads exit
+codes, and execs into a node to kill a worker (`killworker`). The project (containers,
+network, and the volume unless kept) is removed by its label on success, on failure and on
+Ctrl-C (use it as a context manager); what could not be removed is named.
 
 `ComposeRun` is a smoke target (`ddpdeploy.smoke.backend.RunBackend`), so `smoke --docker`
 drives it with the same loop as local processes; its nodes come from the run plan.
@@ -21,7 +20,6 @@ import os
 import re
 import secrets
 import shutil
-import subprocess
 import tempfile
 import threading
 import time
@@ -33,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdeploy.errors import OperationError
+from ddpdeploy.paths import package_file
 from ddpdeploy.render.output import to_yaml
 from ddpdeploy.smoke.backend import Line, Node, NoWorker, RunBackend
 from ddpdeploy.streams import LineSplitter
@@ -43,51 +42,6 @@ NO_ENGINE_HINT = "; or run the job without Docker: ddpdeploy smoke --local"
 # Threads for the engine calls of one project: the SDK's connection pool holds 10, and each
 # node's two log streams keep one each.
 POOL = 4
-
-# Run inside a node with python3 (every training image has it; pkill may be missing):
-# SIGKILL the torchrun worker with LOCAL_RANK=argv[1] ("" = the highest); say which.
-# A worker has LOCAL_RANK in its env and its parent (the agent) has not.
-_KILL_WORKER = """
-import os, signal, sys
-def env(pid):
-    try:
-        raw = open(f"/proc/{pid}/environ", "rb").read().split(b"\\0")
-    except OSError:
-        return {}
-    return dict(kv.decode(errors="replace").split("=", 1) for kv in raw if b"=" in kv)
-def ppid(pid):
-    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
-workers = {}
-for p in filter(str.isdigit, os.listdir("/proc")):
-    try:
-        rank = env(p).get("LOCAL_RANK")
-        if rank is not None and "LOCAL_RANK" not in env(ppid(p)):
-            workers[int(rank)] = int(p)
-    except (OSError, ValueError, IndexError):
-        pass
-want = int(sys.argv[1]) if sys.argv[1] else max(workers, default=None)
-if want not in workers:
-    sys.exit(f"no worker with LOCAL_RANK={want} (found {sorted(workers)})")
-os.kill(workers[want], signal.SIGKILL)
-print(f"local rank {want} (pid {workers[want]})")
-"""
-
-
-def compose_cli() -> list[str]:
-    """`docker compose` (v2) when that plugin answers, else `docker-compose` (v1)."""
-    docker = shutil.which("docker")
-    if docker:
-        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-            probe = [docker, "compose", "version"]
-            if subprocess.run(probe, capture_output=True, timeout=30).returncode == 0:
-                return [docker, "compose"]
-    legacy = shutil.which("docker-compose")
-    if legacy:
-        return [legacy]
-    raise OperationError(
-        "no compose CLI found: install the Docker Compose plugin (`docker compose`) or "
-        "docker-compose; or run the job without Docker: ddpdeploy smoke --local"
-    )
 
 
 def engine() -> Any:
@@ -134,15 +88,12 @@ class ComposeRun(RunBackend):
         name: str,
         keep_volume: bool = False,
         client: Any | None = None,
-        cli: list[str] | None = None,
         release: str | None = None,
     ) -> None:
         super().__init__()
         self.release = release  # a chaos run's hold: the file, in every node, that ends it
+        self.plan = engine_plan(project)
         self.client = client or engine()
-        # The SDK starts what it can read (see engine_plan); ``cli`` forces the compose CLI.
-        self.plan = None if cli is not None else engine_plan(project)
-        self.cli = cli if cli is not None or self.plan is not None else compose_cli()
         # Unique per run: two runs of one job (or two users) never share containers.
         self.project_name = f"ddpdeploy-{name}-{secrets.token_hex(4)}"
         self.keep_volume = keep_volume
@@ -154,35 +105,11 @@ class ComposeRun(RunBackend):
         self.file = self.dir / "compose.yaml"
         self.file.write_text(to_yaml(project), encoding="utf-8")
         try:
-            if self.plan is not None:
-                start_project(self.client, self.project_name, project, self.plan)
-            else:
-                self._compose("up", "-d", "--no-build", timeout=600)
+            start_project(self.client, self.project_name, project, self.plan)
             self._attach()
         except BaseException:
             self.stop()
             raise
-
-    def _compose(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        assert self.cli is not None
-        cmd = [*self.cli, "-p", self.project_name, "-f", str(self.file), *args]
-        try:
-            # Own session: Ctrl-C in the terminal interrupts us, not a teardown under way.
-            done = subprocess.run(
-                cmd,
-                cwd=self.dir,
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-                start_new_session=True,
-                stdin=subprocess.DEVNULL,
-            )
-        except subprocess.TimeoutExpired:
-            raise OperationError(f"compose {args[0]} did not finish within {timeout:g}s") from None
-        if done.returncode != 0:
-            last = [t for t in done.stderr.splitlines() if t.strip()][-1:] or ["no output"]
-            raise OperationError(f"compose {args[0]} failed: {last[0].strip()}")
-        return done
 
     def _attach(self) -> None:
         found = {
@@ -288,7 +215,8 @@ class ComposeRun(RunBackend):
     def _kill_worker(self, node: str, local_rank: int | None) -> str:
         rank = "" if local_rank is None else str(local_rank)
         container = self.node(node).container
-        code, out = container.exec_run(["python3", "-c", _KILL_WORKER, rank])
+        script = package_file("smoke", "killworker.py").read_text()
+        code, out = container.exec_run(["python3", "-c", script, rank])
         text: str = out.decode(errors="replace").strip()
         if code != 0:
             if "no worker with LOCAL_RANK" in text:
@@ -311,12 +239,14 @@ class ComposeRun(RunBackend):
     def stop(self, grace: int = 5) -> None:
         """Remove the project by its label, as `compose down --volumes` would (the volume
         unless kept): containers still running get SIGTERM and ``grace`` seconds, exited
-        ones go at once. Ctrl-C meanwhile does not cut it short. Idempotent."""
+        ones go at once. Ctrl-C meanwhile does not cut it short. Idempotent. Raises one
+        OperationError naming what could not be removed, and how to remove it."""
         if self._stopped:
             return
         self._stopped = True
+        failed: list[str] = []
         # In a thread: a KeyboardInterrupt lands in the main thread, which waits on.
-        teardown = threading.Thread(target=self._remove_by_label, args=(grace,), daemon=True)
+        teardown = threading.Thread(target=self._remove_by_label, args=(grace, failed), daemon=True)
         teardown.start()
         interrupted = False
         while teardown.is_alive():
@@ -327,37 +257,74 @@ class ComposeRun(RunBackend):
         shutil.rmtree(self.dir, ignore_errors=True)
         if interrupted:
             raise KeyboardInterrupt
+        if failed:
+            raise OperationError(
+                f"the compose project {self.project_name} was not removed whole: "
+                f"{'; '.join(failed)}; remove what is left with `docker rm -f`, "
+                f"`docker network rm` and `docker volume rm` (label {PROJECT_LABEL}="
+                f"{self.project_name})"
+            )
 
-    def _remove_by_label(self, grace: int) -> None:
+    def _remove_by_label(self, grace: int, failed: list[str]) -> None:
+        """Every object of the project, containers first (a network or volume in use cannot
+        go), each failure noted in ``failed`` and the rest removed all the same."""
         flt = self._filter()
-        with contextlib.suppress(Exception):
-            containers = self.client.containers.list(all=True, filters=flt)
-            with ThreadPoolExecutor(max_workers=POOL) as pool:
-                list(pool.map(lambda c: _remove_container(c, grace), containers))
-        with contextlib.suppress(Exception):
-            for network in self.client.networks.list(filters=flt):
-                with contextlib.suppress(Exception):
-                    network.remove()
+        kinds: list[tuple[str, Any, dict[str, Any], Callable[[Any], object]]] = [
+            (
+                "container",
+                self.client.containers,
+                {"all": True},
+                lambda c: _remove_container(c, grace),
+            ),
+            ("network", self.client.networks, {}, lambda n: n.remove()),
+        ]
         if not self.keep_volume:
-            with contextlib.suppress(Exception):
-                for volume in self.client.volumes.list(filters=flt):
-                    with contextlib.suppress(Exception):
-                        volume.remove(force=True)
+            kinds.append(("volume", self.client.volumes, {}, lambda v: v.remove(force=True)))
+        for kind, collection, extra, remove in kinds:
+            try:
+                found = collection.list(filters=flt, **extra)
+            except Exception as exc:  # noqa: BLE001 - any engine failure is reported
+                failed.append(f"listing its {kind}s: {_reason(exc)}")
+                continue
+            with ThreadPoolExecutor(max_workers=POOL) as pool:
+                names = [f"{kind} {obj.name}" for obj in found]
+                done = pool.map(_attempt, names, [remove] * len(found), found)
+                failed.extend(text for text in done if text)
+
+
+def _attempt(what: str, call: Callable[[Any], object], obj: Any) -> str | None:
+    """``call(obj)``; what failed, in a few words, or None."""
+    try:
+        call(obj)
+    except Exception as exc:  # noqa: BLE001 - any engine failure is reported
+        return f"{what}: {_reason(exc)}"
+    return None
+
+
+def _reason(exc: Exception) -> str:
+    text = getattr(exc, "explanation", None) or str(exc) or type(exc).__name__
+    return " ".join(str(text).split())[:200]
 
 
 def _remove_container(container: Any, grace: int) -> None:
-    with contextlib.suppress(Exception):
+    """SIGTERM, then SIGKILL after ``grace``; then remove it with its anonymous volumes.
+    One that is already gone is no failure."""
+    import docker.errors
+
+    try:
         if container.status in ("running", "restarting"):
-            container.stop(timeout=grace)  # SIGTERM, then SIGKILL after grace
-    with contextlib.suppress(Exception):
-        container.remove(force=True, v=True)  # its anonymous volumes too
+            container.stop(timeout=grace)
+        container.remove(force=True, v=True)
+    except docker.errors.NotFound:
+        pass
 
 
 # ---- the project through the SDK --------------------------------------------------------
 # docker-compose 1.29 is itself a Python program: its start-up, `up` and `down` cost ~2 s of
 # a 2-node smoke run on 2 cores. The SDK creates the same objects (named and labelled as
-# compose names them) from the rendered file, for the keys render.compose writes; a file
-# with anything else goes to the compose CLI.
+# compose names them) from the rendered file, for the keys smoke.compose writes on CPU;
+# anything else in a file is refused by name (a render that writes a new key starts it
+# here first: tests render every kind of job and start it).
 
 _PROJECT_KEYS = frozenset({"services", "networks", "volumes"})
 _SERVICE_KEYS = frozenset(
@@ -406,39 +373,40 @@ class _Service:
 
 
 class _Unsupported(Exception):
-    """Something in the file only the compose CLI handles."""
+    """Something in the file smoke --docker does not start; its text says what."""
 
 
-def _need(value: str | None) -> str:
+def _need(value: str | None, what: str) -> str:
     if value is None:
-        raise _Unsupported
+        raise _Unsupported(f"{what} uses $VAR interpolation from the host's environment")
     return value
 
 
-def _restart(text: str) -> dict[str, Any]:
-    name, _, count = text.partition(":")
-    if name not in ("no", "on-failure", "always", "unless-stopped") or (
+def _restart(name: str, text: str) -> dict[str, Any]:
+    policy, _, count = text.partition(":")
+    if policy not in ("no", "on-failure", "always", "unless-stopped") or (
         count and not count.isdigit()
     ):
-        raise _Unsupported
-    return {"Name": name, "MaximumRetryCount": int(count or 0)}
+        raise _Unsupported(f"service {name}: restart {text!r}")
+    return {"Name": policy, "MaximumRetryCount": int(count or 0)}
 
 
 def _networks(name: str, svc: dict[str, Any]) -> tuple[str | None, list[str]]:
     """The service's one network and its aliases there (compose adds the service name)."""
     if svc.get("network_mode") is not None:
         if svc["network_mode"] != "none" or "networks" in svc:
-            raise _Unsupported
+            raise _Unsupported(f"service {name}: network_mode {svc['network_mode']!r}")
         return None, []
     nets = svc.get("networks") or []
     if len(nets) != 1:
-        raise _Unsupported
+        raise _Unsupported(f"service {name}: {len(nets)} networks (one is started)")
     (net,) = nets
     extra = (nets[net] or {}).get("aliases", []) if isinstance(nets, dict) else []
-    return str(net), [name, *(_need(_plain(a)) for a in extra)]
+    where = f"service {name}'s network alias"
+    return str(net), [name, *(_need(_plain(a), where) for a in extra)]
 
 
-def _environment(env: dict[str, Any]) -> dict[str, str]:
+def _environment(name: str, env: dict[str, Any]) -> dict[str, str]:
     # A name without a value (secretEnv) comes from the environment we run in, if set there.
     out = {}
     for key, value in env.items():
@@ -446,21 +414,20 @@ def _environment(env: dict[str, Any]) -> dict[str, str]:
             if key in os.environ:
                 out[key] = os.environ[key]
         else:
-            out[key] = _need(_plain(value))
+            out[key] = _need(_plain(value), f"service {name}'s {key}")
     return out
 
 
-def _host_config(svc: dict[str, Any]) -> dict[str, Any]:
+def _host_config(name: str, svc: dict[str, Any]) -> dict[str, Any]:
     tmpfs = {}
     for entry in svc.get("tmpfs", []):
         path, _, options = str(entry).partition(":")
         tmpfs[path] = options
     volumes = []
     for mount in svc.get("volumes", []):
-        if not isinstance(mount, dict) or set(mount) != {"type", "source", "target"}:
-            raise _Unsupported
-        if mount["type"] != "volume":
-            raise _Unsupported
+        plain = isinstance(mount, dict) and set(mount) == {"type", "source", "target"}
+        if not plain or mount["type"] != "volume":
+            raise _Unsupported(f"service {name}: volume {mount!r} (named volumes are started)")
         volumes.append((str(mount["source"]), str(mount["target"])))
     return {
         "cap_drop": svc.get("cap_drop"),
@@ -470,54 +437,65 @@ def _host_config(svc: dict[str, Any]) -> dict[str, Any]:
         "read_only": bool(svc.get("read_only", False)),
         "tmpfs": tmpfs or None,
         "shm_size": svc.get("shm_size"),
-        "restart_policy": _restart(str(svc.get("restart", "no"))),
+        "restart_policy": _restart(name, str(svc.get("restart", "no"))),
         "volumes": volumes,
     }
 
 
 def _service(name: str, svc: dict[str, Any]) -> _Service:
-    if set(svc) - _SERVICE_KEYS or "image" not in svc:
-        raise _Unsupported
+    unknown = sorted(set(svc) - _SERVICE_KEYS)
+    if unknown or "image" not in svc:
+        raise _Unsupported(f"service {name}: {', '.join(unknown) or 'no image'}")
     grace = _GRACE.fullmatch(str(svc.get("stop_grace_period", "10s")))
+    if grace is None:
+        raise _Unsupported(f"service {name}: stop_grace_period {svc['stop_grace_period']!r}")
     after = svc.get("depends_on") or {}
-    if grace is None or any((after[d] or {}).get("condition") != _DONE for d in after):
-        raise _Unsupported
+    if any((after[d] or {}).get("condition") != _DONE for d in after):
+        raise _Unsupported(f"service {name}: depends_on without {_DONE}")
     create: dict[str, Any] = {
-        "image": _need(_plain(svc["image"])),
-        "entrypoint": [_need(_plain(a)) for a in svc["entrypoint"]]
+        "image": _need(_plain(svc["image"]), f"service {name}'s image"),
+        "entrypoint": [_need(_plain(a), f"service {name}'s entrypoint") for a in svc["entrypoint"]]
         if "entrypoint" in svc
         else None,
-        "environment": _environment(svc.get("environment") or {}),
+        "environment": _environment(name, svc.get("environment") or {}),
         "hostname": svc.get("hostname"),
         "user": svc.get("user"),
         "labels": {str(k): str(v) for k, v in (svc.get("labels") or {}).items()},
         "stop_timeout": int(grace[1]),
     }
     network, aliases = _networks(name, svc)
-    return _Service(name, create, _host_config(svc), network, aliases, list(after))
+    return _Service(name, create, _host_config(name, svc), network, aliases, list(after))
 
 
-def engine_plan(project: dict[str, Any]) -> list[_Service] | None:
-    """The services in start order (dependencies first), or None when the file holds
-    something only the compose CLI handles."""
-    if set(project) - _PROJECT_KEYS:
-        return None
-    nets = project.get("networks") or {}
-    if any(
-        set(v or {}) - {"driver"} or (v or {}).get("driver", "bridge") != "bridge"
-        for v in nets.values()
-    ):
-        return None
-    if any(v for v in (project.get("volumes") or {}).values()):
-        return None  # a volume with options: compose knows them
+def engine_plan(project: dict[str, Any]) -> list[_Service]:
+    """The services in start order (dependencies first); OperationError naming what in the
+    file smoke --docker does not start (a GPU file is one: smoke runs on CPU)."""
     try:
-        services = [_service(n, s) for n, s in project["services"].items()]
-    except (_Unsupported, KeyError, TypeError, ValueError):
-        return None
+        return _plan(project)
+    except _Unsupported as exc:
+        raise OperationError(
+            f"smoke --docker does not start this compose file: {exc}; `ddpdeploy compose` "
+            "writes it for `docker compose up` instead"
+        ) from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise OperationError(f"smoke --docker cannot read this compose file ({exc!r})") from None
+
+
+def _plan(project: dict[str, Any]) -> list[_Service]:
+    extra = sorted(set(project) - _PROJECT_KEYS)
+    if extra:
+        raise _Unsupported(", ".join(extra))
+    for net, conf in (project.get("networks") or {}).items():
+        if set(conf or {}) - {"driver"} or (conf or {}).get("driver", "bridge") != "bridge":
+            raise _Unsupported(f"network {net}: {conf!r} (a plain bridge is started)")
+    for vol, conf in (project.get("volumes") or {}).items():
+        if conf:
+            raise _Unsupported(f"volume {vol}: {conf!r} (a plain named volume is started)")
+    services = [_service(n, s) for n, s in project["services"].items()]
     known = {s.name for s in services}
     helpers = {d for s in services for d in s.after}
     if helpers - known or any(s.after for s in services if s.name in helpers):
-        return None  # a dependency that is missing, or one with its own: the CLI orders it
+        raise _Unsupported("depends_on deeper than one level, or on a missing service")
     # Dependencies first; render writes one level (the volume-init helper before the nodes).
     return sorted(services, key=lambda s: bool(s.after))
 

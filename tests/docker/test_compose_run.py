@@ -1,4 +1,4 @@
-"""The compose adapter against a real engine and the real compose CLI: the built-in trainer,
+"""smoke --docker's compose project against a real engine: the built-in trainer,
 2 nodes x 2 processes, in the image `ddpdeploy build` makes over the local torch image.
 
 It trains to the same weights as `ddpdeploy smoke --local`, what runs is what the rendered

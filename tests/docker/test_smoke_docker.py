@@ -1,4 +1,4 @@
-"""`ddpdeploy smoke --docker` as users run it: the CLI, a real engine, the compose CLI."""
+"""`ddpdeploy smoke --docker` as users run it: the CLI and a real engine."""
 
 from __future__ import annotations
 
