@@ -30,10 +30,11 @@ from ddpdeploy.cluster.saved import saved_record, saved_spec, with_saved_spec
 from ddpdeploy.contract import RunRecord
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.obj import Obj
+from ddpdeploy.render.pod import checkpoint_claim_name
 from ddpdeploy.report import Say
 from ddpdeploy.signals import held_signals, interrupted
 from ddpdeploy.spec import JobSpec, spec_with
-from ddpdeploy.targets import Layout, layout_of
+from ddpdeploy.targets import Layout, layout_of, render_objects
 
 DEFAULT_CLASS = "storageclass.kubernetes.io/is-default-class"
 NETWORK_POLICY = ("networking.k8s.io/v1", "NetworkPolicy")
@@ -94,7 +95,6 @@ def prepare(
     what `up --build` knows of its image, saved beside it; `scale` and `resume` pass the
     live one's, ``carried_record``), its warnings said: what `up`, `scale` and `resume` all
     start from."""
-    from ddpdeploy.targets import render_objects
 
     objects = with_saved_spec(render_objects(spec, record), spec, record)
     checked = preflight(kube, spec, objects, create_namespace)
@@ -170,7 +170,6 @@ def _check_existing(kube: Kube, checked: Checked, layout: Layout) -> None:
 def adopt_pvc(kube: Kube, spec: JobSpec, say: Say) -> JobSpec:
     """--adopt-pvc: the existing PVC <name>-checkpoints, used as is (as if named as
     checkpoint.claimName): never relabelled, never deleted by `down --purge`."""
-    from ddpdeploy.render.pod import checkpoint_claim_name
 
     ckpt = spec.checkpoint
     if ckpt is None or not ckpt.size:

@@ -13,7 +13,10 @@ from ddpdeploy.cluster.labels import INSTANCE_LABEL, MANAGED_BY_LABEL
 from ddpdeploy.cluster.saved import saved_spec
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.obj import Obj
+from ddpdeploy.render.pod import MANAGED_BY
+from ddpdeploy.spec import spec_with
 from ddpdeploy.targets import DEFAULT_TARGET, JOB_KINDS, TARGETS, Layout
+from ddpdeploy.text import show
 
 if TYPE_CHECKING:
     from ddpdeploy.spec import JobSpec
@@ -41,7 +44,6 @@ def not_ours(obj: Obj, job: str) -> str | None:
 
     Ours: our managed-by and instance labels, and a saved spec naming this job and
     namespace (set when we created it; a spec that does not is refused, not trusted)."""
-    from ddpdeploy.render.pod import MANAGED_BY
 
     labels = (obj.get("metadata") or {}).get("labels") or {}
     if labels.get(MANAGED_BY_LABEL) != MANAGED_BY or labels.get(INSTANCE_LABEL) != job:
@@ -63,7 +65,6 @@ def require_ours(obj: Obj, job: str, verb: str) -> None:
 
 def labelled_ours(obj: Obj) -> bool:
     """Labelled as ddpdeploy's: what a reading verb (status, logs, a wait) counts as ours."""
-    from ddpdeploy.render.pod import MANAGED_BY
 
     return ((obj.get("metadata") or {}).get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGED_BY
 
@@ -143,8 +144,6 @@ def connect(kubeconfig: str | None, context: str | None) -> Kube:
 def in_context_namespace(spec: JobSpec, namespace: str) -> JobSpec:
     """``spec`` moved into the kubeconfig context's ``namespace`` (for a spec that names
     none): a context namespace the spec refuses is named as the context's."""
-    from ddpdeploy.spec import spec_with
-    from ddpdeploy.text import show
 
     try:
         return spec_with(spec, namespace=namespace)

@@ -20,6 +20,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ddpdeploy.adapters.kube import Kube
+from ddpdeploy.cluster.labels import ours
+from ddpdeploy.cluster.watch import JobWatch, container_of, rank0_pod
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.events import Progress, parse_event, progress, split_rank, split_timestamp
 from ddpdeploy.obj import Obj
@@ -188,7 +190,6 @@ def made_for(pod: Obj, job: Obj) -> bool:
     """A pod that appears while following is ours when its labels say ddpdeploy made it for
     this job (the controllers copy them from our pod template) and a controller of the
     job's kind that it names is this job (by uid): a look-alike is never read."""
-    from ddpdeploy.cluster.labels import ours
 
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
@@ -284,7 +285,6 @@ def followed(
     replaced or a new pod of the job is read from its start (``notice`` says so). Ends
     once the job is final (or gone) and every stream has ended; without the watch (it
     failed: ``notice`` says so), when every stream has ended."""
-    from ddpdeploy.cluster.watch import JobWatch, container_of
 
     container = container_of(job)
     previous = [s for s in todo if s.previous]
@@ -357,7 +357,6 @@ HEAD_BYTES = 64 * 1024  # ...and, when they hold no `start`, the log's head for 
 def rank0_progress(kube: Kube, job: Obj, pods: list[Obj], now: float) -> Progress | str:
     """Rank 0's latest events through the log endpoint (nothing runs in the pod); one line
     saying why when its log cannot be read (no pod yet, no kubelet, forbidden)."""
-    from ddpdeploy.cluster.watch import container_of, rank0_pod
 
     namespace = job["metadata"]["namespace"]
     try:

@@ -15,7 +15,9 @@ from ddpdeploy.cluster.labels import INSTANCE_LABEL
 from ddpdeploy.contract import RunRecord, facts_env, record_from_env
 from ddpdeploy.errors import UserError
 from ddpdeploy.obj import Obj
+from ddpdeploy.render.pod import checkpoint_claim_name
 from ddpdeploy.spec import JobSpec, canonical_json, spec_with
+from ddpdeploy.spec import load as specfile
 from ddpdeploy.targets import layout_for_kind
 
 SPEC_ANNOTATION = "ddpdeploy.dev/spec"
@@ -87,7 +89,6 @@ def saved_spec(obj: Obj) -> JobSpec | None:
     where = f"{obj.get('kind')} {meta.get('namespace')}/{meta.get('name')}"
     spec = _read_saved(text, where)
     instance = (meta.get("labels") or {}).get(INSTANCE_LABEL)
-    from ddpdeploy.render.pod import checkpoint_claim_name
 
     names = {spec.name, checkpoint_claim_name(spec)}
     if (
@@ -105,7 +106,6 @@ def saved_spec(obj: Obj) -> JobSpec | None:
 
 
 def _read_saved(text: Any, where: str) -> JobSpec:
-    from ddpdeploy.spec import load as specfile
 
     def refuse(why: str) -> UserError:
         return UserError(

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddpdeploy.adapters.docker_engine import connect
 from ddpdeploy.errors import OperationError
 from ddpdeploy.paths import package_file
 from ddpdeploy.render.output import to_yaml
@@ -46,7 +47,6 @@ POOL = 4
 
 def engine() -> Any:
     """A Docker SDK client to a live engine, or one line saying there is none."""
-    from ddpdeploy.adapters.docker_engine import connect
 
     return connect(NO_ENGINE_HINT)
 
