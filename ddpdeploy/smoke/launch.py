@@ -116,15 +116,21 @@ def hold_steps_env(steps: list[int], release: str | None = None) -> dict[str, st
     return env
 
 
+# torch says (on stderr) which of its APIs a process used first: the runner reads from it
+# whether a rank joined a process group, saved or loaded (smoke.runner, API_USAGE).
+API_USAGE_ENV = {"PYTORCH_API_USAGE_STDERR": "1"}
+
+
 def run_env(
     restarts: int | None = None,
     checkpoint_dir: str | None = None,
     hold: dict[str, str] | None = None,
 ) -> dict[str, str]:
-    """Env for this run only: a chaos run's restarts and hold (`hold_env`) and where this
-    run's checkpoint folder is. The rank-prefixed output the runner reads and what ran
-    (the spec's sha256, the image) the launch contract adds, as on every target."""
-    env = dict(hold or {})
+    """Env for this run only: torch's API usage lines, a chaos run's restarts and hold
+    (`hold_env`) and where this run's checkpoint folder is. The rank-prefixed output the
+    runner reads and what ran (the spec's sha256, the image) the launch contract adds, as on
+    every target."""
+    env = {**API_USAGE_ENV, **(hold or {})}
     if restarts is not None:
         env["PET_MAX_RESTARTS"] = str(restarts)
     if checkpoint_dir is not None:

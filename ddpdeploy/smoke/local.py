@@ -10,6 +10,7 @@ workers inherit; `stop()` kills every process whose /proc/<pid>/environ carries 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -18,11 +19,14 @@ import tempfile
 import time
 import uuid
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddpdeploy.errors import OperationError
+from ddpdeploy.fs import write_atomic
 from ddpdeploy.paths import helpers_dir
+from ddpdeploy.smoke import workspace
 from ddpdeploy.smoke.backend import Line, Node, NoWorker, RunBackend
 from ddpdeploy.smoke.launch import HOLD_RELEASE_ENV, HOLD_STEP_ENV, LocalNode
 
@@ -225,3 +229,63 @@ def kill_marked(marker: str, timeout: float = 10.0) -> None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.05)
+
+
+class WorkspaceRuns:
+    """The files local runs write into the workspace (outside the checkpoint folder): what
+    each run wrote is recorded (workspace.RECORD), and before the next run, of this smoke
+    or a later one, those still unchanged are set aside (workspace.ASIDE)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.before: dict[str, tuple[int, int]] | None = None
+        self.wrote: set[str] = set()  # every run's, for the read-only root's warning
+
+    def begin(self, keep: bool) -> list[str]:
+        """Before a run: set aside what earlier runs wrote (unless ``keep``) and note the
+        workspace as the run starts; the files set aside."""
+        now = workspace_listing(self.root, workspace.IGNORED)
+        recorded = self._recorded()
+        if self.before is not None:
+            recorded |= {p: now[p] for p in workspace.written(self.before, now)}
+            self.wrote |= set(workspace.written(self.before, now))
+        moved = [] if keep else workspace.unchanged(recorded, now)
+        for rel in moved:
+            target = self.root / workspace.ASIDE / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(self.root / rel, target)
+        self._record({} if not keep else recorded)
+        self.before = workspace_listing(self.root, workspace.IGNORED) if moved else now
+        return moved
+
+    def end(self) -> list[str]:
+        """After the last run: what every run wrote (sorted); what the last one wrote is
+        recorded for the next smoke to set aside."""
+        if self.before is None:
+            return sorted(self.wrote)
+        now = workspace_listing(self.root, workspace.IGNORED)
+        last = workspace.written(self.before, now)
+        self.wrote |= set(last)
+        self._record({**self._recorded(), **{p: now[p] for p in last}})
+        return sorted(self.wrote)
+
+    def _recorded(self) -> dict[str, tuple[int, int]]:
+        try:
+            doc = json.loads((self.root / workspace.RECORD).read_text())
+        except (OSError, ValueError):
+            return {}  # none yet, or not ours to trust: nothing is set aside for it
+        if not isinstance(doc, dict):
+            return {}
+        return {
+            str(p): (int(s[0]), int(s[1]))
+            for p, s in doc.items()
+            if isinstance(s, list)
+            and len(s) == 2
+            and all(isinstance(x, int) for x in s)
+            and workspace.inside(str(p))
+        }
+
+    def _record(self, files: Mapping[str, tuple[int, int]]) -> None:
+        (self.root / workspace.RECORD).parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps({p: list(s) for p, s in sorted(files.items())}, indent=1) + "\n"
+        write_atomic(self.root / workspace.RECORD, text.encode(), "smoke")
