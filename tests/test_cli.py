@@ -19,7 +19,7 @@ def test_render_yaml_is_deterministic_and_parses():
     assert first.stdout == second.stdout
     policy, job = list(yaml.safe_load_all(first.stdout))
     assert (policy["kind"], job["kind"]) == ("NetworkPolicy", "PyTorchJob")
-    cmd = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0][
+    cmd = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0][
         "command"
     ]
     assert cmd[-2:] == ["--steps", "100"]
@@ -29,8 +29,8 @@ def test_training_args_after_double_dash_may_look_like_anything():
     res = run_cli(*ARGS, "--", "deploy/", "--", "--nodes", "3")
     assert res.returncode == 0, res.stderr
     *_, job = list(yaml.safe_load_all(res.stdout))
-    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1  # --nodes 2 held
-    cmd = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0][
+    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2  # --nodes 2 held
+    cmd = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0][
         "command"
     ]
     assert cmd[-4:] == ["deploy/", "--", "--nodes", "3"]

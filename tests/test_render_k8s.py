@@ -128,16 +128,17 @@ def test_every_rendered_object_validates(case):
 
 def test_validators_reject_what_the_apiserver_would():
     job, pvc = render(FULL)
+    (replica,) = job["spec"]["pytorchReplicaSpecs"]  # c10d: the Worker replicas alone
     bad = copy.deepcopy(job)
-    bad["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0][
+    bad["spec"]["pytorchReplicaSpecs"][replica]["template"]["spec"]["containers"][0][
         "imagePullPolicyy"
     ] = "Always"
     assert any("imagePullPolicyy" in e for e in pytorchjob_errors(bad))
     bad = copy.deepcopy(job)
-    bad["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] = "one"
+    bad["spec"]["pytorchReplicaSpecs"][replica]["replicas"] = "one"
     assert pytorchjob_errors(bad)
     bad = copy.deepcopy(job)
-    limits = bad["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0][
+    limits = bad["spec"]["pytorchReplicaSpecs"][replica]["template"]["spec"]["containers"][0][
         "resources"
     ]["limits"]
     limits["memory"] = "lots"
@@ -151,8 +152,16 @@ def container(job: dict[str, Any], replica: str) -> dict[str, Any]:
     return job["spec"]["pytorchReplicaSpecs"][replica]["template"]["spec"]["containers"][0]
 
 
+def values(env: list[dict[str, Any]]) -> dict[str, str]:
+    """A container's literal env (the downward API's entries aside)."""
+    return {e["name"]: e["value"] for e in env if "value" in e}
+
+
+STATIC = {"rendezvous": {"mode": "static"}}
+
+
 def test_static_layout_master_plus_workers():
-    job, _ = render({"image": "train:v1", "nodes": 4, "gpus": 8})
+    job, _ = render({"image": "train:v1", "nodes": 4, "gpus": 8, **STATIC})
     specs = job["spec"]["pytorchReplicaSpecs"]
     assert specs["Master"]["replicas"] == 1
     assert specs["Worker"]["replicas"] == 3
@@ -166,9 +175,25 @@ def test_static_layout_master_plus_workers():
 
 
 def test_one_node_job_has_no_worker_replicas():
-    job, _ = render({"image": "train:v1"})
+    job, _ = render({"image": "train:v1", **STATIC})
     assert list(job["spec"]["pytorchReplicaSpecs"]) == ["Master"]
     assert job["spec"]["nprocPerNode"] == "1"
+
+
+def test_the_default_is_c10d_of_a_fixed_size():
+    """Workers only, met through c10d with min = max: a restart rejoins a fresh round, so a
+    plain script survives it; `scale` leaves such a job alone (not elastic)."""
+    job, _ = render({"image": "train:v1", "nodes": 3, "gpus": 8})
+    assert list(job["spec"]["pytorchReplicaSpecs"]) == ["Worker"]
+    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
+    policy = job["spec"]["elasticPolicy"]
+    assert (policy["rdzvBackend"], policy["minReplicas"], policy["maxReplicas"]) == ("c10d", 3, 3)
+    env = values(container(job, "Worker")["env"])
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    from ddpdeploy.targets import layout_of
+
+    assert layout_of("pytorchjob").elastic_range(job) is None
+    assert layout_of("pytorchjob").rank0_hostname(job) is None
 
 
 def test_elastic_layout_is_workers_only_with_policy():
@@ -210,7 +235,7 @@ def test_full_spec_reaches_the_pod():
     assert pod["terminationGracePeriodSeconds"] == 120
     assert pod["priorityClassName"] == "high"
     assert pod["tolerations"][0]["operator"] == "Exists"
-    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    env = values(pod["containers"][0]["env"])
     assert env["NCCL_DEBUG"] == "INFO" and env["OMP_NUM_THREADS"] == "4"
     assert pod["containers"][0]["resources"] == {
         "requests": {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": 8},
@@ -222,7 +247,7 @@ def test_full_spec_reaches_the_pod():
 
 def test_no_shm_mount_when_disabled():
     job, _ = render(MATRIX["no-shm"])
-    pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
     assert "dshm" not in [v["name"] for v in pod["volumes"]]
     assert "/dev/shm" not in [m["mountPath"] for m in pod["containers"][0]["volumeMounts"]]
 
@@ -230,7 +255,7 @@ def test_no_shm_mount_when_disabled():
 def test_builtin_trainer_gets_the_checkpoint_dir():
     job, pvc = render(MATRIX["existing-claim"])
     assert pvc is None
-    cmd = container(job, "Master")["command"]
+    cmd = container(job, "Worker")["command"]
     assert cmd[cmd.index("--checkpoint-dir") + 1] == "/checkpoints"
 
 
@@ -287,7 +312,7 @@ def test_script_example_runs_the_script_with_its_args_and_validates():
     (job,) = [o for o in built if o["kind"] == "PyTorchJob"]
     assert pytorchjob_errors(job) == []
     assert all(builtin_errors(o) == [] for o in built if o["kind"] != "PyTorchJob")
-    for replica in ("Master", "Worker"):
+    for replica in job["spec"]["pytorchReplicaSpecs"]:  # c10d: the Workers alone
         c = container(job, replica)
         assert c["command"][-6:] == ["torchrun", "train.py", "--epochs", "10", "--lr", "3e-4"]
         env = {e["name"]: e.get("value") for e in c["env"]}

@@ -93,7 +93,7 @@ def test_root_cause_is_the_failed_worker_whose_output_ended_first():
 
 
 def test_local_nodes_get_the_run_env_through_the_contract():
-    spec = JobSpec.model_validate({"nodes": 2, "env": {"A": "1"}})
+    spec = JobSpec.model_validate({"nodes": 2, "env": {"A": "1"}, "rendezvous": {"mode": "static"}})
     nodes = local_nodes(spec, 29400, "/t.py", checkpoint_dir="/ck")
     for node in nodes:
         assert node.env["A"] == "1"
@@ -107,7 +107,8 @@ def test_local_nodes_get_the_run_env_through_the_contract():
 
 
 def test_nodes_of_take_the_static_rank_or_none_under_c10d():
-    static = nodes_of(launch_contract(JobSpec.model_validate({"nodes": 3})))
+    doc = {"nodes": 3, "rendezvous": {"mode": "static"}}
+    static = nodes_of(launch_contract(JobSpec.model_validate(doc)))
     assert [(n.name, n.rank) for n in static] == [
         ("ddp-train-master-0", 0),
         ("ddp-train-worker-0", 1),
@@ -117,6 +118,11 @@ def test_nodes_of_take_the_static_rank_or_none_under_c10d():
         {"nodes": 2, "rendezvous": {"mode": "elastic", "minNodes": 1, "maxNodes": 2}}
     )
     assert {n.rank for n in nodes_of(launch_contract(elastic))} == {None}
+    c10d = nodes_of(launch_contract(JobSpec.model_validate({"nodes": 2})))  # the default
+    assert [(n.name, n.rank) for n in c10d] == [
+        ("ddp-train-worker-0", None),
+        ("ddp-train-worker-1", None),
+    ]
 
 
 def test_changed_specs_are_validated():

@@ -142,7 +142,7 @@ def scaled_spec(job: Obj, nodes: int) -> JobSpec:
     if bounds is None:
         raise UserError(
             f"--nodes: {kind} {name} is not elastic; only jobs started with "
-            "--elastic MIN:MAX can be scaled (down and up again to change a static job)"
+            "--elastic MIN:MAX can be scaled (down and up again to change the size of another)"
         )
     low, high = bounds
     if not low <= nodes <= high:

@@ -20,6 +20,7 @@ from ddpdeploy.signals import interrupted
 if TYPE_CHECKING:
     from ddpdeploy.image.build import BuiltImage
     from ddpdeploy.smoke.backend import RunBackend
+    from ddpdeploy.smoke.local import WorkspaceRuns
     from ddpdeploy.smoke.runner import Kill, KillAt, Outcome, Ranks
     from ddpdeploy.spec import JobSpec
 
@@ -90,6 +91,7 @@ def smoke(
     """
     from ddpdeploy.commands.console import ConsoleReport
     from ddpdeploy.smoke import runner
+    from ddpdeploy.smoke.local import WorkspaceRuns
 
     shown, chaos = _checked_flags(local, docker, ranks, kill_at, resume)
     spec = _runnable(spec, steps, force, docker)
@@ -106,16 +108,22 @@ def smoke(
         kill_at=chaos,
         checkpoint_dir=lambda: folder,
     )
+    outcomes: dict[str, Outcome] = {}
     try:
         if docker:
             start = _docker_target(spec, restarts, base_image, keep_volume, chaos)
-            outcomes = dict(runner.smoke(start, ConsoleReport(), options))
+            outcomes.update(runner.smoke(start, ConsoleReport(), options))
         else:
-            start = _local_target(spec, restarts, folder, resume, chaos)
-            with _workspace_writes(spec):
-                outcomes = dict(runner.smoke(start, ConsoleReport(), options))
+            runs = WorkspaceRuns(Path.cwd())
+            start = _local_target(spec, restarts, folder, resume, chaos, runs)
+            with _workspace_writes(spec, runs):
+                outcomes.update(runner.smoke(start, ConsoleReport(), options))
     except KeyboardInterrupt as exc:  # every target is torn down on its way out
         raise interrupted(exc, "the run was stopped and its processes ended") from None
+    except OperationError as exc:
+        if "clean" in outcomes and _static_plain(spec):  # the kill run failed
+            raise OperationError(f"{exc}\n{STATIC_RESTART}", exc.exit_code) from None
+        raise
     _report(outcomes)
 
 
@@ -158,16 +166,24 @@ def _chaos_spec(spec: JobSpec, chaos: KillAt) -> tuple[JobSpec, int]:
     from ddpdeploy.smoke import launch
 
     spec, restarts = launch.chaos_spec(spec, chaos)
-    if not spec.command.builtin and not spec.elastic:
-        # The launch contract makes restarts safe under c10d only (train/README.md).
-        typer.echo(
-            "smoke: note: under static rendezvous torch 2.13's restarted workers share "
-            "the agent's store, so a plain init_process_group may fail with 'Connection "
-            "refused' or hang; ddpkit.init_process_group, or --elastic N:N (c10d), "
-            "restarts it safely (docs/own-script.md)",
-            err=True,
-        )
+    if _static_plain(spec):
+        typer.echo(f"smoke: note: {STATIC_RESTART}", err=True)
     return spec, restarts
+
+
+# Under static rendezvous torchrun keeps one store for every restart of the workers, and
+# torch's process group then reads peers' stale addresses (docs/own-script.md).
+STATIC_RESTART = (
+    "rendezvous.mode static: a plain init_process_group may fail with 'Connection refused' "
+    "or hang after a restart (restarted workers read peers' stale addresses from the store "
+    "torchrun keeps); use mode c10d (the default) or ddpkit.init_process_group"
+)
+
+
+def _static_plain(spec: JobSpec) -> bool:
+    """A script of the user's under static rendezvous: its restarts may not come back (the
+    built-in trainer's do: ddpkit.init_process_group)."""
+    return not spec.command.builtin and not spec.c10d
 
 
 def _announce(spec: JobSpec, docker: bool) -> int:
@@ -210,23 +226,18 @@ def _checkpoint_folder(spec: JobSpec, chaos: bool) -> Path | None:
 
 
 @contextlib.contextmanager
-def _workspace_writes(spec: JobSpec) -> Iterator[None]:
-    """Say in one line, after the run (green or not), which files it wrote in the workspace
-    outside the checkpoint folder: the pod's read-only root would refuse them, and a local
-    run cannot make this host's file system read-only."""
-    if not spec.security.read_only_root_filesystem:
-        yield
-        return
+def _workspace_writes(spec: JobSpec, runs: WorkspaceRuns) -> Iterator[None]:
+    """Say in one line, after the runs (green or not), which files they wrote in the
+    workspace outside the checkpoint folder: the pod's read-only root would refuse them, and
+    a local run cannot make this host's file system read-only. What the last run wrote is
+    recorded, for the next run to set aside."""
     from ddpdeploy.smoke import workspace
-    from ddpdeploy.smoke.local import workspace_listing
 
-    root = Path.cwd()
-    before = workspace_listing(root, workspace.IGNORED)
     try:
         yield
     finally:
-        after = workspace_listing(root, workspace.IGNORED)
-        line = workspace.warning(workspace.written(before, after))
+        wrote = runs.end()
+        line = workspace.warning(wrote) if spec.security.read_only_root_filesystem else None
         if line:
             typer.echo(f"smoke: {line}", err=True)
 
@@ -242,15 +253,21 @@ def _local_target(
     restarts: int | None,
     folder: Path | None,
     resume: bool,
-    chaos: KillAt | None = None,
+    chaos: KillAt | None,
+    runs: WorkspaceRuns,
 ) -> Callable[[bool], RunBackend]:
-    """Start the job's agents on a fresh port, each run in a fresh checkpoint folder unless
-    ``resume``; the chaos run's with the hold at its --kill-at step."""
+    """Start the job's agents on a fresh port, each run in a fresh checkpoint folder and
+    with what earlier runs wrote in the workspace set aside, unless ``resume``; the chaos
+    run's with the hold at its --kill-at step."""
     from ddpdeploy.paths import trainer_script
+    from ddpdeploy.smoke import workspace
     from ddpdeploy.smoke.launch import hold_env, local_nodes
     from ddpdeploy.smoke.local import LocalRun, fresh_folder
 
     def start(kill: bool = False) -> LocalRun:
+        note = workspace.set_aside_note(runs.begin(keep=resume))
+        if note:
+            typer.echo(f"smoke: {note}", err=True)
         checkpoint_dir = None
         if folder is not None:
             if fresh_folder(folder, keep=resume):
@@ -336,16 +353,22 @@ def _report(outcomes: dict[str, Outcome]) -> None:
             typer.echo(f"{label:<16}{outcome.diagnostics[kind]}")
     for node, code in outcome.exit_codes.items():
         typer.echo(f"exit code       {code}  {node}")
+    for warning in outcome.warnings:
+        typer.echo(f"smoke: warning: {warning}", err=True)
     kill, clean = outcome.kill, outcomes.get("clean")
     if kill is not None and clean is not None:
-        _report_kill(outcome, kill, clean)
+        _report_kill(outcome, kill, clean, outcomes.get("again"))
 
 
-def _report_kill(outcome: Outcome, kill: Kill, clean: Outcome) -> None:
-    """The kill, the recovery, and the weights compared with the clean run's."""
-    from ddpdeploy.smoke.runner import same_weights
-
+def _report_kill(outcome: Outcome, kill: Kill, clean: Outcome, again: Outcome | None) -> None:
+    """What happened after the kill (restart, resume, recovery), then, apart from it, the
+    weights against the clean run's (and a second clean run's when they differ)."""
     typer.echo(f"killed          {kill.what} of {kill.node} at {kill.at_}")
+    if kill.restarted_at is not None:
+        how = "it loaded a file (torch.load)" if kill.loaded else "no torch.load: it started over"
+        if kill.resumed_step is not None:
+            how = f"it resumed from step {kill.resumed_step}"
+        typer.echo(f"restarted       {kill.restarted_at - kill.at:.1f} s after the kill; {how}")
     if kill.recovered_at is None:
         typer.echo("recovery        not observed (no step event after a restart of the workers)")
     else:
@@ -353,13 +376,32 @@ def _report_kill(outcome: Outcome, kill: Kill, clean: Outcome) -> None:
             f"recovery        {kill.recovered_at - kill.at:.1f} s "
             f"(kill -> step {kill.recovered_step} after torchrun restarted the workers)"
         )
+    typer.echo(f"finished        every node exited 0 after the kill{_steps_of(outcome)}")
+    _report_weights(outcome, clean, again)
+
+
+def _steps_of(outcome: Outcome) -> str:
+    return f", at step {outcome.steps}" if outcome.steps is not None else ""
+
+
+def _report_weights(outcome: Outcome, clean: Outcome, again: Outcome | None) -> None:
+    from ddpdeploy.smoke.runner import same_weights
+
     same = same_weights(outcome, clean)
     if same is None:
         typer.echo("clean run       not compared (the job prints no `done` weights_sha256)")
         return
     typer.echo(f"clean run       {clean.weights_sha256}{' (same)' if same else ''}")
-    if not same:
+    if same or again is None:
+        return
+    if same_weights(again, clean):
         raise OperationError(
-            "--kill-at: the weights differ from a clean run of the same job: the resume "
-            "after the kill was not exact"
+            "--kill-at: the job resumed and finished, but its weights differ from two "
+            "identical clean runs of the same job: the resume after the kill was not exact "
+            "(state the checkpoint leaves out: the optimizer's, the sampler's epoch, RNG)"
         )
+    typer.echo(
+        f"clean again     {again.weights_sha256}: two clean runs differ, so the script is not "
+        "deterministic and the weights cannot show whether the resume was exact (seed every "
+        "random source, e.g. torch.manual_seed, to compare)"
+    )

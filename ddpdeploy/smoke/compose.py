@@ -61,9 +61,10 @@ def compose_job(spec: JobSpec, cpu: bool | None = None) -> JobSpec:
 
 
 def _restart(spec: JobSpec) -> str:
-    """Elastic jobs restart failed nodes, as the operator restarts their pods (bounded by
-    backoffLimit when set); a static job's node is not restarted."""
-    if not spec.elastic:
+    """c10d (and elastic) jobs restart failed nodes, which rejoin the rendezvous, as the
+    operator restarts their pods (bounded by backoffLimit when set); a static job's node is
+    not restarted (it could not rejoin a fixed master's round)."""
+    if not spec.c10d:
         return "no"
     limit = spec.run_policy.backoff_limit
     return "on-failure" if limit is None else f"on-failure:{limit}"

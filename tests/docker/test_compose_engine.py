@@ -50,10 +50,15 @@ def test_the_rendered_file_is_read_whole_dependencies_first() -> None:
         assert service.create["entrypoint"] == contract.container_command()
         assert service.create["stop_timeout"] == spec.termination_grace_period_seconds
         assert service.host["read_only"] is True and service.host["cap_drop"] == ["ALL"]
-        # A static job's node is not restarted.
-        assert service.host["restart_policy"] == {"Name": "no", "MaximumRetryCount": 0}
+        # A c10d node restarts and rejoins the rendezvous (static: tested below).
+        assert service.host["restart_policy"] == {"Name": "on-failure", "MaximumRetryCount": 0}
         assert service.host["group_add"] == ["2000"]
         assert set(service.host["tmpfs"]) == {"/tmp", "/home/ddp"}
+
+
+def test_a_static_node_is_not_restarted() -> None:
+    plan = engine_plan(render_compose(spec_of(rendezvous={"mode": "static"})))
+    assert {s.host["restart_policy"]["Name"] for s in plan} == {"no"}
 
 
 def test_an_elastic_node_restarts_on_failure_within_the_backoff_limit() -> None:
@@ -76,12 +81,12 @@ def test_a_secret_env_name_is_passed_only_when_set_here(monkeypatch: pytest.Monk
 @pytest.mark.parametrize(
     ("change", "named"),
     [
-        (lambda p: p["services"]["eng-master-0"].update(ports=["80:80"]), "ports"),
-        (lambda p: p["services"]["eng-master-0"].update(image="img:${TAG}"), "interpolation"),
-        (lambda p: p["services"]["eng-master-0"].update(stop_grace_period="1m30s"), "1m30s"),
+        (lambda p: p["services"]["eng-worker-0"].update(ports=["80:80"]), "ports"),
+        (lambda p: p["services"]["eng-worker-0"].update(image="img:${TAG}"), "interpolation"),
+        (lambda p: p["services"]["eng-worker-0"].update(stop_grace_period="1m30s"), "1m30s"),
         (lambda p: p.update(configs={}), "configs"),
         (lambda p: p["networks"]["ddp"].update(driver="overlay"), "overlay"),
-        (lambda p: p["services"]["eng-master-0"].update(networks=["ddp", "x"]), "2 networks"),
+        (lambda p: p["services"]["eng-worker-0"].update(networks=["ddp", "x"]), "2 networks"),
     ],
 )
 def test_anything_else_is_refused_by_name(change: Any, named: str) -> None:
