@@ -65,7 +65,7 @@ def build_finished(timeout: float) -> bool:
             except BlockingIOError:
                 if time.monotonic() >= deadline:
                     return False
-                time.sleep(min(5.0, max(0.1, deadline - time.monotonic())))
+                time.sleep(min(1.0, max(0.1, deadline - time.monotonic())))
 
 
 def kube_bin(wait: float | None = None) -> tuple[Path | None, str]:
@@ -75,8 +75,8 @@ def kube_bin(wait: float | None = None) -> tuple[Path | None, str]:
     wanted = os.environ.get("DDPDEPLOY_KUBE_BIN")
     if wanted and complete(Path(wanted)):
         return Path(wanted), ""
+    log = os.environ.get("DDPDEPLOY_KUBE_BUILD_LOG")
     if not build_finished(wait):
-        log = os.environ.get("DDPDEPLOY_KUBE_BUILD_LOG")
         where = f" (its log: {log})" if log else ""
         return None, f".ci/kube-build.sh is still building after {wait:.0f}s{where}"
     if wanted:
@@ -86,4 +86,5 @@ def kube_bin(wait: float | None = None) -> tuple[Path | None, str]:
     found = newest()
     if found:
         return found, ""
-    return None, f"no Kubernetes binaries in {CACHE} (run .ci/kube-build.sh)"
+    where = f"; CI's build log: {log}" if log else ""
+    return None, f"no Kubernetes binaries in {CACHE} (run .ci/kube-build.sh{where})"
