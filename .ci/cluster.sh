@@ -392,6 +392,10 @@ wait_for() { # seconds what command...: poll every 0.25 s
         sleep 0.25
     done
 }
+crd_established() {
+    [ "$(k get crd pytorchjobs.kubeflow.org \
+        -o 'jsonpath={.status.conditions[?(@.type=="Established")].status}')" = True ]
+}
 node_ready() {
     [ "$(k get node "$NODE" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')" = True ]
 }
@@ -549,7 +553,9 @@ EOF
         --volume-plugin-dir="$STATE/kubelet/volume-plugins" \
         --oom-score-adj=0 --v=1
 
-    k wait --for condition=established --timeout=60s crd/pytorchjobs.kubeflow.org >/dev/null
+    # (kubectl 1.20's `wait --for condition=established` fails outright on a CRD whose
+    # status has no conditions yet.)
+    wait_for 60 "the PyTorchJob CRD Established" crd_established
     wait_for 90 "node $NODE Ready" node_ready
     # Pods need their namespace's default ServiceAccount (the controller-manager makes it).
     wait_for 60 "the default ServiceAccount" k get serviceaccount default -n default
