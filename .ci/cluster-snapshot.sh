@@ -38,8 +38,9 @@ done
 section listening # ports below the ephemeral range: fixed services, not passing test servers
 ss -Hlntu 2>/dev/null | awk '{print $1, $5}' |
     awk '{n = split($2, a, ":"); if (a[n] + 0 < 32768) print}' | sort -u
-section processes
-ps -eo comm= | grep -E '^(etcd|kube-|kubelet)' | sort
+section processes # of a cluster.sh cluster: each names its state folder or address
+ps -eo args= | grep -E '/var/lib/ddpdeploy-cluster|10\.213\.0\.1|(^|/)kubelet ' |
+    grep -v -E 'grep|cluster-snapshot' | sort
 section containers
 docker ps -a --format '{{.Names}} {{.Image}}' 2>/dev/null | sort
 section images

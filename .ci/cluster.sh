@@ -105,18 +105,19 @@ spawn() { # name cmd...: detached (setsid), logs in $STATE/logs/<name>.log
     pid=$!
     echo "$pid $(proc_start "$pid")" >"$STATE/pids/$name"
 }
-stop_proc() { # name: TERM, up to 10 s, then KILL; only a process up started
+stop_proc() { # name: TERM, up to 3 s, then KILL; only a process up started. (Nothing
+    # here keeps state worth a longer wait: the apiserver, for one, lingers for 20 s after
+    # it stopped serving, trying to unregister itself from the apiserver.)
     local f="$STATE/pids/$1" pid start i
     [ -f "$f" ] || return 0
     read -r pid start <"$f"
     if ours_alive "$1"; then
         kill -TERM "$pid" 2>/dev/null || true
-        for i in $(seq 50); do
+        for i in $(seq 15); do
             [ "$(proc_start "$pid")" = "$start" ] || break
             sleep 0.2
         done
         if [ "$(proc_start "$pid")" = "$start" ]; then
-            log "$1 ($pid) ignored SIGTERM; killing it"
             kill -KILL "$pid" 2>/dev/null || true
             sleep 0.2
         fi
@@ -588,8 +589,12 @@ down() {
             sleep 0.25
         done
     fi
-    # 2. Our processes, by PID file, newest first.
-    for ((i = ${#PROCS[@]} - 1; i >= 0; i--)); do stop_proc "${PROCS[$i]}"; done
+    # 2. Our processes, by PID file: the kubelet first, then the rest at once (the apiserver
+    #    alone may take seconds to drain).
+    stop_proc kubelet
+    local name
+    for name in "${PROCS[@]}"; do stop_proc "$name" & done
+    wait
     # 3. Containers of ours the kubelet did not get to remove.
     local left
     left=$(our_containers | tr '\n' ' ')
