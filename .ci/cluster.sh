@@ -25,6 +25,8 @@
 #                             /var/lib/ddpdeploy-cluster; the kubeconfig is admin.kubeconfig in it
 #   DDPDEPLOY_CLUSTER_PYTHON  a python with dnslib and kubernetes (pip install -e '.[dev]');
 #                             default: python3 on PATH
+#   DDPDEPLOY_CLUSTER_BY      who brings it up (kept in the state folder as `by`; the test
+#                             fixture says "pytest"), default "hand"
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -414,6 +416,8 @@ up() {
     iptables -S CNI-FORWARD >/dev/null 2>&1 && echo CNI-FORWARD >>"$STATE/preexisting"
     iptables -S CNI-ADMIN >/dev/null 2>&1 && echo CNI-ADMIN >>"$STATE/preexisting"
     for s in "${SYSCTLS[@]}"; do echo "$s=$(sysctl -n "$s")"; done >"$STATE/sysctl.saved"
+    # Who asked: a test session's cluster found up later is a killed session's leftover.
+    echo "${DDPDEPLOY_CLUSTER_BY:-hand}" >"$STATE/by"
     # A failure from here on (an error or a die) takes down what was made.
     UP_DONE=0
     trap '[ "$UP_DONE" = 1 ] || { log "up failed; taking down what it made"; down >&2 || true; }' EXIT

@@ -83,18 +83,25 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     folder, why = kube_build.kube_bin()
     if folder is None:
         unavailable(why)
-    env = {"DDPDEPLOY_KUBE_BIN": str(folder), "DDPDEPLOY_CLUSTER_PYTHON": sys.executable}
+    env = {
+        "DDPDEPLOY_KUBE_BIN": str(folder),
+        "DDPDEPLOY_CLUSTER_PYTHON": sys.executable,
+        "DDPDEPLOY_CLUSTER_BY": "pytest",
+    }
     with session_lock(wait=900) as locked:
         if not locked:
             unavailable(f"another test session holds {SESSION_LOCK} (its cluster) for 15 min")
         status = cluster_sh("status", env=env, timeout=30)
         if status.stdout.startswith("up "):
-            # One a person brought up: used as it is, and left up.
             kubeconfig = Path(status.stdout.split(None, 1)[1].strip())
-            _note(request, f"using the cluster that is up already ({kubeconfig})")
-            yield Cluster(kubeconfig, kubeconfig.parent)
-            return
-        if status.stdout.startswith("broken"):
+            by = kubeconfig.parent / "by"
+            if not by.exists() or by.read_text().strip() != "pytest":
+                # One a person brought up: used as it is, and left up.
+                _note(request, f"using the cluster that is up already ({kubeconfig})")
+                yield Cluster(kubeconfig, kubeconfig.parent)
+                return
+            # Else a killed session's: taken down below, and made afresh.
+        if not status.stdout.startswith("down"):
             cluster_sh("down", env=env)  # a killed run's leftovers
         start = time.monotonic()
         up = cluster_sh("up", env=env)
