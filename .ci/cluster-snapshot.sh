@@ -33,12 +33,14 @@ section cgroups
 find /sys/fs/cgroup -mindepth 1 -maxdepth 2 -type d 2>/dev/null | sort
 for d in /etc /run /var/run /var/lib /var/log /var/cache /var/lib/cni /etc/cni; do
     section "ls $d"
+    # shellcheck disable=SC2012 # names only, as ls shows them
     ls -A "$d" 2>/dev/null | sort
 done
 section listening # ports below the ephemeral range: fixed services, not passing test servers
 ss -Hlntu 2>/dev/null | awk '{print $1, $5}' |
     awk '{n = split($2, a, ":"); if (a[n] + 0 < 32768) print}' | sort -u
 section processes # of a cluster.sh cluster: each names its state folder or address
+# shellcheck disable=SC2009 # whole command lines, not names: pgrep -a would do, less plainly
 ps -eo args= | grep -E '/var/lib/ddpdeploy-cluster|10\.213\.0\.1|(^|/)kubelet ' |
     grep -v -E 'grep|cluster-snapshot' | sort
 section containers

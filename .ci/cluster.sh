@@ -72,15 +72,12 @@ find_bin() {
         echo "$DDPDEPLOY_KUBE_BIN"
         return
     fi
-    local d
-    for d in $(ls -dt "$CACHE"/kube-[0-9]*/ 2>/dev/null); do
-        d=${d%/}
-        [ -x "$d/kubelet" ] && [ -x "$d/kube-apiserver" ] && [ -x "$d/pause" ] && {
-            echo "$d"
-            return
-        }
+    local d best=""
+    for d in "$CACHE"/kube-[0-9]*; do # the newest complete build
+        [ -x "$d/kubelet" ] && [ -x "$d/kube-apiserver" ] && [ -x "$d/pause" ] || continue
+        if [ -z "$best" ] || [ "$d" -nt "$best" ]; then best=$d; fi
     done
-    echo ""
+    echo "$best"
 }
 BIN=$(find_bin)
 KUBECTL="$BIN/kubectl"
@@ -174,8 +171,9 @@ preflight() {
         [ -x "/usr/lib/cni/$b" ] || die "CNI plugin $b missing (apt-get install containernetworking-plugins)"
     done
     command -v openssl >/dev/null || die "openssl missing"
-    [ -n "$PY" ] && "$PY" -c 'import dnslib, kubernetes' 2>/dev/null ||
+    if [ -z "$PY" ] || ! "$PY" -c 'import dnslib, kubernetes' 2>/dev/null; then
         die "${PY:-python3} lacks dnslib or kubernetes (pip install -e '.[dev]', or set DDPDEPLOY_CLUSTER_PYTHON)"
+    fi
     docker info >/dev/null 2>&1 || die "no Docker engine answers (run .ci/docker-setup.sh)"
     # What would clash: a cluster of ours already (or its leftovers), another kubelet on this
     # Docker engine (two dockershims kill each other's pods), our network, our ports.
