@@ -1,6 +1,6 @@
 """Cluster verbs at 2, 16 and 128 nodes against a real kube-apiserver (issue #18 §3).
 
-Run by hand once .ci/kube-apiserver.sh has built the apiserver (or DDPDEPLOY_KUBE_APISERVER
+Run by hand once .ci/kube-build.sh has built the apiserver (or DDPDEPLOY_KUBE_APISERVER
 names one):
 
     python benchmarks/bench_cluster.py [--trials 3] [--sizes 2,16,128] [--list-jobs 200]

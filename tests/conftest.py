@@ -13,16 +13,22 @@ from collections.abc import Iterator
 
 import pytest
 
-# The fixtures that reach a Docker engine or start a kube-apiserver (tests/docker/conftest.py,
-# tests/kube/conftest.py, tests/kube/test_no_crd.py, tests/kube/test_up_build.py).
-SLOW_FIXTURES = frozenset({"engine", "control_plane", "bare_plane"})
+# The fixtures that reach a Docker engine or start a kube-apiserver or a cluster
+# (tests/docker/conftest.py, tests/kube/conftest.py, tests/kube/test_no_crd.py,
+# tests/kube/test_up_build.py, tests/e2e/conftest.py).
+SLOW_FIXTURES = frozenset({"engine", "control_plane", "bare_plane", "cluster"})
 
 
+@pytest.hookimpl(trylast=True)  # after tests/kube's and tests/e2e's hooks have marked theirs
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         # fixturenames is the closure: a fixture that uses `engine` counts too.
         if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    # The tests that run .ci/kube-build.sh's binaries go last, e2e last of all: CI builds
+    # them in the background while everything else runs (their fixtures wait for the build).
+    items.sort(key=lambda item: 2 if item.get_closest_marker("e2e") else
+               1 if item.get_closest_marker("kube") else 0)  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
