@@ -2,7 +2,8 @@
 
 Objects go in and come out as plain dicts. Every failure leaves as one OperationError line
 that says what to do: unreachable API, rejected credentials, RBAC, missing kind, conflict.
-The `kubernetes` package is imported lazily, so `render` never loads it.
+The `kubernetes` package is imported lazily, so `render` never loads it. `KubeApi` is what
+the cluster room uses of a connection.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ddpdeploy.errors import OperationError
 from ddpdeploy.obj import Obj
@@ -46,6 +47,89 @@ class Forbidden(OperationError):
 
 class Conflict(OperationError):
     """409: the object exists already (a create) or changed under us."""
+
+
+@runtime_checkable
+class KubeApi(Protocol):
+    """What the cluster room asks of a cluster connection: `Kube`, or a test's stand-in
+    (tests/fakekube.py). Objects are plain dicts; failures are OperationError lines."""
+
+    @property
+    def server(self) -> str:
+        """The API server's URL, for lines that name it."""
+
+    @property
+    def default_namespace(self) -> str:
+        """The kubeconfig context's namespace (the service account's in a pod), or default."""
+
+    def has_kind(self, api_version: str, kind: str) -> bool:
+        """Whether the cluster serves the kind (its CRD installed)."""
+
+    def get(
+        self, api_version: str, kind: str, name: str, namespace: str | None = None
+    ) -> Obj | None:
+        """The object, or None when it does not exist."""
+
+    def list(
+        self, api_version: str, kind: str, namespace: str | None = None, labels: str | None = None
+    ) -> builtins.list[Obj]:
+        """The objects (in ``namespace``, None: every one) that match the label selector."""
+
+    def listed(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None = None,
+        labels: str | None = None,
+        fields: str | None = None,
+    ) -> tuple[builtins.list[Obj], str]:
+        """The objects and the list's resourceVersion (to watch from)."""
+
+    def watch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        *,
+        labels: str | None = None,
+        name: str | None = None,
+        since: str | None = None,
+        seconds: int = ...,
+        stop: threading.Event | None = None,
+    ) -> Iterator[tuple[str, Any]]:
+        """("SYNC", [objects]), then (ADDED|MODIFIED|DELETED, object) as they come."""
+
+    def apply(self, obj: Obj, dry_run: bool = False) -> Obj:
+        """Server-side apply (dry run: validated, not stored)."""
+
+    def create(self, obj: Obj, dry_run: bool = False) -> Obj:
+        """Create; Conflict when it exists."""
+
+    def create_as_applier(self, obj: Obj) -> Obj:
+        """Create, with our fields recorded as applied (later applies do not conflict)."""
+
+    def delete(self, api_version: str, kind: str, name: str, namespace: str | None) -> bool:
+        """Delete (dependents in the background); False when it was not there."""
+
+    def logs(
+        self,
+        pod: str,
+        namespace: str,
+        container: str,
+        follow: bool = False,
+        tail: int | None = None,
+        *,
+        previous: bool = False,
+        since_seconds: int | None = None,
+        timestamps: bool = False,
+        limit_bytes: int | None = None,
+    ) -> Iterator[str]:
+        """A pod's log lines as they come."""
+
+    def exec_stream(
+        self, pod: str, namespace: str, container: str, argv: builtins.list[str]
+    ) -> Iterator[bytes]:
+        """Run ``argv`` in a pod's container; its stdout as it comes."""
 
 
 def _status_message(body: Any) -> str | None:
@@ -271,7 +355,7 @@ class Kube:
         self._log = _hold_client_log()
         cfg = client.Configuration()
         try:
-            self.default_namespace = self._load(cfg, kubeconfig, context)
+            self.default_namespace: str = self._load(cfg, kubeconfig, context)
         except (ConfigException, OSError, ValueError) as exc:
             raise OperationError(
                 f"no usable cluster credentials ({_one_line(exc)}); pass "
@@ -281,7 +365,7 @@ class Kube:
         if failed:
             raise OperationError(_exec_failed(failed)) from None
         cfg.retries = 1
-        self.server = cfg.host
+        self.server: str = cfg.host
         self._api = client.ApiClient(cfg)
         _default_timeout(self._api.rest_client)
         cache = _discovery_cache(cfg.host)
@@ -714,3 +798,7 @@ class Kube:
         if code:
             tail = _one_line(errors.decode(errors="replace")[-300:])
             raise OperationError(f"{what}: exit code {code}: {tail}")
+
+
+if TYPE_CHECKING:
+    _KUBE_IS_A_KUBEAPI: type[KubeApi] = Kube  # mypy holds Kube to the protocol
