@@ -346,7 +346,11 @@ def _discoverer() -> type:
 
 
 class Kube:
-    """One cluster, as the kubeconfig (or the pod's service account) describes it."""
+    """One cluster, as the kubeconfig (or the pod's service account) describes it.
+
+    Made without a request: the kubeconfig is read (credentials, server, namespace; an exec
+    plugin runs), and the API is first asked (discovery, from the cache when it has the
+    kind) by the first call that needs it, which also raises the connection's errors."""
 
     def __init__(self, kubeconfig: str | None = None, context: str | None = None) -> None:
         from kubernetes import client
@@ -368,10 +372,24 @@ class Kube:
         self.server: str = cfg.host
         self._api = client.ApiClient(cfg)
         _default_timeout(self._api.rest_client)
-        cache = _discovery_cache(cfg.host)
+        self._cache = _discovery_cache(cfg.host)
         self._kinds: dict[tuple[str, str], Any] = {}  # a kind's resource, or None: not served
-        with self.errors("connecting"):
-            self._dyn = self._discover(cache)
+        self._dyn_client: Any = None
+        self._connecting = threading.RLock()
+
+    @property
+    def _dyn(self) -> Any:
+        """The dynamic client, made on first use: discovery (the cache file, or the API's
+        resource lists) is the connection's first request."""
+        with self._connecting:
+            if self._dyn_client is None:
+                try:
+                    with self.errors("connecting"):
+                        self._dyn_client = self._discover(self._cache)
+                except Forbidden as exc:
+                    # Not a refusal a preflight check may skip: the connection failed.
+                    raise OperationError(str(exc)) from None
+            return self._dyn_client
 
     def _discover(self, cache: str) -> Any:
         """The dynamic client; a cache file it cannot use (the client re-discovers by itself
