@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 import types
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from ddpdeploy.errors import OperationError
 from ddpdeploy.obj import Obj
 from ddpdeploy.streams import LineSplitter
+from ddpdeploy.text import plain
 
 FIELD_MANAGER = "ddpdeploy"
 REQUEST_TIMEOUT = 30  # seconds to wait for an answer to an ordinary call
@@ -443,6 +445,30 @@ def _check_kubeconfig(path: Path, flag: str) -> None:
         )
 
 
+def _to_stderr(line: str) -> None:
+    print(plain(line), file=sys.stderr, flush=True)
+
+
+def _quiet_unverified_https(server: str) -> None:
+    """urllib3 warns on every request to a server whose certificate it does not check
+    (InsecureRequestWarning, always shown): silenced for this server's host only, as the
+    message names it; the connection says so once, in a line of ours."""
+    from urllib.parse import urlsplit
+
+    from urllib3.exceptions import InsecureRequestWarning
+
+    with contextlib.suppress(ValueError):
+        host = urlsplit(server).hostname
+        if host:
+            warnings.filterwarnings(
+                "ignore",
+                # urllib3 names the host as it connects to it (an IPv6 one in brackets or not)
+                message="Unverified HTTPS request is being made to host "
+                rf"'\[?{re.escape(host)}\]?'",
+                category=InsecureRequestWarning,
+            )
+
+
 def _group_path(api_version: str) -> str:
     return "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
 
@@ -563,9 +589,17 @@ class Kube:
 
     Made without a request: the kubeconfig is read (credentials, server, namespace; an exec
     plugin runs), and the API is first asked (discovery, from the cache when it has the
-    kind) by the first call that needs it, which also raises the connection's errors."""
+    kind) by the first call that needs it, which also raises the connection's errors.
+    ``warn`` gets our one line about the connection (a kubeconfig that skips TLS
+    verification), before the first request; stderr by default."""
 
-    def __init__(self, kubeconfig: str | None = None, context: str | None = None) -> None:
+    def __init__(
+        self,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        *,
+        warn: Callable[[str], None] | None = None,
+    ) -> None:
         _load_client()
         from kubernetes.client.api_client import ApiClient
         from kubernetes.client.configuration import Configuration
@@ -591,6 +625,21 @@ class Kube:
         self._kinds: dict[tuple[str, str], Any] = {}  # a kind's resource, or None: not served
         self._dyn_client: Any = None
         self._connecting = threading.RLock()
+        self._insecure = not cfg.verify_ssl and self.server.lower().startswith("https:")
+        self._warn = warn or _to_stderr
+        if self._insecure:
+            _quiet_unverified_https(self.server)
+
+    def _first_request(self) -> None:
+        """Before the connection's first request: the warning, once."""
+        with self._connecting:
+            if not self._insecure:
+                return
+            self._insecure = False
+            self._warn(
+                f"warning: the kubeconfig skips TLS verification for {self.server} "
+                "(insecure-skip-tls-verify); the server's identity is not checked"
+            )
 
     @property
     def _dyn(self) -> Any:
@@ -598,6 +647,7 @@ class Kube:
         resource lists) is the connection's first request."""
         with self._connecting:
             if self._dyn_client is None:
+                self._first_request()
                 try:
                     with self.errors("connecting"):
                         self._dyn_client = self._discover(self._cache)
@@ -985,6 +1035,7 @@ class Kube:
         status raises ApiException as the generated methods do."""
         from kubernetes.client.exceptions import ApiException
 
+        self._first_request()
         headers = {"Accept": "*/*"}
         if hasattr(self._api, "param_serialize"):  # 37 on: openapi-generator's python client
             request = self._api.param_serialize(
@@ -1014,6 +1065,7 @@ class Kube:
         _load_client(("kubernetes.stream",))
         from kubernetes.stream import stream
 
+        self._first_request()
         pods = _PodExec(self._api)
         what = f"running {argv[0]} in pod {pod}"
         errors = b""
