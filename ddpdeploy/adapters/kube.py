@@ -222,10 +222,12 @@ def _install_stand_ins() -> None:
             setattr(sys.modules[parent], child, module)
         if name == "kubernetes":
             module.__dict__["__version__"] = _version_of(module)
+    client = sys.modules.get("kubernetes.client")
+    if client is None:
+        raise ImportError("No module named 'kubernetes.client'")
     # The names the client's own modules take from kubernetes.client (kube_config,
     # incluster_config: `from kubernetes.client import ApiClient, Configuration`; watch:
     # `client.ApiClient()`): the objects its __init__ would bind.
-    client = sys.modules["kubernetes.client"]
     api_client = importlib.import_module("kubernetes.client.api_client")
     configuration = importlib.import_module("kubernetes.client.configuration")
     for attr, value in (
@@ -251,6 +253,11 @@ def _load_client(more: tuple[str, ...] = ()) -> None:
             for name in set(sys.modules) - before:  # as it was: a plain import may still work
                 if name == "kubernetes" or name.startswith("kubernetes."):
                     del sys.modules[name]
+            if installed == "none found":
+                raise OperationError(
+                    "the kubernetes client is not installed (ddpdeploy needs it for the "
+                    "cluster commands): pip install 'kubernetes>=29'"
+                ) from None
             raise OperationError(
                 f"the installed kubernetes client ({installed}) does not have "
                 f"what ddpdeploy uses ({_one_line(exc, 200)}); install one it was checked "
