@@ -185,11 +185,13 @@ def _stand_in(name: str) -> types.ModuleType | None:
 
     def __getattr__(attr: str) -> Any:  # noqa: N807 - a module's own __getattr__
         # A submodule (`from kubernetes.client import rest` asks for one this way) loads
-        # alone; any other name loads the package as it is.
+        # alone, under the import system's own locks; any other name loads the package as
+        # it is, once.
+        submodule = attr.isidentifier() and not attr.startswith("__")
+        if submodule and importlib.util.find_spec(f"{name}.{attr}"):
+            return importlib.import_module(f"{name}.{attr}")
         with _LOADING:
             if module.__dict__.get("__getattr__") is __getattr__:
-                if not attr.startswith("__") and importlib.util.find_spec(f"{name}.{attr}"):
-                    return importlib.import_module(f"{name}.{attr}")
                 del module.__dict__["__getattr__"]
                 loader.exec_module(module)
         return getattr(module, attr)
