@@ -634,17 +634,18 @@ class Kube:
         self._kinds: dict[tuple[str, str], Any] = {}  # a kind's resource, or None: not served
         self._dyn_client: Any = None
         self._connecting = threading.RLock()
-        self._insecure = not cfg.verify_ssl and self.server.lower().startswith("https:")
+        # insecure-skip-tls-verify: said once, by us, before the first request
+        self._tls_warning_due = not cfg.verify_ssl and self.server.lower().startswith("https:")
         self._warn = warn or _to_stderr
-        if self._insecure:
+        if self._tls_warning_due:
             _quiet_unverified_https(self.server)
 
     def _first_request(self) -> None:
         """Before the connection's first request: the warning, once."""
         with self._connecting:
-            if not self._insecure:
+            if not self._tls_warning_due:
                 return
-            self._insecure = False
+            self._tls_warning_due = False
             self._warn(
                 f"warning: the kubeconfig skips TLS verification for {self.server} "
                 "(insecure-skip-tls-verify); the server's identity is not checked"
