@@ -184,7 +184,7 @@ def test_a_missing_kind_costs_one_request_and_a_new_crd_is_still_found(
     from ddpdeploy.adapters.kube import Kube
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    Kube(str(control_plane.kubeconfig))  # writes the discovery cache
+    Kube(str(control_plane.kubeconfig)).has_kind("v1", "Pod")  # writes the discovery cache
     requests = Requests(monkeypatch)
     kube = Kube(str(control_plane.kubeconfig))
     with requests.during() as calls:
