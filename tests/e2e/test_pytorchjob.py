@@ -170,7 +170,7 @@ def test_each_pod_gets_the_env_of_the_launch_contract(cluster: Cluster, job: Ran
     """§2h: the env the operator stand-in gave each real pod is what ddpdeploy's launch
     contract says the operator gives it (plus the pod's own HOME, TMPDIR and caches)."""
     # Product modules, imported here only: ddpdeploy/ is being reorganised.
-    from ddpdeploy.cluster.plan import saved_spec
+    from ddpdeploy.cluster.saved import saved_spec
     from ddpdeploy.render.pod import pod_only_env
     from ddpdeploy.targets import launch_contract
 
