@@ -84,7 +84,7 @@ def up(
     seconds = parse_duration(timeout) if timeout else None
     ns_given = "namespace" in spec.model_fields_set  # -n or the spec file; else the context's
     spec, record = _with_image(spec, build, base_image)
-    kube, spec = _connect(spec, record, ns_given, kubeconfig, context)
+    kube, spec = _connect(spec, ns_given, kubeconfig, context)
     with _nothing_changed_on_interrupt():
         if adopt_pvc:
             spec = deploy.adopt_pvc(kube, spec, _say)
@@ -133,18 +133,13 @@ def _with_image(
 
 
 def _connect(
-    spec: JobSpec,
-    record: RunRecord | None,
-    ns_given: bool,
-    kubeconfig: str | None,
-    context: str | None,
+    spec: JobSpec, ns_given: bool, kubeconfig: str | None, context: str | None
 ) -> tuple[Kube, JobSpec]:
-    """Render first (its errors come before connecting), then connect; a spec that names
-    no namespace goes into the kubeconfig context's."""
+    """The kubeconfig read (no request yet), and a spec that names no namespace moved into
+    the context's: the spec is final before its objects are rendered, once, by `prepare`
+    (whose render errors come before its first request)."""
     from ddpdeploy.cluster.find import connect, in_context_namespace
-    from ddpdeploy.targets import render_objects
 
-    render_objects(spec, record)
     kube = connect(kubeconfig, context)
     if not ns_given and spec.namespace != kube.default_namespace:
         spec = in_context_namespace(spec, kube.default_namespace)
