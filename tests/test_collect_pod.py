@@ -73,7 +73,7 @@ def test_no_image_and_no_checkpoint_are_one_line_errors():
 
 @pytest.mark.slow  # starts the scanner, as tests/test_checkov.py does
 def test_checkov_passes_the_helper_pod(tmp_path):
-    from test_checkov import allowlist, checkov_path  # skips without checkov
+    from checkov_scan import allowlist, checkov_path  # skips without checkov
 
     from ddpdeploy.targets import render_objects
 

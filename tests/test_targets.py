@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 from cli_runner import run_cli
+from job_matrix import FULL, MATRIX
 from k8s_schema import builtin_errors, pytorchjob_errors, trainjob_errors, trainjob_pod_template
-from test_render_k8s import FULL, MATRIX
 from yaml_readers import kustomize_load_all
 
 from ddpdeploy.spec import JobSpec

@@ -7,10 +7,10 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from actors import res
-from conftest import ROOT
 
 from ddpdeploy.collect.pod import collect_helper_pod
 from ddpdeploy.spec import JobSpec
@@ -18,6 +18,7 @@ from ddpdeploy.spec import JobSpec
 pytestmark = pytest.mark.slow  # a real kube-apiserver
 
 IMAGE = "registry.invalid/train:v1"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_apiserver_accepts_the_helper_pod(admin, namespace):
