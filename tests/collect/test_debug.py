@@ -10,7 +10,7 @@ import os
 import socket
 
 import pytest
-from cli_runner import run_cli
+from cli_runner import run_cli, run_main
 
 from ddpdeploy.collect.checkpoint import collect, payload_name, sidecar_name
 from ddpdeploy.collect.debug import MAX_DEBUG
@@ -26,7 +26,7 @@ def test_the_checkpoint_and_every_diagnostics_file_come_home(project, run_folder
     (run_folder / "hang-rank0.txt.tmp").write_bytes(b"not a name of ours")
     (run_folder / "notes.txt").write_bytes(b"not a diagnostics file")
     to = tmp_path / "out"
-    out = run_cli("collect", "j", "--to", str(to), "--debug", cwd=project)
+    out = run_main("collect", "j", "--to", str(to), "--debug", cwd=project)
     assert out.returncode == 0, out.stderr
     lines = out.stderr.strip().splitlines()
     assert (
@@ -52,7 +52,7 @@ def test_no_diagnostics_file_is_one_line_and_exit_0_beside_a_checkpoint(
     project, run_folder, tmp_path
 ):
     put_checkpoint(run_folder, 1)
-    out = run_cli("collect", "j", "--to", str(tmp_path / "out"), "--debug", cwd=project)
+    out = run_main("collect", "j", "--to", str(tmp_path / "out"), "--debug", cwd=project)
     assert out.returncode == 0, out.stderr
     assert out.stderr.strip().splitlines()[-1] == (
         "debug: no diagnostics files in .ddpdeploy/checkpoints/j (hang-rank*.txt, "
@@ -88,7 +88,7 @@ def test_hostile_entries_are_refused_or_cut_and_never_shown_as_markup(
     (run_folder / "nccl_trace_rank_5\n").write_bytes(b"a line break in the name")
     (run_folder / "hang-rank6.txt").write_bytes(b"[link=file:///etc]x[/link]\n")
     to = tmp_path / "out"
-    out = run_cli("collect", "j", "--to", str(to), "--debug", cwd=project, timeout=60)
+    out = run_main("collect", "j", "--to", str(to), "--debug", cwd=project)
     assert out.returncode == 0, out.stderr
     err = out.stderr
     assert "\x1b" not in err and "\x07" not in err and "Traceback" not in err

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_runner import run_cli
+from cli_runner import run_cli, run_main
 from fs_helpers import mount_tmpfs
 from reports import Recorded
 
@@ -73,12 +73,12 @@ def test_an_existing_different_file_is_refused_by_name(local_run, tmp_path):
     dest = tmp_path / "out"
     dest.mkdir()
     (dest / "ckpt-step-000000002.pt").write_bytes(b"mine")
-    out = run_cli("collect", "j", "--to", str(dest), cwd=local_run)
+    out = run_main("collect", "j", "--to", str(dest), cwd=local_run)
     assert out.returncode == 2
     assert "ckpt-step-000000002.pt already exists and differs; pass --overwrite" in out.stderr
     assert (dest / "ckpt-step-000000002.pt").read_bytes() == b"mine"
     assert sorted(p.name for p in dest.iterdir()) == ["ckpt-step-000000002.pt"]
-    again = run_cli("collect", "j", "--to", str(dest), "--overwrite", cwd=local_run)
+    again = run_main("collect", "j", "--to", str(dest), "--overwrite", cwd=local_run)
     assert again.returncode == 0, again.stderr
     assert (dest / "ckpt-step-000000002.pt").read_bytes() != b"mine"
 
@@ -91,7 +91,7 @@ def test_a_different_file_in_the_destination_is_refused_unless_overwrite(
     to = tmp_path / "out"
     (to / "debug").mkdir(parents=True)
     (to / "debug" / "hang-rank1.txt").write_bytes(b"mine")
-    out = run_cli("collect", "j", "--to", str(to), "--debug", cwd=project)
+    out = run_main("collect", "j", "--to", str(to), "--debug", cwd=project)
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip().splitlines()[-1] == (
         f"error: --to: {to}/debug/hang-rank1.txt already exists and differs; pass "
@@ -103,10 +103,10 @@ def test_a_different_file_in_the_destination_is_refused_unless_overwrite(
         "debug/hang-rank1.txt",
     ]
     assert (to / "debug" / "hang-rank1.txt").read_bytes() == b"mine"
-    again = run_cli("collect", "j", "--to", str(to), "--debug", "--overwrite", cwd=project)
+    again = run_main("collect", "j", "--to", str(to), "--debug", "--overwrite", cwd=project)
     assert again.returncode == 0, again.stderr
     assert (to / "debug" / "hang-rank1.txt").read_bytes() == files["hang-rank1.txt"]
-    same = run_cli("collect", "j", "--to", str(to), "--debug", cwd=project)
+    same = run_main("collect", "j", "--to", str(to), "--debug", cwd=project)
     assert same.returncode == 0, same.stderr  # identical files are kept as they are
 
 
@@ -206,7 +206,7 @@ def test_a_disk_that_fills_during_the_copy_leaves_to_as_it_was(
         (src / "nccl_trace_rank_0").write_bytes(os.urandom(BIG))
     before = contents(to)
     filler = fill(mountpoint, ROOM)
-    out = run_cli("collect", "j", "--to", str(to), "--from", "local", *args, cwd=project)
+    out = run_main("collect", "j", "--to", str(to), "--from", "local", *args, cwd=project)
     assert out.returncode == 1, out.stderr
     assert out.stderr.strip().splitlines() == [
         f"error: --to: cannot write {to / runs_out}: No space left on device"
@@ -217,7 +217,7 @@ def test_a_disk_that_fills_during_the_copy_leaves_to_as_it_was(
     )
     # With room again the same collect completes: nothing left behind stands in its way.
     filler.unlink()
-    again = run_cli("collect", "j", "--to", str(to), "--from", "local", *args, cwd=project)
+    again = run_main("collect", "j", "--to", str(to), "--from", "local", *args, cwd=project)
     assert again.returncode == 0, again.stderr
     assert (to / runs_out).read_bytes() == (src / Path(runs_out).name).read_bytes()
 

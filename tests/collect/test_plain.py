@@ -11,7 +11,7 @@ import subprocess
 from typing import Any
 
 import pytest
-from cli_runner import run_cli
+from cli_runner import run_main
 from reports import Recorded
 
 from ddpdeploy.collect.checkpoint import collect
@@ -100,7 +100,7 @@ def test_plain_files_say_which_format(tmp_path):
     (folder / "snapshot.pt").write_bytes(b"weights")
     (folder / "[bold]x\x1b]0;t").write_bytes(b"a name with markup and an escape")
     (folder / "[red]link").symlink_to(folder / "snapshot.pt")
-    out = run_cli("collect", "s", "--to", "out", cwd=tmp_path)
+    out = run_main("collect", "s", "--to", "out", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert (
         out.stderr.strip().splitlines()[-1]
