@@ -8,18 +8,26 @@ stays in the fast tier, and a new engine or apiserver test cannot forget the mar
 
 from __future__ import annotations
 
+import os
 import signal
+import uuid
 from collections.abc import Iterator
 
 import pytest
+from local_smoke import leftovers
 
-# The fixtures that reach a Docker engine or start a kube-apiserver or a cluster
-# (tests/docker/conftest.py, tests/kube/conftest.py, tests/kube/test_no_crd.py,
-# tests/kube/test_up_build.py, tests/e2e/conftest.py).
+# The engine's and the apiserver's fixtures, shared by every folder that needs them (set up
+# once a session); the plain modules they live in are on pyproject.toml's `pythonpath`.
+pytest_plugins = ["docker_fixtures", "kube_fixtures"]
+
+# The fixtures that reach a Docker engine or start a kube-apiserver
+# or a cluster (tests/docker/docker_fixtures.py, tests/kube/kube_fixtures.py,
+# tests/kube/test_no_crd.py, tests/e2e/conftest.py).
 SLOW_FIXTURES = frozenset({"engine", "control_plane", "bare_plane", "cluster"})
 
 
-@pytest.hookimpl(trylast=True)  # after tests/kube's and tests/e2e's hooks have marked theirs
+# Not trylast: `-m` deselects in the mark plugin's hook, which must run after this one. The
+# folders' conftests (tests/kube, tests/e2e) are registered later, so their hooks run first.
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         # fixturenames is the closure: a fixture that uses `engine` counts too.
@@ -40,3 +48,13 @@ def _signal_handlers_restored() -> Iterator[None]:
     yield
     for sig, handler in saved.items():
         signal.signal(sig, handler)
+
+
+@pytest.fixture
+def marker() -> Iterator[str]:
+    """A fresh tag for a smoke run's processes (tests/local_smoke.py); whatever carries it at
+    the end is killed, to keep the machine clean even when the test failed."""
+    value = f"ddpdeploy-test-{uuid.uuid4().hex}"
+    yield value
+    for pid in leftovers(value):
+        os.kill(pid, signal.SIGKILL)

@@ -19,16 +19,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import bench_chaos  # benchmarks/, on pyproject.toml's pythonpath
 import pytest
 
 from ddpdeploy.smoke import launch
 from ddpdeploy.smoke.runner import KillAt
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT / "tests" / "docker"))
-
-import bench_chaos  # noqa: E402
 
 KILLS = int(os.environ.get("DDPDEPLOY_CHAOS_KILLS", "4"))
 

@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cli_runner import run_cli, run_cli_into
+from cli_runner import run_cli, run_cli_into, run_main
 from fs_helpers import mount_tmpfs, tmpfs_mountpoint, without_dac_override
 
 from ddpdeploy import fs
@@ -60,7 +60,7 @@ def test_a_symlink_at_the_destination_is_refused_and_its_target_untouched(tmp_pa
     victim.write_text("keep\n")
     link = tmp_path / "c.yaml"
     link.symlink_to(victim)
-    line = one_line_error(run_cli(*COMPOSE, "--out", str(link)), 2, f"--out: {link} is not a")
+    line = one_line_error(run_main(*COMPOSE, "--out", str(link)), 2, f"--out: {link} is not a")
     assert "(a symlink)" in line
     assert victim.read_text() == "keep\n" and link.is_symlink()
     assert leftovers(tmp_path) == []
@@ -71,7 +71,7 @@ def test_a_symlink_at_a_temp_name_is_never_followed(tmp_path: Path, monkeypatch)
     victim.write_text("keep\n")
     # The old fixed temp name, planted by someone else: not ours to touch, never written.
     (tmp_path / ".c.yaml.tmp").symlink_to(victim)
-    res = run_cli(*COMPOSE, "--out", str(tmp_path / "c.yaml"))
+    res = run_main(*COMPOSE, "--out", str(tmp_path / "c.yaml"))
     assert res.returncode == 0, res.stderr
     assert victim.read_text() == "keep\n" and (tmp_path / ".c.yaml.tmp").is_symlink()
     assert "services:" in (tmp_path / "c.yaml").read_text()
@@ -131,7 +131,7 @@ def test_a_full_disk_keeps_the_old_file_and_leaves_no_temp(mountpoint: Path) -> 
 def test_a_read_only_folder_is_one_line_exit_1(mountpoint: Path) -> None:
     mount_tmpfs(mountpoint, "ro")
     target = mountpoint / "c.yaml"
-    one_line_error(run_cli(*COMPOSE, "--out", str(target)), 1, "Read-only file system")
+    one_line_error(run_main(*COMPOSE, "--out", str(target)), 1, "Read-only file system")
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from cli_runner import run_cli
+from cli_runner import run_cli, run_main
 
 from ddpdeploy.render.output import to_yaml
 from ddpdeploy.render.pod import pod_only_env
@@ -256,21 +256,21 @@ def test_quantity_bytes(quantity, expected):
 
 def test_cli_stdout_out_file_and_missing_image(tmp_path):
     args = ["compose", "--image", "t:1", "--nodes", "2", "--elastic", "1:2"]
-    first = run_cli(*args, cwd=tmp_path)
+    first = run_cli(*args, cwd=tmp_path)  # two interpreters (two hash seeds): the same bytes
     assert first.returncode == 0, first.stderr
     assert run_cli(*args, cwd=tmp_path).stdout == first.stdout  # same input, same bytes
     assert list(yaml.safe_load(first.stdout)["services"]) == [
         "ddp-train-worker-0",
         "ddp-train-worker-1",
     ]
-    res = run_cli(*args, "--out", "c.yaml", cwd=tmp_path)
+    res = run_main(*args, "--out", "c.yaml", cwd=tmp_path)
     assert res.returncode == 0 and res.stdout == ""
     assert (tmp_path / "c.yaml").read_text() == first.stdout
     (tmp_path / "c.yaml").unlink()
-    res = run_cli("compose", "--out", "c.yaml", cwd=tmp_path)
+    res = run_main("compose", "--out", "c.yaml", cwd=tmp_path)
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.startswith("error: image: required") and res.stderr.count("\n") == 1
-    res = run_cli("compose", "--image", "t:1", "--out", "no/such/dir/c.yaml", cwd=tmp_path)
+    res = run_main("compose", "--image", "t:1", "--out", "no/such/dir/c.yaml", cwd=tmp_path)
     assert res.returncode == 2 and res.stderr.startswith("error: --out: cannot write")
     assert list(tmp_path.iterdir()) == []
 
@@ -343,7 +343,7 @@ def test_secret_env_is_passed_by_name_and_said_so(tmp_path):
     (tmp_path / "ddpdeploy.yaml").write_text(
         "image: t:1\nsecretEnv: {HF_TOKEN: {secret: hf, key: token}}\n"
     )
-    res = run_cli("compose", cwd=tmp_path, env={"HF_TOKEN": "s3cret"})
+    res = run_main("compose", cwd=tmp_path, env={"HF_TOKEN": "s3cret"})
     assert res.returncode == 0, res.stderr
     assert res.stderr == (
         "compose: secretEnv HF_TOKEN: not read from Kubernetes Secrets here; compose passes "
@@ -353,7 +353,7 @@ def test_secret_env_is_passed_by_name_and_said_so(tmp_path):
     env = yaml.safe_load(res.stdout)["services"]["ddp-train-worker-0"]["environment"]
     assert "HF_TOKEN" in env and env["HF_TOKEN"] is None
     (tmp_path / "plain").mkdir()
-    assert run_cli("compose", "--image", "t:1", cwd=tmp_path / "plain").stderr == ""
+    assert run_main("compose", "--image", "t:1", cwd=tmp_path / "plain").stderr == ""
 
 
 def test_secret_env_note_for_a_run_says_what_is_set_here():

@@ -6,61 +6,14 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
-import uuid
-from pathlib import Path
 
 import pytest
-from cli_runner import run_cli
+from local_smoke import HASH, leftovers, smoke, start_smoke, workers
 
 pytest.importorskip("torch")
 
 pytestmark = pytest.mark.slow  # torchrun agents
-
-HASH = re.compile(r"^weights_sha256  ([0-9a-f]{64})$", re.M)
-
-
-def leftovers(marker: str) -> list[int]:
-    """PIDs whose environment carries ``marker``: anything the run left behind."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            if marker.encode() in (proc / "environ").read_bytes():
-                pids.append(int(proc.name))
-        except OSError:
-            continue
-    return pids
-
-
-@pytest.fixture
-def marker():
-    value = f"ddpdeploy-test-{uuid.uuid4().hex}"
-    yield value
-    for pid in leftovers(value):  # keep the machine clean even when the test failed
-        os.kill(pid, signal.SIGKILL)
-
-
-def smoke(cwd: Path, marker: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """`ddpdeploy smoke --local ARGS` to the end, its processes tagged with ``marker``."""
-    return run_cli(
-        "smoke", "--local", *args, cwd=cwd, env={"DDPDEPLOY_TEST_MARKER": marker}, timeout=300
-    )
-
-
-def start_smoke(cwd: Path, marker: str, *args: str) -> subprocess.Popen[str]:
-    """The same, left running so the test can interrupt it."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "ddpdeploy", "smoke", "--local", *args],
-        cwd=cwd,
-        env={**os.environ, "DDPDEPLOY_TEST_MARKER": marker},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 @pytest.mark.parametrize("extra", [[], ["--elastic", "2:2"]], ids=["static", "elastic"])
@@ -138,22 +91,6 @@ def test_ctrl_c_leaves_no_process_behind(tmp_path, marker):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert leftovers(marker) == []
-
-
-def workers(marker: str) -> list[int]:
-    """Trainer worker processes (not agents) of the run tagged with ``marker``."""
-    out = []
-    for pid in leftovers(marker):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if (
-            any(part.endswith(b"ddptrain.py") for part in cmd)
-            and b"torch.distributed.run" not in cmd
-        ):
-            out.append(pid)
-    return out
 
 
 def test_elastic_worker_restart_resumes_from_checkpoint(tmp_path, marker):

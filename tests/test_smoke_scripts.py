@@ -13,11 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from test_smoke_local import leftovers, marker, smoke, start_smoke, workers
+from local_smoke import leftovers, smoke, start_smoke, workers
 
 pytest.importorskip("torch")
-
-__all__ = ["marker"]  # the fixture, re-used from test_smoke_local
 
 SCRIPTS = Path(__file__).parent / "scripts"
 

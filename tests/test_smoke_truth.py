@@ -11,11 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from test_smoke_local import HASH, leftovers, marker, smoke, start_smoke, workers
+from local_smoke import HASH, leftovers, smoke, start_smoke, workers
 
 pytest.importorskip("torch")
-
-__all__ = ["marker"]  # the fixture, re-used from test_smoke_local
 
 # A user script (spec `command: {script: …}`) in which global rank 3 raises while its peers
 # wait in an all-reduce; they then fail too, with gloo's "Connection closed by peer".

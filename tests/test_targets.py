@@ -10,9 +10,9 @@ import re
 from typing import Any
 
 import pytest
-from cli_runner import run_cli
+from cli_runner import run_main
+from job_matrix import FULL, MATRIX
 from k8s_schema import builtin_errors, pytorchjob_errors, trainjob_errors, trainjob_pod_template
-from test_render_k8s import FULL, MATRIX
 from yaml_readers import kustomize_load_all
 
 from ddpdeploy.spec import JobSpec
@@ -182,7 +182,7 @@ def test_indexed_job_layout():
 
 
 def refused(*args: str) -> str:
-    res = run_cli("render", "--image", "t:1", *args)
+    res = run_main("render", "--image", "t:1", *args)
     assert res.returncode == 2 and res.stdout == "", res.stderr
     (line,) = res.stderr.splitlines()
     assert line.startswith("error: ")
@@ -228,9 +228,9 @@ def test_spec_fields_a_target_cannot_carry(tmp_path, target, text, expected):
 def test_target_field_in_the_file_and_the_flag_wins(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text("target: indexed-job\nnodes: 2\n")
-    res = run_cli("render", "--image", "t:1", "-f", str(path))
+    res = run_main("render", "--image", "t:1", "-f", str(path))
     assert res.returncode == 0 and kinds(res.stdout) == ["Service", "Job"]
-    res = run_cli("render", "--image", "t:1", "-f", str(path), "--target", "trainjob")
+    res = run_main("render", "--image", "t:1", "-f", str(path), "--target", "trainjob")
     assert res.returncode == 0 and kinds(res.stdout) == ["TrainJob"]
 
 
@@ -242,9 +242,9 @@ def kinds(text: str) -> list[str]:
 def test_out_dir_is_byte_stable_and_kustomize_builds_it(tmp_path, target):
     args = ["--image", "t:1", "--nodes", "2", "--gpus", "8", "--target", target]
     out = tmp_path / "deploy"
-    assert run_cli("render", *args, "--out-dir", str(out)).returncode == 0
+    assert run_main("render", *args, "--out-dir", str(out)).returncode == 0
     first = {p.name: p.read_bytes() for p in out.iterdir()}
-    assert run_cli("render", *args, "--out-dir", str(out)).returncode == 0
+    assert run_main("render", *args, "--out-dir", str(out)).returncode == 0
     assert {p.name: p.read_bytes() for p in out.iterdir()} == first
     built = kustomize_load_all(out)
     spec = JobSpec.model_validate({"image": "t:1", "nodes": 2, "gpus": 8, "target": target})

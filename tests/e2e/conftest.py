@@ -22,16 +22,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import base_images
+import kube_build
 import pytest
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))  # tests/: cli_runner, kube_build
-sys.path.insert(0, str(HERE.parent / "docker"))  # base_images
-
-import base_images  # noqa: E402
-import kube_build  # noqa: E402
-from cli_runner import run_cli  # noqa: E402
-from realcluster import (  # noqa: E402
+from cli_runner import run_cli
+from realcluster import (
     ROOT,
     SESSION_LOCK,
     Cluster,

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
+import ddpkit_nccl  # train/, on pyproject.toml's pythonpath
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "train"))
-import ddpkit_nccl  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "nccl"
 

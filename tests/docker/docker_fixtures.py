@@ -1,4 +1,6 @@
-"""Fixtures for the docker tests: a reachable engine and the locally built base images.
+"""The Docker engine's fixtures: a reachable engine and the locally built base images, for
+every test that needs them (tests/docker, tests/kube/test_up_build.py, tests/collect's volume
+tests); a plugin that tests/conftest.py registers, so each fixture is set up once a session.
 
 Without an engine the engine tests skip, saying why, unless DDPDEPLOY_REQUIRE_DOCKER=1 (CI),
 where a missing engine is a failure: CI must not go green by skipping.
@@ -8,24 +10,15 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import base_images
 import pytest
+from cli_runner import run_cli
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-sys.path.insert(0, str(HERE))  # for base_images, a plain script beside these tests
-sys.path.insert(0, str(HERE.parent))  # for cli_runner, shared with the other CLI tests
-
-import base_images  # noqa: E402
-from cli_runner import run_cli  # noqa: E402
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "docker: needs a running Docker engine")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _require() -> bool:
