@@ -58,9 +58,11 @@ def test_failing_node_is_named_with_its_last_lines(tmp_path, marker):
         "flaky:model",
     )
     assert res.returncode == 1
-    assert "error: node ddp-train-worker-0 (node rank 1, global rank 1) exited with code" in (
-        res.stderr
-    )
+    # c10d rendezvous (the default) hands out node ranks as agents join: either node may be
+    # the one with GROUP_RANK 1.
+    assert re.search(
+        r"^error: node ddp-train-worker-[01] \(global rank 1\) exited with code", res.stderr, re.M
+    ), res.stderr
     assert "boom on node one" in res.stderr
     assert leftovers(marker) == []
 
@@ -129,8 +131,7 @@ def test_every_targets_layout_trains_to_the_same_weights(tmp_path, marker):
         hashes[target] = HASH.search(res.stdout)[1]
         first_node[target] = re.search(r'^([\w-]+): \{"event": "start"', res.stderr, re.M)[1]
     assert len(set(hashes.values())) == 1, hashes
-    assert first_node == {
-        "pytorchjob": "ddp-train-master-0",
-        "trainjob": "ddp-train-node-0-0",
-        "indexed-job": "ddp-train-0",
-    }
+    # Rank 0's node, named as each target names its pods (c10d: whichever joined first).
+    assert re.fullmatch(r"ddp-train-worker-[01]", first_node["pytorchjob"]), first_node
+    assert re.fullmatch(r"ddp-train-node-0-[01]", first_node["trainjob"]), first_node
+    assert re.fullmatch(r"ddp-train-[01]", first_node["indexed-job"]), first_node
