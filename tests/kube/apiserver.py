@@ -15,7 +15,6 @@ import signal
 import socket
 import ssl
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -23,10 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import kube_build
 import yaml
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for kube_build
-import kube_build  # noqa: E402
 
 CACHE = Path(os.environ.get("DDPDEPLOY_KUBE_CACHE", "/var/cache/ddpdeploy-test"))
 ADMIN_TOKEN = "admin-token-for-tests"
