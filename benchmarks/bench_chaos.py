@@ -1,4 +1,4 @@
-"""Chaos harness: many `--kill-at` kills on both smoke targets, static and elastic, under a
+"""Chaos harness: many `--kill-at` kills on both smoke targets, c10d and static, under a
 CPU load the harness makes itself; every kill's kill -> next step time, one table.
 
 Each configuration runs the built-in trainer twice on its target: a clean run, then one run
@@ -62,7 +62,7 @@ def cpu_burner(n: int) -> Iterator[None]:
 @dataclass(frozen=True)
 class Config:
     target: str  # local | docker
-    elastic: bool
+    mode: str  # the spec's rendezvous.mode: c10d (the default) | static | elastic
     kill_steps: tuple[int, ...]
     nodes: int = 2
     procs: int = 2
@@ -70,8 +70,7 @@ class Config:
 
     @property
     def name(self) -> str:
-        rdzv = "elastic" if self.elastic else "static"
-        return f"{self.target} {rdzv} {self.nodes}x{self.procs}"
+        return f"{self.target} {self.mode} {self.nodes}x{self.procs}"
 
     @property
     def total_steps(self) -> int:
@@ -108,36 +107,40 @@ def job_spec(config: Config) -> Any:
         "checkpoint": {"claimName": "chaos"},
         "command": {"args": args},
     }
-    if config.elastic:
-        kills = len(config.kill_steps)
+    kills = len(config.kill_steps)
+    if config.mode == "static":  # restarts through PET_MAX_RESTARTS (start_target)
+        doc["rendezvous"] = {"mode": "static"}
+    elif config.mode == "elastic":
         doc["rendezvous"] = {"mode": "elastic", "minNodes": config.nodes,
                              "maxNodes": config.nodes, "maxRestarts": kills}  # fmt: skip
+    else:
+        doc["rendezvous"] = {"mode": config.mode, "maxRestarts": kills}
     return JobSpec.model_validate(doc)
 
 
 def start_target(config: Config, spec: Any, image: str, ws: Path, kill: bool) -> Any:
     """The target of one run: the same plan `ddpdeploy smoke` runs, with the chaos hold at
     every kill step of a chaos run."""
-    from ddpdeploy.smoke import plan
+    from ddpdeploy.smoke import launch
 
-    restarts = len(config.kill_steps) if not spec.elastic else None
+    restarts = len(config.kill_steps) if not spec.c10d else None
     steps = list(config.kill_steps) if kill else []
     if config.target == "local":
-        from ddpdeploy.adapters.local import LocalRun, fresh_folder
         from ddpdeploy.paths import trainer_script
+        from ddpdeploy.smoke.local import LocalRun, fresh_folder
 
         folder = ws / ".ddpdeploy" / "checkpoints" / "chaos"
         fresh_folder(folder, keep=False)
-        hold = plan.hold_steps_env(steps) if steps else None
+        hold = launch.hold_steps_env(steps) if steps else None
         port = _free_port()
-        nodes = plan.plan(spec, port, str(trainer_script()), str(folder), restarts, hold)
+        nodes = launch.local_nodes(spec, port, str(trainer_script()), str(folder), restarts, hold)
         return LocalRun(nodes, ws)
-    from ddpdeploy.adapters.compose import ComposeRun
-    from ddpdeploy.smoke.docker import compose_plan
+    from ddpdeploy.smoke.compose import compose_plan
+    from ddpdeploy.smoke.composerun import ComposeRun
 
-    hold = plan.hold_steps_env(steps, plan.CONTAINER_RELEASE) if steps else {}
-    job = compose_plan(spec, image, plan.run_env(restarts, hold=hold))
-    release = plan.CONTAINER_RELEASE if steps else None
+    hold = launch.hold_steps_env(steps, launch.CONTAINER_RELEASE) if steps else {}
+    job = compose_plan(spec, image, launch.run_env(restarts, hold=hold))
+    release = launch.CONTAINER_RELEASE if steps else None
     return ComposeRun(job.project, job.nodes, job.name, release=release)
 
 
@@ -157,7 +160,7 @@ def follow(target: Any, config: Config, kills: list[tuple[int, int]], timeout: f
     """Follow one run to its end; at each held kill step SIGKILL the next (node, local
     rank) of ``kills`` and time kill -> the restarted group's first step. Returns (done
     event fields, kill rows)."""
-    from ddpdeploy.smoke.events import parse_event, split_rank
+    from ddpdeploy.events import parse_event, split_rank
 
     names = [n.name for n in target.nodes]
     rows: list[KillRow] = []
@@ -248,18 +251,20 @@ def table(series: list[Series]) -> str:
 
 
 def configs(targets: list[str], kills: int) -> list[Config]:
-    """``kills`` kills per target over two configurations (static 2x2: every local rank of
-    both nodes in turn; elastic 2x1: both nodes), at different steps. Two, not four: each
-    configuration costs a clean run and two compose projects, as much as several kills."""
-    shapes = [(False, 2), (True, 1)]
+    """``kills`` kills per target over two configurations (c10d, the default, 2x2: every
+    local rank of both nodes in turn; static 2x1: both nodes; the built-in trainer's
+    ddpkit.init_process_group makes static restarts safe), at different steps. Two, not
+    four: each configuration costs a clean run and two compose projects, as much as several
+    kills."""
+    shapes = [("c10d", 2), ("static", 1)]
     out = []
     for target in targets:
         per = [kills // 2 + (1 if i < kills % 2 else 0) for i in range(2)]
-        for (elastic, procs), n in zip(shapes, per, strict=True):
+        for (mode, procs), n in zip(shapes, per, strict=True):
             if n:
-                first = 3 if elastic else 2  # 2, 5, 6, 9, ... and 3, 6, 7, 10, ...
+                first = 3 if procs == 1 else 2  # 2, 5, 6, 9, ... and 3, 6, 7, 10, ...
                 steps = tuple(first + 2 * i + (i % 2) for i in range(n))
-                out.append(Config(target, elastic, steps, procs=procs))
+                out.append(Config(target, mode, steps, procs=procs))
     return out
 
 

@@ -1,6 +1,6 @@
 """Cluster verbs at 2, 16 and 128 nodes against a real kube-apiserver (issue #18 §3).
 
-Run by hand once .ci/kube-apiserver.sh has built the apiserver (or DDPDEPLOY_KUBE_APISERVER
+Run by hand once .ci/kube-build.sh has built the apiserver (or DDPDEPLOY_KUBE_APISERVER
 names one):
 
     python benchmarks/bench_cluster.py [--trials 3] [--sizes 2,16,128] [--list-jobs 200]
@@ -293,8 +293,8 @@ class Bench:
     def indexed_job(self, ns: str, name: str, n: int) -> None:
         """The Indexed Job's objects, created without the fields 1.20 lacks, and its pods
         as the Job controller names and labels them."""
-        from ddpdeploy.cluster.plan import with_saved_spec
-        from ddpdeploy.options import spec_from_flags
+        from ddpdeploy.cluster.saved import with_saved_spec
+        from ddpdeploy.commands.options import spec_from_flags
         from ddpdeploy.targets import render_objects
 
         file = self.workdir / f"indexed-{n}.yaml"
@@ -323,8 +323,8 @@ class Bench:
 
     def list_jobs(self, ns: str, count: int) -> None:
         """``count`` PyTorchJobs of ours, created directly (what `up` would submit)."""
-        from ddpdeploy.cluster.plan import with_saved_spec
-        from ddpdeploy.options import spec_from_flags
+        from ddpdeploy.cluster.saved import with_saved_spec
+        from ddpdeploy.commands.options import spec_from_flags
         from ddpdeploy.targets import render_objects
 
         jobs = res(self.admin, "kubeflow.org/v1", "PyTorchJob")

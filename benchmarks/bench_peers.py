@@ -24,8 +24,7 @@ a user waits for it: interpreter start, image check, containers up and down.
 --overhead N: what smoke --docker adds around the job, N interleaved trials without the job
 (every node's entrypoint is `true`, so the containers exit at once): the image check
 (`ddpdeploy build`, up to date: in-process now, a second interpreter before, run from a
---before checkout) and the project's up and down through the compose CLI (docker-compose
-up -d, down --volumes) against the SDK path (adapters.compose).
+--before checkout) and the project's up and down through the SDK path (smoke.composerun).
 
 --phases: one more smoke --docker run with its stderr time-stamped on arrival (the build
 check's line, the first line of a node, the report), and `docker events` for the project's
@@ -238,13 +237,14 @@ def phases(sides: Sides) -> None:
 
 
 def overhead(sides: Sides, trials: int, before: Path | None) -> None:
-    """Up, down and the image check, the compose CLI (and --before's build) vs now."""
-    from ddpdeploy.adapters.compose import ComposeRun, compose_cli, engine
-    from ddpdeploy.imagebuild import build_image
-    from ddpdeploy.smoke.docker import LOCAL_REPO, compose_plan
+    """Up, down and the image check (and --before's build) through smoke --docker's one
+    path, the SDK (the compose CLI's 1.29 numbers are in docs/benchmarks.md's history)."""
+    from ddpdeploy.image.build import build_image
+    from ddpdeploy.smoke.compose import LOCAL_REPO, compose_plan
+    from ddpdeploy.smoke.composerun import ComposeRun, engine
     from ddpdeploy.spec import JobSpec, spec_with
 
-    client, cli = engine(), compose_cli()
+    client = engine()
     spec = JobSpec.model_validate({"nodes": 2, "procs": 2})
     local = spec_with(spec, {"image": f"{LOCAL_REPO}/{spec.name}"})
     plan = compose_plan(spec, sides.image, {})
@@ -255,20 +255,15 @@ def overhead(sides: Sides, trials: int, before: Path | None) -> None:
     def note(key: str, seconds: float) -> None:
         rows.setdefault(key, []).append(seconds)
 
-    for i in range(trials):
-        for how in ["sdk", "cli"] if i % 2 == 0 else ["cli", "sdk"]:
-            start = time.monotonic()
-            run = ComposeRun(
-                plan.project, plan.nodes, "bench", client=client, cli=None if how == "sdk" else cli
-            )
-            note(f"up ({how})", time.monotonic() - start)
-            while any(c is None for c in run.exit_codes().values()):
-                time.sleep(0.05)
-            start = time.monotonic()
-            if how == "cli":
-                run._compose("down", "--remove-orphans", "--volumes", "--timeout", "5")
-            run.stop()
-            note(f"down ({how})", time.monotonic() - start)
+    for _ in range(trials):
+        start = time.monotonic()
+        run = ComposeRun(plan.project, plan.nodes, "bench", client=client)
+        note("up (sdk)", time.monotonic() - start)
+        while any(c is None for c in run.exit_codes().values()):
+            time.sleep(0.05)
+        start = time.monotonic()
+        run.stop()
+        note("down (sdk)", time.monotonic() - start)
         start = time.monotonic()
         build_image(local, workspace=sides.ws, base_image=sides.base)
         note("image check, in-process (up to date)", time.monotonic() - start)

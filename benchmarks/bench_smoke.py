@@ -91,7 +91,7 @@ def trace(target: str, kill_at: int, image: str, ws: Path, out: Path) -> None:
     the time since the kill-at run started (the runner's own events included)."""
     from ddpdeploy.cli import app
     from ddpdeploy.smoke import runner as smoke_runner
-    from ddpdeploy.smoke.target import Line
+    from ddpdeploy.smoke.backend import Line
 
     out.mkdir(parents=True, exist_ok=True)
     log = (out / f"{target}.log").open("w")
@@ -109,7 +109,7 @@ def trace(target: str, kill_at: int, image: str, ws: Path, out: Path) -> None:
             log.write(f"{time.monotonic() - t0:8.3f} RUNNER kill sent: {self.kill.what}\n")
 
     if target == "docker":
-        from ddpdeploy.adapters.compose import ComposeRun
+        from ddpdeploy.smoke.composerun import ComposeRun
 
         compose = ComposeRun._compose
 
@@ -121,8 +121,8 @@ def trace(target: str, kill_at: int, image: str, ws: Path, out: Path) -> None:
                 log.write(f"{time.monotonic() - t0:8.3f} RUNNER compose {args[0]} done\n")
 
         ComposeRun._compose = compose_stamped  # type: ignore[method-assign]
-    from ddpdeploy.adapters.compose import ComposeRun
-    from ddpdeploy.adapters.local import LocalRun
+    from ddpdeploy.smoke.composerun import ComposeRun
+    from ddpdeploy.smoke.local import LocalRun
 
     for cls in (ComposeRun, LocalRun):  # when the runner saw every node end
         cls.drain = _stamped(cls.drain, "drain (all nodes ended)", log, t0)  # type: ignore[method-assign]

@@ -1,6 +1,6 @@
 """Wall time of `ddpdeploy up --no-wait` for a 2x8 job against a local kube-apiserver.
 
-Run by hand once .ci/kube-apiserver.sh has built the apiserver:
+Run by hand once .ci/kube-build.sh has built the apiserver:
 
     python benchmarks/bench_up.py [--runs 7]
 

@@ -1,4 +1,9 @@
-"""The `ddpdeploy` command line: a thin Typer app; every command is registered here."""
+"""The `ddpdeploy` command line: a thin Typer app whose commands load only when named.
+
+`ddpdeploy --help` and shell completion read the table below and import no command; a
+command's module (and what it needs) loads when that command is parsed, for its --help too.
+Help is click's plain text (no rich): it prints in the time Python starts.
+"""
 
 from __future__ import annotations
 
@@ -9,37 +14,56 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from ddpdeploy import __version__
-from ddpdeploy.errors import UserError
-from ddpdeploy.options import TrainArgsCommand
+from ddpdeploy.errors import DdpdeployError
+from ddpdeploy.signals import catch_signals
 
-app = typer.Typer(
-    name="ddpdeploy",
-    help="Take a PyTorch DDP job from a laptop smoke test to N GPU nodes on Kubernetes.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
+SUMMARY = "Take a PyTorch DDP job from a laptop smoke test to N GPU nodes on Kubernetes."
 
-# name -> "module:function" under ddpdeploy.commands. One module per command; each imports
-# its heavy dependencies (torch, kubernetes, docker) inside the function, not at the top.
-COMMANDS: dict[str, str] = {
-    "init": "init:init",
-    "build": "build:build",
-    "render": "render:render",
-    "smoke": "smoke:smoke",
-    "compose": "compose:compose",
-    "schema": "schema:schema",
-    "up": "up:up",
-    "status": "status:status",
-    "logs": "logs:logs",
-    "list": "list:list_jobs",
-    "down": "down:down",
-    "scale": "scale:scale",
-    "resume": "resume:resume",
-    "collect": "collect:collect",
+# name -> ("module:function" under ddpdeploy.commands, its line in `ddpdeploy --help`: the
+# first sentence of the command's own help, which tests/test_cli.py checks it matches).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "init": ("init:init", "Write a commented ddpdeploy.yaml and its JSON Schema."),
+    "build": ("build:build", "Build the training image and print its reference on stdout."),
+    "render": ("render:render", "Render the job's Kubernetes objects for its target."),
+    "smoke": ("smoke:smoke", "Run the job as a CPU smoke test (gloo) on this host."),
+    "compose": ("compose:compose", "Render the job as a docker-compose file."),
+    "schema": ("schema:schema", "Print the JSON Schema of ddpdeploy.yaml."),
+    "up": ("up:up", "Submit the job to the cluster as its target's objects."),
+    "status": ("status:status", "Show a job's state, its pods and its training."),
+    "logs": ("logs:logs", "Print a job's training log, every line with its global rank."),
+    "list": ("list:list_jobs", "List the jobs labelled managed-by ddpdeploy."),
+    "down": ("down:down", "Delete a job; its checkpoints stay for `resume` unless --purge."),
+    "scale": ("scale:scale", "Set an elastic job's node (Worker) count."),
+    "resume": ("resume:resume", "Recreate a finished or deleted job as it was last submitted."),
+    "collect": ("collect:collect", "Copy a job's newest intact checkpoint into a folder."),
 }
+
+
+class TrainArgsCommand(TyperCommand):
+    """A command whose training arguments must follow ``--``.
+
+    Without this, a stray word among the flags (`render --image x deploy/`) would silently
+    join the training command; with it, that word is refused by name."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        head = args[: args.index("--")] if "--" in args else args
+        if {"-h", "--help"} & set(head) and not ctx.resilient_parsing:
+            # Straight to the text: typer would first build a pydantic adapter per option.
+            typer.echo(self.get_help(ctx), color=ctx.color)
+            ctx.exit()
+        if any(p.name == "train_args" for p in self.params):
+            # The command's own parser tells option values from stray words.
+            values, _, _ = self.make_parser(ctx).parse_args(args=list(head))
+            stray = values.get("train_args")
+            if stray:
+                ctx.fail(
+                    f"unexpected argument {stray[0]!r} before `--`; training arguments go "
+                    f"after it: {ctx.command_path} [OPTIONS] -- {' '.join(stray)}"
+                )
+        return super().parse_args(ctx, args)
 
 
 def _one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -47,21 +71,62 @@ def _one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except UserError as exc:
+        except DdpdeployError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(exc.exit_code) from None
 
     return wrapper
 
 
-def _register() -> None:
-    for name, target in COMMANDS.items():
-        module_name, func_name = target.split(":")
-        module = importlib.import_module(f"ddpdeploy.commands.{module_name}")
-        fn = getattr(module, func_name)
-        app.command(name, cls=TrainArgsCommand, context_settings={"allow_interspersed_args": True})(
-            _one_line_errors(fn)
-        )
+@functools.cache
+def load_command(name: str) -> Any:
+    """The click command of ``name``, its module imported now."""
+    target, _ = COMMANDS[name]
+    module_name, func_name = target.split(":")
+    fn = getattr(importlib.import_module(f"ddpdeploy.commands.{module_name}"), func_name)
+    one = typer.Typer(rich_markup_mode=None, add_completion=False)
+    one.command(
+        name,
+        cls=TrainArgsCommand,
+        context_settings={"allow_interspersed_args": True, "help_option_names": ["-h", "--help"]},
+    )(_one_line_errors(fn))
+    return typer.main.get_command(one)
+
+
+class _Commands(TyperGroup):
+    """The command table, each command loaded when it is named."""
+
+    # ctx and formatter are typer's vendored click types, which it does not export.
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        return load_command(cmd_name) if cmd_name in COMMANDS else None
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if args and args[0] in COMMANDS:
+            # A command named first leaves every root option at its default: set them as
+            # such, not through typer's per-option pydantic coercion (which would import
+            # pydantic before `CMD --help` prints a line).
+            ctx.params.update({p.name: p.default for p in self.get_params(ctx) if p.expose_value})
+            ctx._protected_args, ctx.args = args[:1], args[1:]
+            return list(ctx.args)
+        return super().parse_args(ctx, args)
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        with formatter.section("Commands"):  # from the table: no command is imported
+            formatter.write_dl([(name, line) for name, (_, line) in COMMANDS.items()])
+
+
+app = typer.Typer(
+    name="ddpdeploy",
+    cls=_Commands,
+    help=SUMMARY,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 
 
 def _version(value: bool) -> None:
@@ -80,27 +145,27 @@ def _root(
     """Take a PyTorch DDP job from a laptop smoke test to N GPU nodes on Kubernetes."""
 
 
-_register()
-
-
 def main(argv: list[str] | None = None) -> None:
     """Entry point: usage errors become one line on stderr with exit code 2."""
+    catch_signals()  # SIGTERM, like Ctrl-C, ends every command with one line
     try:
         # Without standalone mode, click returns typer.Exit's code instead of exiting.
         code = app(args=argv, standalone_mode=False)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except typer.TyperException as exc:
+    except typer.TyperException as exc:  # the usage errors of typer's (vendored) click
         ctx = getattr(exc, "ctx", None)
         if exc.__class__.__name__ == "NoArgsIsHelpError" and ctx is not None:
             typer.echo(ctx.get_help())
             sys.exit(0)
         message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        # Typer's Literal check words it as pydantic does ("Value error, ... .").
+        message = message.replace("Value error, ", "").rstrip(".")
         hint = f"; see `{ctx.command_path} --help`" if ctx is not None else ""
         typer.echo(f"error: {message}{hint}", err=True)
         sys.exit(getattr(exc, "exit_code", 2))
     except (typer.Abort, KeyboardInterrupt) as exc:
-        # A cluster command's SIGTERM arrives as kubeopts.Interrupted: exit 143, not 130.
+        # SIGTERM arrives as signals.Interrupted: exit 143, not 130.
         name = getattr(exc, "name", None)
         typer.echo(f"aborted ({name}); nothing more was done" if name else "aborted", err=True)
         sys.exit(getattr(exc, "exit_code", 130))

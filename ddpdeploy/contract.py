@@ -218,7 +218,7 @@ class LaunchContract:
     def field_env(self) -> dict[str, str]:
         """Env the pod takes from the downward API: name -> field path."""
         env = self.layout.field_env(self.spec)
-        if self.spec.elastic:
+        if self.spec.c10d:
             # The rank-0 agent's store host is its --local-addr: its pod IP, so no DNS.
             env = {**env, "PET_LOCAL_ADDR": POD_IP}
         return env
@@ -322,7 +322,7 @@ def launch_contract(
     }
     if spec.checkpoint:
         base_env[CHECKPOINT_DIR_ENV] = spec.checkpoint.mount_path
-    if spec.elastic:
+    if spec.c10d:
         # By default agents share one TCPStore with their workers that outlives a restart;
         # restarted workers then read peers' stale addresses and fail ("Connection
         # refused"). Unshared, each round's rank-0 agent publishes a fresh port and rank 0's

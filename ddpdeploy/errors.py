@@ -1,20 +1,27 @@
-"""The one error type the CLI turns into a single line and exit code 2."""
+"""The errors a command ends with: one line, no traceback, a fixed exit code. Bad input the
+user can fix (exit 2) and an outside system that refused (exit 1) are two kinds, not one."""
 
 from __future__ import annotations
 
 
-class UserError(Exception):
-    """Bad input the user can fix: printed as one line, exit code 2, no traceback."""
+class DdpdeployError(Exception):
+    """A command's end: printed as one line, no traceback, with ``exit_code``."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class UserError(DdpdeployError):
+    """Bad input the user can fix: exit code 2."""
 
     exit_code = 2
 
-    def __init__(self, message: str, exit_code: int = 2) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
 
+class OperationError(DdpdeployError):
+    """An outside system refused or failed (engine down, apply failed): exit code 1."""
 
-class OperationError(UserError):
-    """An outside system refused (engine down, apply failed): one line, exit code 1."""
-
-    def __init__(self, message: str, exit_code: int = 1) -> None:
-        super().__init__(message, exit_code)
+    exit_code = 1

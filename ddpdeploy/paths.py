@@ -14,6 +14,9 @@ from pathlib import Path
 
 from ddpdeploy.errors import UserError
 
+DEFAULT_FILE = "ddpdeploy.yaml"  # the job spec a command reads when -f names none
+SCHEMA_FILE = ".ddpdeploy.schema.json"  # written by `ddpdeploy init` beside the spec file
+
 
 def _shipped(name: str, marker: str) -> Path:
     package = Path(str(resources.files("ddpdeploy")))
@@ -51,3 +54,9 @@ def local_checkpoints(name: str) -> Path:
     """Where `smoke --local` keeps job ``name``'s checkpoints and `collect --from local`
     reads them, relative to the workspace (this folder)."""
     return Path(".ddpdeploy", "checkpoints", name)
+
+
+def package_file(*parts: str) -> Path:
+    """A file of the ddpdeploy package itself (a script that runs elsewhere, such as
+    smoke/killworker.py inside a container), as installed."""
+    return Path(str(resources.files("ddpdeploy").joinpath(*parts)))

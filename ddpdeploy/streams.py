@@ -14,11 +14,12 @@ class LineSplitter(Generic[AnyStr]):
     unterminated rest."""
 
     def __init__(self, empty: AnyStr) -> None:
-        self._pending = empty
-        self._empty = empty
+        self._pending: AnyStr = empty
+        self._empty: AnyStr = empty
 
     def feed(self, chunk: AnyStr) -> list[AnyStr]:
-        *whole, self._pending = (self._pending + chunk).split(self._newline())
+        whole: list[AnyStr] = (self._pending + chunk).split(self._newline())
+        self._pending = whole.pop()
         return whole
 
     def finish(self) -> list[AnyStr]:
@@ -26,7 +27,7 @@ class LineSplitter(Generic[AnyStr]):
         return [rest] if rest else []
 
     def _newline(self) -> AnyStr:
-        return b"\n" if isinstance(self._empty, bytes) else "\n"  # type: ignore[return-value]
+        return b"\n" if isinstance(self._empty, bytes) else "\n"
 
 
 class ChunkReader(io.RawIOBase):

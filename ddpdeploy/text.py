@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from typing import Any
 
 REPLACEMENT = "\N{REPLACEMENT CHARACTER}"
 
@@ -46,3 +47,12 @@ def plain(text: object) -> str:
         return value
     value = _SEQUENCE.sub(REPLACEMENT, value)
     return "".join(_safe(ch) for ch in value)
+
+
+def show(value: Any) -> str:
+    """repr for one-line messages, cut short: a value can be a megabyte long."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int with more digits than Python will print
+        return "a number too long to print"
+    return text if len(text) <= 80 else f"{text[:60]}…({len(text)} characters)"

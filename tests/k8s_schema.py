@@ -47,9 +47,14 @@ def structural_to_jsonschema(node: Any) -> Any:
     return out
 
 
+# The CRDs are megabytes of YAML: libyaml's safe loader reads them in a tenth of the pure
+# Python one's time (the same safe tags; the pure one where libyaml is missing).
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 @cache
 def crd_validator(filename: str, version: str) -> jsonschema.Draft202012Validator:
-    crd = yaml.safe_load((SCHEMAS / filename).read_text())
+    crd = yaml.load((SCHEMAS / filename).read_text(), Loader=_SAFE_LOADER)
     (ver,) = [v for v in crd["spec"]["versions"] if v["name"] == version]
     schema = structural_to_jsonschema(copy.deepcopy(ver["schema"]["openAPIV3Schema"]))
     # metadata is validated by the apiserver's ObjectMeta, not the CRD: allow it here and
@@ -65,10 +70,21 @@ def pytorchjob_errors(obj: dict[str, Any]) -> list[str]:
     ]
 
 
+@cache
+def _kubernetes_validate() -> Any:
+    """kubernetes_validate, its schema files read once a run: its validate() reads and parses
+    them on every call (the shared definitions are megabytes of JSON), and they do not change
+    while the tests run. The validation itself is the library's own."""
+    import kubernetes_validate
+    from kubernetes_validate import utils
+
+    utils.schema_contents = cache(utils.schema_contents)
+    return kubernetes_validate
+
+
 def builtin_errors(obj: dict[str, Any]) -> list[str]:
     """kubernetes-validate --strict for a built-in kind (PVC, PodTemplate, …)."""
-    import kubernetes_validate
-
+    kubernetes_validate = _kubernetes_validate()
     if obj["apiVersion"].split("/")[0].endswith(".volcano.sh"):
         # Volcano's PodGroup is a CRD, not built in; kubernetes-validate >= 1.35 knows the
         # built-in scheduling.k8s.io PodGroup of the same kind and would judge it by that.
@@ -87,12 +103,16 @@ def trainjob_errors(obj: dict[str, Any]) -> list[str]:
     ]
 
 
+@cache
+def _runtime() -> dict[str, Any]:
+    return yaml.safe_load((SCHEMAS / "torch_distributed_runtime.yaml").read_text())
+
+
 def trainjob_pod_template(obj: dict[str, Any]) -> dict[str, Any]:
     """The pod Trainer v2 would run for this TrainJob on the torch-distributed runtime
     (schemas/torch_distributed_runtime.yaml), as a PodTemplate: the runtime's `node` pod
     with the TrainJob's trainer fields and its runtime patch merged in (lists by name)."""
-    runtime = yaml.safe_load((SCHEMAS / "torch_distributed_runtime.yaml").read_text())
-    (rjob,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    (rjob,) = _runtime()["spec"]["template"]["spec"]["replicatedJobs"]
     pod = copy.deepcopy(rjob["template"]["spec"]["template"])
     trainer = obj["spec"]["trainer"]
     (container,) = pod["spec"]["containers"]
@@ -132,23 +152,30 @@ CRDS = {
 
 def int_format_errors(obj: dict[str, Any]) -> list[str]:
     """Numbers out of their int32/int64 range, for our CRDs and built-in kinds alike."""
-    if obj["kind"] in CRDS:
-        schema, registry = crd_validator(*CRDS[obj["kind"]]).schema, None
-    else:
-        from kubernetes_validate.utils import schema_contents
-        from referencing import Registry, Resource
-
-        group, _, version = obj["apiVersion"].rpartition("/")
-        group = group.split(".")[0]
-        name = f"{obj['kind'].lower()}-{group + '-' if group else ''}{version}.json"
-        root = f"kubernetes-json-schema/v{K8S_VERSION}.0-local-strict"
-        schema = schema_contents(f"{root}/{name}", K8S_VERSION)
-        defs = schema_contents(f"{root}/_definitions.json", K8S_VERSION)
-        registry = Resource.from_contents(schema) @ (Resource.from_contents(defs) @ Registry())
-    kwargs = {"registry": registry} if registry is not None else {}
-    checked = jsonschema.Draft202012Validator(schema, format_checker=INT_FORMATS, **kwargs)
+    checked = _format_validator(obj["kind"], obj["apiVersion"])
     return [
         f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
         for e in checked.iter_errors(obj)
         if e.validator == "format"
     ]
+
+
+@cache
+def _format_validator(kind: str, api_version: str) -> jsonschema.Draft202012Validator:
+    """The kind's schema (our CRD's, or kubernetes-validate's strict one) with the int
+    formats checked; built once per kind."""
+    if kind in CRDS:
+        schema, registry = crd_validator(*CRDS[kind]).schema, None
+    else:
+        from referencing import Registry, Resource
+
+        schema_contents = _kubernetes_validate().utils.schema_contents
+        group, _, version = api_version.rpartition("/")
+        group = group.split(".")[0]
+        name = f"{kind.lower()}-{group + '-' if group else ''}{version}.json"
+        root = f"kubernetes-json-schema/v{K8S_VERSION}.0-local-strict"
+        schema = schema_contents(f"{root}/{name}", K8S_VERSION)
+        defs = schema_contents(f"{root}/_definitions.json", K8S_VERSION)
+        registry = Resource.from_contents(schema) @ (Resource.from_contents(defs) @ Registry())
+    kwargs = {"registry": registry} if registry is not None else {}
+    return jsonschema.Draft202012Validator(schema, format_checker=INT_FORMATS, **kwargs)

@@ -1,7 +1,8 @@
 """The chaos harness (benchmarks/bench_chaos.py) as a test: many SIGKILLed workers on both
-smoke targets, static and elastic, at different steps, nodes and local ranks, under a CPU
-burner the harness starts and stops; every kill recovers within 30 s and every run ends
-with the clean run's weights. Also the chaos hold itself (ddpkit) and its plan.
+smoke targets, c10d (the default) and static, at different steps, nodes and local ranks,
+under a CPU burner the harness starts and stops; every kill recovers and every run ends with
+the clean run's weights (how fast: the benchmark's table, docs/benchmarks.md). Also the
+chaos hold itself (ddpkit) and its plan.
 
 Size: DDPDEPLOY_CHAOS_KILLS kills per target (default 4: each configuration still kills
 twice, at two steps and two ranks, and CI's whole suite stays well under 30 min; at 8 the
@@ -19,35 +20,32 @@ import time
 from pathlib import Path
 from typing import Any
 
+import bench_chaos  # benchmarks/, on pyproject.toml's pythonpath
 import pytest
 
-from ddpdeploy.smoke import plan
+from ddpdeploy.smoke import launch
 from ddpdeploy.smoke.runner import KillAt
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT / "tests" / "docker"))
-
-import bench_chaos  # noqa: E402
 
 KILLS = int(os.environ.get("DDPDEPLOY_CHAOS_KILLS", "4"))
 
 
 # ---- the plan's hold env (fast) ---------------------------------------------------------
 def test_hold_env_only_for_a_step_kill():
-    assert plan.hold_env(KillAt(step=7), "/tmp/r") == {
-        plan.HOLD_STEP_ENV: "7",
-        plan.HOLD_RELEASE_ENV: "/tmp/r",
+    assert launch.hold_env(KillAt(step=7), "/tmp/r") == {
+        launch.HOLD_STEP_ENV: "7",
+        launch.HOLD_RELEASE_ENV: "/tmp/r",
     }
-    assert plan.hold_env(KillAt(seconds=20.0), "/tmp/r") == {}
-    assert plan.hold_env(KillAt(checkpoint=True)) == {}
-    assert plan.hold_env(None) == {}
-    assert plan.hold_steps_env([9, 3]) == {plan.HOLD_STEP_ENV: "3,9"}
+    assert launch.hold_env(KillAt(seconds=20.0), "/tmp/r") == {}
+    assert launch.hold_env(KillAt(checkpoint=True)) == {}
+    assert launch.hold_env(None) == {}
+    assert launch.hold_steps_env([9, 3]) == {launch.HOLD_STEP_ENV: "3,9"}
 
 
 def test_ddpkit_reads_the_plans_names():
     text = (ROOT / "train" / "ddpkit.py").read_text()
-    for name in (plan.HOLD_STEP_ENV, plan.HOLD_RELEASE_ENV):
+    for name in (launch.HOLD_STEP_ENV, launch.HOLD_RELEASE_ENV):
         assert f'"{name}"' in text
 
 
@@ -56,9 +54,9 @@ def test_configs_spread_kills_over_steps_and_shapes():
     for target in ("local", "docker"):
         mine = [c for c in configs if c.target == target]
         assert sum(len(c.kill_steps) for c in mine) == 20
-        assert {c.elastic for c in mine} == {False, True}
+        assert {c.mode for c in mine} == {"c10d", "static"}
         assert len({s for c in mine for s in c.kill_steps}) > 1
-    assert bench_chaos.kill_plan(bench_chaos.Config("local", False, (2,)))[0] == (1, 0)
+    assert bench_chaos.kill_plan(bench_chaos.Config("local", "c10d", (2,)))[0] == (1, 0)
 
 
 # ---- the hold in a process (slow: imports torch) ----------------------------------------
@@ -84,8 +82,8 @@ def test_step_done_holds_at_the_step_until_the_release(tmp_path):
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT / "train"),
-        plan.HOLD_STEP_ENV: "2",
-        plan.HOLD_RELEASE_ENV: str(release),
+        launch.HOLD_STEP_ENV: "2",
+        launch.HOLD_RELEASE_ENV: str(release),
     }
     done = subprocess.run(
         [sys.executable, "-c", _HOLDER, str(release)],
@@ -104,7 +102,7 @@ def test_step_done_holds_at_the_step_until_the_release(tmp_path):
 def test_no_hold_without_the_env_or_once_released(tmp_path):
     release = tmp_path / "release"
     release.write_bytes(b"\n")  # already released: a restarted worker passes the step
-    for extra in ({}, {plan.HOLD_STEP_ENV: "2", plan.HOLD_RELEASE_ENV: str(release)}):
+    for extra in ({}, {launch.HOLD_STEP_ENV: "2", launch.HOLD_RELEASE_ENV: str(release)}):
         env = {**os.environ, "PYTHONPATH": str(ROOT / "train"), **extra}
         script = _HOLDER.replace('open(sys.argv[1], "ab").write(b"\\n")', "")
         done = subprocess.run(
@@ -171,7 +169,7 @@ def _series(target: str, image: str, ws: Path, out: dict[str, Any]) -> None:
 
 
 @pytest.mark.slow
-def test_chaos_under_load_recovers_fast_to_the_clean_weights(tmp_path, chaos_image, capsys):
+def test_chaos_under_load_recovers_to_the_clean_weights(tmp_path, chaos_image, capsys):
     targets = ["local"] + (["docker"] if chaos_image else [])
     results: dict[str, Any] = {}
     start = time.monotonic()
@@ -192,5 +190,5 @@ def test_chaos_under_load_recovers_fast_to_the_clean_weights(tmp_path, chaos_ima
     for s in series:
         assert s.clean_sha and s.chaos_sha == s.clean_sha, report
         for row in s.rows:
+            # Every kill came back (how fast is benchmarks/bench_chaos.py's, not a test's).
             assert row.recovery is not None, report
-            assert row.recovery <= bench_chaos.RECOVERY_LIMIT_S, report

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,15 +20,14 @@ from typing import Any
 
 import pytest
 import yaml
+from checkov_scan import allowlist, checkov_path
 from k8s_schema import trainjob_pod_template
 
 from ddpdeploy.errors import UserError
+from ddpdeploy.obj import Obj
 from ddpdeploy.spec import JobSpec
 from ddpdeploy.targets import TARGETS as LAYOUTS
 from ddpdeploy.targets import render_objects
-
-ALLOWLIST = Path(__file__).resolve().parent / "checkov" / "allowlist.yaml"
-Obj = dict[str, Any]
 
 pytestmark = pytest.mark.slow  # checkov runs a scanner process per folder
 
@@ -89,16 +87,6 @@ def _spec(target: str, case: str) -> JobSpec | None:
 
 
 RUNS = [(t, c) for t in TARGETS for c in CASES if _spec(t, c) is not None]
-
-
-def checkov_path() -> str:
-    path = os.environ.get("DDPDEPLOY_CHECKOV") or shutil.which("checkov")
-    if path and os.access(path, os.X_OK):
-        return path
-    reason = 'checkov not found: export DDPDEPLOY_CHECKOV="$(bash .ci/checkov-setup.sh)"'
-    if os.environ.get("DDPDEPLOY_REQUIRE_CHECKOV") == "1":
-        pytest.fail(f"DDPDEPLOY_REQUIRE_CHECKOV=1 but {reason}", pytrace=False)
-    pytest.skip(reason)
 
 
 def pod_templates(node: Any) -> Iterator[Obj]:
@@ -164,13 +152,6 @@ def failures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
         for check in reports.get("results", {}).get("failed_checks", []):
             out[Path(check["file_path"]).stem].add(check["check_id"])
     return out
-
-
-def allowlist() -> dict[str, Obj]:
-    entries = yaml.safe_load(ALLOWLIST.read_text())
-    for check, entry in entries.items():
-        assert entry.get("reason") and entry.get("cases"), f"{check}: needs reason and cases"
-    return entries
 
 
 def allowed(target: str, case: str) -> set[str]:

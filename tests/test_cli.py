@@ -1,4 +1,7 @@
-"""The CLI as users run it: a real subprocess, real files, real exit codes."""
+"""The CLI as users run it: real files, real exit codes. What depends on the process (the
+same bytes from two interpreters, a full stdout, what rendering imports, the exit code and
+stderr of a refusal, --version and --help) runs in a fresh interpreter (run_cli); the many
+cases of a behaviour run through cli.main in this process (run_main)."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_runner import run_cli, run_cli_into
+from cli_runner import run_cli, run_cli_into, run_main
 
 ARGS = ["render", "--image", "ghcr.io/t/train:v1", "--nodes", "2", "--gpus", "8"]
 
@@ -19,18 +22,18 @@ def test_render_yaml_is_deterministic_and_parses():
     assert first.stdout == second.stdout
     policy, job = list(yaml.safe_load_all(first.stdout))
     assert (policy["kind"], job["kind"]) == ("NetworkPolicy", "PyTorchJob")
-    cmd = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0][
+    cmd = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0][
         "command"
     ]
     assert cmd[-2:] == ["--steps", "100"]
 
 
 def test_training_args_after_double_dash_may_look_like_anything():
-    res = run_cli(*ARGS, "--", "deploy/", "--", "--nodes", "3")
+    res = run_main(*ARGS, "--", "deploy/", "--", "--nodes", "3")
     assert res.returncode == 0, res.stderr
     *_, job = list(yaml.safe_load_all(res.stdout))
-    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1  # --nodes 2 held
-    cmd = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0][
+    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2  # --nodes 2 held
+    cmd = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0][
         "command"
     ]
     assert cmd[-4:] == ["deploy/", "--", "--nodes", "3"]
@@ -50,7 +53,7 @@ def spec_with_pvc(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_render_json_lists_several_objects(spec_with_pvc):
-    out = run_cli("render", "--image", "t:1", "-o", "json", "-f", str(spec_with_pvc))
+    out = run_main("render", "--image", "t:1", "-o", "json", "-f", str(spec_with_pvc))
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["kind"] == "List"
@@ -60,7 +63,7 @@ def test_render_json_lists_several_objects(spec_with_pvc):
 
 def test_out_dir_writes_kustomize_folder(tmp_path, spec_with_pvc):
     out = tmp_path / "deploy"
-    res = run_cli("render", "--image", "t:1", "-f", str(spec_with_pvc), "--out-dir", str(out))
+    res = run_main("render", "--image", "t:1", "-f", str(spec_with_pvc), "--out-dir", str(out))
     assert res.returncode == 0, res.stderr
     assert sorted(p.name for p in out.iterdir()) == [
         ".ddpdeploy-render.sha256",
@@ -78,7 +81,7 @@ def test_out_dir_writes_kustomize_folder(tmp_path, spec_with_pvc):
     job = yaml.safe_load((out / "pytorchjob-j.yaml").read_text())
     assert job["metadata"]["name"] == "j"
     # Rendering again without the PVC removes the file ddpdeploy wrote for it.
-    res = run_cli("render", "--image", "t:1", "--name", "j", "--out-dir", str(out))
+    res = run_main("render", "--image", "t:1", "--name", "j", "--out-dir", str(out))
     assert res.returncode == 0, res.stderr
     assert sorted(p.name for p in out.iterdir()) == [
         ".ddpdeploy-render.sha256",
@@ -91,20 +94,20 @@ def test_out_dir_writes_kustomize_folder(tmp_path, spec_with_pvc):
 
 def test_failed_render_leaves_out_dir_as_it_was(tmp_path):
     out = tmp_path / "deploy"
-    assert run_cli("render", "--image", "t:1", "--out-dir", str(out)).returncode == 0
+    assert run_main("render", "--image", "t:1", "--out-dir", str(out)).returncode == 0
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    res = run_cli("render", "--image", "t:1", "--nodes", "0", "--out-dir", str(out))
+    res = run_main("render", "--image", "t:1", "--nodes", "0", "--out-dir", str(out))
     assert res.returncode == 2
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     fresh = tmp_path / "fresh"
-    res = run_cli("render", "--out-dir", str(fresh))  # no image: refused before writing
+    res = run_main("render", "--out-dir", str(fresh))  # no image: refused before writing
     assert res.returncode == 2 and not fresh.exists()
 
 
 def test_out_dir_never_overwrites_a_file_it_did_not_write(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     (tmp_path / "kustomization.yaml").write_text("resources: [mine.yaml]\n")
-    res = run_cli("render", "--image", "t:1", "--out-dir", str(tmp_path))
+    res = run_main("render", "--image", "t:1", "--out-dir", str(tmp_path))
     assert res.returncode == 2
     assert "kustomization.yaml exists and ddpdeploy did not write it" in res.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kustomization.yaml", "notes.txt"]
@@ -121,7 +124,13 @@ def test_out_dir_never_overwrites_a_file_it_did_not_write(tmp_path):
         (["render", "--image", "t:1", "-f", "/nonexistent.yaml"], "-f/--file:"),
         (["render", "--image", "t:1", "--bogus"], "No such option: --bogus"),
         (["render"], "image: required to render manifests"),
-        (["render", "--image", "t:1", "-o", "xml"], "-o/--output: 'xml' is not a format"),
+        (
+            ["render", "--image", "t:1", "-o", "xml"],
+            "Invalid value for '-o' / '--output': 'xml' is not one of 'yaml', 'json'",
+        ),
+        # Checked by Typer before any connection: each command lists its own formats.
+        (["status", "j", "-o", "xml"], "'xml' is not one of 'table', 'json', 'yaml'"),
+        (["list", "-o", "yaml"], "'yaml' is not one of 'table', 'json'"),
         (["render", "--image", "t:1", "deploy/"], "unexpected argument 'deploy/' before `--`"),
         (["render", "--image", "t:1", "x", "--", "y"], "unexpected argument 'x' before `--`"),
         (["render", "--image", "t:1", "--out-dir", ""], "--out-dir: empty"),
@@ -129,6 +138,26 @@ def test_out_dir_never_overwrites_a_file_it_did_not_write(tmp_path):
     ],
 )
 def test_bad_input_one_line_exit_2_no_traceback(args, expected, tmp_path):
+    res = run_main(*args, cwd=tmp_path)
+    assert res.returncode == 2
+    assert res.stdout == ""
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("error: ") and expected in lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["render", "--image", "t:1", "--nodes", "two"], "Invalid value for '--nodes'"),
+        (["render"], "image: required to render manifests"),
+    ],
+    ids=["usage-error", "spec-error"],
+)
+def test_bad_input_in_a_fresh_interpreter_is_one_line_exit_2(args, expected, tmp_path):
+    """The cases above, as a shell sees them: a usage error of the parser and a refusal of
+    the spec, each exit 2, one line on stderr, nothing on stdout, no traceback."""
     res = run_cli(*args, cwd=tmp_path)
     assert res.returncode == 2
     assert res.stdout == ""
@@ -140,25 +169,25 @@ def test_bad_input_one_line_exit_2_no_traceback(args, expected, tmp_path):
 
 def test_unknown_key_and_yaml_error_in_file(tmp_path):
     (tmp_path / "ddpdeploy.yaml").write_text("nodes: 2\nnodez: 3\n")
-    res = run_cli("render", "--image", "t:1", cwd=tmp_path)
+    res = run_main("render", "--image", "t:1", cwd=tmp_path)
     assert res.returncode == 2 and "unknown field 'nodez'" in res.stderr
     (tmp_path / "ddpdeploy.yaml").write_text("nodes: 2\n  bad: indent\n")
-    res = run_cli("render", "--image", "t:1", cwd=tmp_path)
+    res = run_main("render", "--image", "t:1", cwd=tmp_path)
     assert res.returncode == 2 and "ddpdeploy.yaml:2:6: YAML syntax error" in res.stderr
 
 
 def test_init_writes_a_valid_starter_and_refuses_to_overwrite(tmp_path):
-    res = run_cli("init", cwd=tmp_path)
+    res = run_main("init", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     starter = (tmp_path / "ddpdeploy.yaml").read_text()
     assert "# " in starter  # commented
-    res = run_cli("render", "--image", "t:1", cwd=tmp_path)  # the starter itself validates
+    res = run_main("render", "--image", "t:1", cwd=tmp_path)  # the starter itself validates
     assert res.returncode == 0, res.stderr
     (tmp_path / "ddpdeploy.yaml").write_text("name: mine\n")
-    res = run_cli("init", cwd=tmp_path)
+    res = run_main("init", cwd=tmp_path)
     assert res.returncode == 2 and "--force" in res.stderr
     assert (tmp_path / "ddpdeploy.yaml").read_text() == "name: mine\n"
-    assert run_cli("init", "--force", cwd=tmp_path).returncode == 0
+    assert run_main("init", "--force", cwd=tmp_path).returncode == 0
     assert (tmp_path / "ddpdeploy.yaml").read_text() == starter
 
 
@@ -196,6 +225,6 @@ def test_version_and_help_examples():
 
     for name in COMMANDS:
         assert name in top.stdout
-        res = run_cli(name, "--help")
+        res = run_main(name, "--help")  # each command's help: parsing only
         assert res.returncode == 0
         assert "Example: ddpdeploy" in res.stdout, name

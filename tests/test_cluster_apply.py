@@ -6,20 +6,18 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Any
 
 import pytest
 from fakekube import FakeKube
 
 from ddpdeploy.cluster import apply as deploy
 from ddpdeploy.cluster.find import find_job
-from ddpdeploy.cluster.plan import scaled_spec, with_saved_spec
+from ddpdeploy.cluster.saved import scaled_spec, with_saved_spec
 from ddpdeploy.errors import OperationError
-from ddpdeploy.kubeopts import catch_signals
+from ddpdeploy.obj import Obj
+from ddpdeploy.signals import catch_signals
 from ddpdeploy.spec import JobSpec
 from ddpdeploy.targets import render_objects
-
-Obj = dict[str, Any]
 
 
 def objects(name: str = "j", image: str = "r.invalid/t:1"):

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from ddpdeploy.cluster.capacity import gpu_nodes, gpu_nodes_free
 from ddpdeploy.cluster.jobstate import job_size, job_state, logs_show_rank0, pod_view
-from ddpdeploy.cluster.plan import gpu_nodes, gpu_nodes_free, scaled_spec, with_saved_spec
+from ddpdeploy.cluster.saved import scaled_spec, with_saved_spec
+from ddpdeploy.commands.options import spec_from_flags
 from ddpdeploy.errors import UserError
-from ddpdeploy.options import spec_from_flags
 from ddpdeploy.targets import layout_of, render_objects
 
 
@@ -144,7 +145,7 @@ def test_job_size_and_saved_spec_round_trip():
     s = spec(image="t:1", nodes=3, gpus=8)
     objs = with_saved_spec(render_objects(s), s)
     assert job_size(objs[-1]) == (3, 8)
-    from ddpdeploy.cluster.plan import saved_spec
+    from ddpdeploy.cluster.saved import saved_spec
 
     assert saved_spec(objs[-1]) == s
     assert render_objects(s)[-1]["metadata"].get("annotations") is None  # render unchanged

@@ -68,10 +68,15 @@ def operator_env(job: dict[str, Any], rtype: str, index: int) -> dict[str, str]:
     return {**own, **env}
 
 
+STATIC = {"rendezvous": {"mode": "static"}}
 CASES = {
-    "static-1": {"image": "t:1"},
-    "static-3x8": {"image": "t:1", "nodes": 3, "gpus": 8, "env": {"NCCL_DEBUG": "INFO"}},
-    "static-cpu": {"image": "t:1", "nodes": 2, "procs": 2},
+    "static-1": {"image": "t:1", **STATIC},
+    "static-3x8": {"image": "t:1", "nodes": 3, "gpus": 8, "env": {"NCCL_DEBUG": "INFO"}, **STATIC},
+    "static-cpu": {"image": "t:1", "nodes": 2, "procs": 2, **STATIC},
+    # The default: c10d with a fixed node count.
+    "c10d-1": {"image": "t:1"},
+    "c10d-3x8": {"image": "t:1", "nodes": 3, "gpus": 8, "env": {"NCCL_DEBUG": "INFO"}},
+    "c10d-cpu": {"image": "t:1", "nodes": 2, "procs": 2, "rendezvous": {"maxRestarts": 2}},
     "elastic": {
         "image": "t:1",
         "nodes": 2,
@@ -97,7 +102,7 @@ def test_node_env_matches_what_the_operator_injects(case):
 
 
 def test_static_rank_zero_is_master_zero():
-    contract = launch_contract(JobSpec.model_validate({"nodes": 3}))
+    contract = launch_contract(JobSpec.model_validate({"nodes": 3, **STATIC}))
     ranks = {n.hostname: contract.node_env(n)["PET_NODE_RANK"] for n in contract.nodes}
     assert ranks == {
         "ddp-train-master-0": "0",
@@ -132,7 +137,13 @@ def trainer_env(job: dict[str, Any], index: int) -> dict[str, str]:
     <job>-node-0-<index>, plus the TrainJob's own trainer.env; written from Trainer's
     contract, independently of ddpdeploy."""
     name, trainer = job["metadata"]["name"], job["spec"]["trainer"]
-    env = {e["name"]: e["value"] for e in trainer.get("env", [])}
+    env = {}
+    for e in trainer.get("env", []):
+        if "valueFrom" in e:  # the pod's IP (PET_LOCAL_ADDR): its address stands for it here
+            assert e["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+            env[e["name"]] = f"{name}-node-0-{index}.{name}"
+        else:
+            env[e["name"]] = e["value"]
     return env | {
         "PET_NNODES": str(trainer["numNodes"]),
         "PET_NPROC_PER_NODE": str(trainer["numProcPerNode"]),
@@ -147,9 +158,13 @@ def indexed_pod_env(job: dict[str, Any], index: int) -> dict[str, str]:
     resolved as the kubelet would."""
     (container,) = job["spec"]["template"]["spec"]["containers"]
     env = {}
+    name = job["metadata"]["name"]
     for e in container["env"]:
         if "valueFrom" in e:
             path = e["valueFrom"]["fieldRef"]["fieldPath"]
+            if path == "status.podIP":  # the pod's address stands for its IP here
+                env[e["name"]] = f"{name}-{index}.{name}"
+                continue
             assert path == "metadata.annotations['batch.kubernetes.io/job-completion-index']"
             env[e["name"]] = str(index)
         else:
@@ -170,20 +185,30 @@ def test_node_env_matches_trainer_v2_and_the_indexed_job_pod(case):
             assert contract.node_env(node) == {k: v for k, v in env.items() if k not in own}
 
 
-def test_rendezvous_host_is_node_zero_of_each_layout():
+@pytest.mark.parametrize("mode", ["static", "c10d"])
+def test_rendezvous_host_is_node_zero_of_each_layout(mode):
     names = {
-        "pytorchjob": ("ddp-train-master-0", "ddp-train-worker-1"),
+        "pytorchjob": (
+            f"ddp-train-{'master' if mode == 'static' else 'worker'}-0",
+            "ddp-train-worker-1" if mode == "static" else "ddp-train-worker-2",
+        ),
         "trainjob": ("ddp-train-node-0-0.ddp-train", "ddp-train-node-0-2.ddp-train"),
         "indexed-job": ("ddp-train-0.ddp-train", "ddp-train-2.ddp-train"),
     }
     for target, (rdzv, last) in names.items():
-        contract = launch_contract(JobSpec.model_validate({"nodes": 3, "target": target}))
+        doc = {"nodes": 3, "target": target, "rendezvous": {"mode": mode}}
+        contract = launch_contract(JobSpec.model_validate(doc))
         assert contract.rdzv_host == rdzv == contract.nodes[0].address
         assert contract.nodes[-1].address == last
         # The container's DNS wait looks up the very host torchrun connects to.
         env = contract.node_env(contract.nodes[-1])
         assert env["DDPDEPLOY_RDZV_HOST"] == rdzv
-        assert env["PET_MASTER_ADDR"] == rdzv
+        if mode == "static":
+            assert env["PET_MASTER_ADDR"] == rdzv
+        else:  # every node meets at node 0's c10d endpoint, a fresh store each round
+            assert env["PET_RDZV_ENDPOINT"] == f"{rdzv}:{contract.port}"
+            assert env["PET_RDZV_BACKEND"] == "c10d"
+            assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
 
 
 def test_run_env_is_added_after_the_specs_env_without_the_user_env_checks():

@@ -1,11 +1,11 @@
-"""The pure reading of a running job's progress from rank 0's log (smoke/events.py): what
+"""The pure reading of a running job's progress from rank 0's log (events.py): what
 `status` and `up --follow` show, from real lines (tests/kube/fixtures, a real 2x2 run)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ddpdeploy.smoke.events import probe_line, progress, run_short, split_timestamp
+from ddpdeploy.events import probe_line, progress, run_short, split_timestamp
 
 FIXTURES = Path(__file__).resolve().parent / "kube" / "fixtures"
 NODE0 = (FIXTURES / "run2x2-node0.log").read_text().splitlines()

@@ -12,10 +12,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cli_runner import run_cli, run_cli_into
+from cli_runner import run_cli, run_cli_into, run_main
 from fs_helpers import mount_tmpfs, tmpfs_mountpoint, without_dac_override
 
-from ddpdeploy.adapters import files
+from ddpdeploy import fs
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.streams import ChunkReader
 
@@ -33,7 +33,7 @@ def one_line_error(res: subprocess.CompletedProcess[str], code: int, text: str) 
 
 
 def leftovers(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if p.name.endswith(files.TEMP_SUFFIX))
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(fs.TEMP_SUFFIX))
 
 
 # -- the writer ------------------------------------------------------------------------------
@@ -41,14 +41,14 @@ def leftovers(folder: Path) -> list[str]:
 
 def test_writes_new_and_replaces_keeping_the_mode(tmp_path: Path) -> None:
     target = tmp_path / "a.yaml"
-    files.write_atomic(target, b"one\n")
+    fs.write_atomic(target, b"one\n")
     umask = os.umask(0)
     os.umask(umask)
     assert target.read_bytes() == b"one\n"
     assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~umask
     target.chmod(0o600)
     inode = target.stat().st_ino
-    files.write_atomic(target, b"two\n")
+    fs.write_atomic(target, b"two\n")
     assert target.read_bytes() == b"two\n"
     assert stat.S_IMODE(target.stat().st_mode) == 0o600
     assert target.stat().st_ino != inode  # renamed in, not written in place
@@ -60,7 +60,7 @@ def test_a_symlink_at_the_destination_is_refused_and_its_target_untouched(tmp_pa
     victim.write_text("keep\n")
     link = tmp_path / "c.yaml"
     link.symlink_to(victim)
-    line = one_line_error(run_cli(*COMPOSE, "--out", str(link)), 2, f"--out: {link} is not a")
+    line = one_line_error(run_main(*COMPOSE, "--out", str(link)), 2, f"--out: {link} is not a")
     assert "(a symlink)" in line
     assert victim.read_text() == "keep\n" and link.is_symlink()
     assert leftovers(tmp_path) == []
@@ -71,16 +71,16 @@ def test_a_symlink_at_a_temp_name_is_never_followed(tmp_path: Path, monkeypatch)
     victim.write_text("keep\n")
     # The old fixed temp name, planted by someone else: not ours to touch, never written.
     (tmp_path / ".c.yaml.tmp").symlink_to(victim)
-    res = run_cli(*COMPOSE, "--out", str(tmp_path / "c.yaml"))
+    res = run_main(*COMPOSE, "--out", str(tmp_path / "c.yaml"))
     assert res.returncode == 0, res.stderr
     assert victim.read_text() == "keep\n" and (tmp_path / ".c.yaml.tmp").is_symlink()
     assert "services:" in (tmp_path / "c.yaml").read_text()
     # A random name guessed right (here: forced) is skipped, not followed: O_EXCL|O_NOFOLLOW.
     names = iter(["guessed", "guessed", "fresh"])
-    monkeypatch.setattr(files.secrets, "token_hex", lambda n: next(names))
-    planted = tmp_path / f".d.yaml.guessed{files.TEMP_SUFFIX}"
+    monkeypatch.setattr(fs.secrets, "token_hex", lambda n: next(names))
+    planted = tmp_path / f".d.yaml.guessed{fs.TEMP_SUFFIX}"
     planted.symlink_to(victim)
-    files.write_atomic(tmp_path / "d.yaml", b"mine\n")
+    fs.write_atomic(tmp_path / "d.yaml", b"mine\n")
     assert (tmp_path / "d.yaml").read_bytes() == b"mine\n"
     assert victim.read_text() == "keep\n" and planted.is_symlink()
 
@@ -104,7 +104,7 @@ def test_a_fifo_or_folder_in_the_place_is_refused(tmp_path: Path, kind: str) -> 
 
 def test_a_missing_folder_is_bad_input(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="cannot write .*/nope/a: No such file") as info:
-        files.write_atomic(tmp_path / "nope" / "a", b"x", "--out")
+        fs.write_atomic(tmp_path / "nope" / "a", b"x", "--out")
     assert info.value.exit_code == 2 and str(info.value).startswith("--out: ")
 
 
@@ -124,14 +124,14 @@ def test_a_full_disk_keeps_the_old_file_and_leaves_no_temp(mountpoint: Path) -> 
     assert target.read_text() == "old\n" and leftovers(mountpoint) == []
     (mountpoint / "filler").unlink()
     with pytest.raises(OperationError, match="No space left on device"):
-        files.write_atomic(target, b"x" * (128 << 10), "--out")  # larger than the disk
+        fs.write_atomic(target, b"x" * (128 << 10), "--out")  # larger than the disk
     assert target.read_text() == "old\n" and leftovers(mountpoint) == []
 
 
 def test_a_read_only_folder_is_one_line_exit_1(mountpoint: Path) -> None:
     mount_tmpfs(mountpoint, "ro")
     target = mountpoint / "c.yaml"
-    one_line_error(run_cli(*COMPOSE, "--out", str(target)), 1, "Read-only file system")
+    one_line_error(run_main(*COMPOSE, "--out", str(target)), 1, "Read-only file system")
 
 
 @pytest.mark.parametrize(
@@ -170,13 +170,13 @@ def test_an_interrupt_between_write_and_rename_keeps_the_old_file(
     monkeypatch.setattr(os, "replace", lambda *a: renamed.append("!") or real_replace(*a))
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     with pytest.raises(KeyboardInterrupt):
-        files.write_atomic(target, b"new\n" * 1000)
+        fs.write_atomic(target, b"new\n" * 1000)
     assert renamed == []
     assert target.read_text() == "old\n" and leftovers(tmp_path) == []
 
 
 def test_staged_without_commit_leaves_nothing(tmp_path: Path) -> None:
-    with files.Staged(tmp_path / "a") as out:
+    with fs.Staged(tmp_path / "a") as out:
         out.write(b"half")
         assert len(leftovers(tmp_path)) == 1
     assert list(tmp_path.iterdir()) == []
@@ -200,42 +200,42 @@ def test_reader_refuses_what_is_not_a_regular_file(tmp_path: Path) -> None:
     real.write_bytes(b"data")
     link = tmp_path / "link"
     link.symlink_to(real)
-    assert files.read_regular(link, "x") == b"data"  # followed where the caller allows
-    with pytest.raises(files.NotRegularFile, match=r"x: .*link is not a regular file \(a sym"):
-        files.read_regular(link, "x", follow_symlinks=False)
+    assert fs.read_regular(link, "x") == b"data"  # followed where the caller allows
+    with pytest.raises(fs.NotRegularFile, match=r"x: .*link is not a regular file \(a sym"):
+        fs.read_regular(link, "x", follow_symlinks=False)
     os.mkfifo(tmp_path / "fifo")  # no writer: an open that waited would hang here
-    with pytest.raises(files.NotRegularFile, match=r"fifo is not a regular file \(a FIFO\)"):
-        files.read_regular(tmp_path / "fifo")
-    with pytest.raises(files.NotRegularFile, match=r"/dev/zero is not a regular file"):
-        files.read_regular("/dev/zero")
-    with pytest.raises(files.NotRegularFile, match="a folder"):
-        files.read_regular(tmp_path)
+    with pytest.raises(fs.NotRegularFile, match=r"fifo is not a regular file \(a FIFO\)"):
+        fs.read_regular(tmp_path / "fifo")
+    with pytest.raises(fs.NotRegularFile, match=r"/dev/zero is not a regular file"):
+        fs.read_regular("/dev/zero")
+    with pytest.raises(fs.NotRegularFile, match="a folder"):
+        fs.read_regular(tmp_path)
     (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
-    with pytest.raises(files.NotRegularFile, match="symlink to a missing file"):
-        files.read_regular(tmp_path / "dangling")
+    with pytest.raises(fs.NotRegularFile, match="symlink to a missing file"):
+        fs.read_regular(tmp_path / "dangling")
     with pytest.raises(FileNotFoundError):
-        files.read_regular(tmp_path / "nowhere")
+        fs.read_regular(tmp_path / "nowhere")
     with pytest.raises(UserError, match="real is larger than 0 KiB; fix it"):
-        files.read_regular(real, limit=3, hint="fix it")
+        fs.read_regular(real, limit=3, hint="fix it")
     with socket.socket(socket.AF_UNIX) as sock:
         sock.bind(str(tmp_path / "sock"))
-        with pytest.raises(files.NotRegularFile, match=r"\(a socket\)"):
-            files.read_regular(tmp_path / "sock")
+        with pytest.raises(fs.NotRegularFile, match=r"\(a socket\)"):
+            fs.read_regular(tmp_path / "sock")
 
 
 def test_checksum_streams_in_chunks(tmp_path: Path) -> None:
-    data = os.urandom(3 * files.CHUNK + 5)
+    data = os.urandom(3 * fs.CHUNK + 5)
     (tmp_path / "f").write_bytes(data)
-    assert files.sha256_file(tmp_path / "f") == hashlib.sha256(data).hexdigest()
+    assert fs.sha256_file(tmp_path / "f") == hashlib.sha256(data).hexdigest()
     seen: list[int] = []
     with open(tmp_path / "f", "rb") as fh:
-        digest = files.sha256_stream(fh, lambda b: seen.append(len(b)), chunk=1 << 20)
+        digest = fs.sha256_stream(fh, lambda b: seen.append(len(b)), chunk=1 << 20)
     assert digest == hashlib.sha256(data).hexdigest() and seen == [1 << 20] * 3 + [5]
 
 
 def test_chunk_reader_joins_uneven_chunks() -> None:
     data = os.urandom(10_000)
-    reader = files.chunk_reader(data[i : i + 7] for i in range(0, len(data), 7))
+    reader = fs.chunk_reader(data[i : i + 7] for i in range(0, len(data), 7))
     assert reader.read(3) + reader.read() == data
 
 
@@ -244,7 +244,7 @@ def test_chunk_reader_joins_uneven_chunks() -> None:
 
 def test_an_engine_that_never_answers_is_one_line_not_a_hang(monkeypatch) -> None:
     from ddpdeploy.adapters import docker_engine
-    from ddpdeploy.adapters.compose import engine
+    from ddpdeploy.smoke.composerun import engine
 
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
@@ -261,7 +261,8 @@ def test_an_engine_that_never_answers_is_one_line_not_a_hang(monkeypatch) -> Non
 
 
 def test_a_dead_socket_gives_the_same_line_everywhere(tmp_path: Path, monkeypatch) -> None:
-    from ddpdeploy.adapters import docker_engine, docker_volume
+    from ddpdeploy.adapters import docker_engine
+    from ddpdeploy.collect import volume as docker_volume
 
     dead = f"unix://{tmp_path}/dead.sock"
     monkeypatch.setenv("DOCKER_HOST", dead)
@@ -275,14 +276,14 @@ def test_a_dead_socket_gives_the_same_line_everywhere(tmp_path: Path, monkeypatc
 
 def test_read_at_most_sees_past_the_limit_through_short_reads() -> None:
     data = os.urandom(100)
-    assert files.read_at_most(files.chunk_reader(iter([data[:7], data[7:]]), 1), 1000) == data
+    assert fs.read_at_most(fs.chunk_reader(iter([data[:7], data[7:]]), 1), 1000) == data
     raw = ChunkReader(data[i : i + 3] for i in range(0, 100, 3))  # 3 bytes a read
-    assert files.read_at_most(raw, 10) == data[:11]
+    assert fs.read_at_most(raw, 10) == data[:11]
 
 
 def test_a_malformed_docker_host_is_bad_input_for_every_caller(monkeypatch) -> None:
     from ddpdeploy.adapters import docker_engine
-    from ddpdeploy.adapters.compose import engine
+    from ddpdeploy.smoke.composerun import engine
 
     monkeypatch.setenv("DOCKER_HOST", "tcp://host:port")
     for connect in (docker_engine.connect, engine):

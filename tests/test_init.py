@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import pytest
-from cli_runner import run_cli
+from cli_runner import run_main
 
 from ddpdeploy.spec import load_spec
 
 
 def test_default_starter_passes_no_arguments(tmp_path):
-    assert run_cli("init", cwd=tmp_path).returncode == 0
+    assert run_main("init", cwd=tmp_path).returncode == 0
     command = load_spec(tmp_path / "ddpdeploy.yaml").command
     assert command.builtin and command.args == []
     assert '# args: ["--steps", "100"]' in (tmp_path / "ddpdeploy.yaml").read_text()
@@ -21,13 +21,13 @@ def test_default_starter_passes_no_arguments(tmp_path):
     [("--script", "src/train.py", "script"), ("--module", "pkg.train", "module")],
 )
 def test_init_for_a_script_or_module(tmp_path, flag, value, field):
-    res = run_cli("init", flag, value, cwd=tmp_path)
+    res = run_main("init", flag, value, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     spec = load_spec(tmp_path / "ddpdeploy.yaml")
     assert getattr(spec.command, field) == value and spec.command.args == []
     assert not spec.command.builtin
     # The rendered job runs it as the cluster would.
-    shown = run_cli("render", "--image", "t:1", cwd=tmp_path)
+    shown = run_main("render", "--image", "t:1", cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
     assert value in shown.stdout
 
@@ -41,7 +41,7 @@ def test_init_for_a_script_or_module(tmp_path, flag, value, field):
     ],
 )
 def test_bad_entries_are_one_line_and_write_nothing(tmp_path, args, message):
-    res = run_cli("init", *args, cwd=tmp_path)
+    res = run_main("init", *args, cwd=tmp_path)
     assert res.returncode == 2
     assert res.stderr.startswith(message) and res.stderr.count("\n") == 1, res.stderr
     assert list(tmp_path.iterdir()) == []

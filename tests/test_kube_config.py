@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_runner import run_cli
+from cli_runner import run_cli, run_main
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def status(kubeconfig: Path, tmp_path: Path, *more: str):
+def status(kubeconfig: Path, tmp_path: Path, *more: str, run=run_cli):
     env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "KUBECONFIG": ""}
-    return run_cli("status", "ddp-train", "--kubeconfig", str(kubeconfig), *more, env=env)
+    return run("status", "ddp-train", "--kubeconfig", str(kubeconfig), *more, env=env)
 
 
 def one_line(out) -> str:
@@ -26,21 +26,25 @@ def one_line(out) -> str:
     return lines[0]
 
 
+# A file that is not a kubeconfig mapping is refused by ddpdeploy's own read of it, before
+# the client is asked: those cases run through cli.main here. One the client trips over
+# (`users: 5`) runs in a fresh interpreter, where the client's logging would reach stderr.
 @pytest.mark.parametrize(
-    ("text", "expected"),
+    ("text", "expected", "run"),
     [
-        ("- a\n- b\n", "holds a list, not a kubeconfig mapping"),
-        ("just words\n", "holds a string, not a kubeconfig mapping"),
-        ("42\n", "holds a number, not a kubeconfig mapping"),
-        ("clusters: [\n", "is not valid YAML at line 2"),
-        ("a: b\n\tc: d\n", "is not valid YAML at line 2"),
-        ("apiVersion: v1\nusers: 5\nclusters: [a]\n", "is malformed"),
+        ("- a\n- b\n", "holds a list, not a kubeconfig mapping", run_main),
+        ("just words\n", "holds a string, not a kubeconfig mapping", run_main),
+        ("42\n", "holds a number, not a kubeconfig mapping", run_main),
+        ("clusters: [\n", "is not valid YAML at line 2", run_main),
+        ("a: b\n\tc: d\n", "is not valid YAML at line 2", run_main),
+        ("apiVersion: v1\nusers: 5\nclusters: [a]\n", "is malformed", run_cli),
     ],
+    ids=["list", "string", "number", "yaml-open", "yaml-tab", "malformed"],
 )
-def test_unusable_kubeconfig_is_one_line_naming_it(tmp_path, text, expected):
+def test_unusable_kubeconfig_is_one_line_naming_it(tmp_path, text, expected, run):
     config = tmp_path / "config"
     config.write_text(text)
-    line = one_line(status(config, tmp_path))
+    line = one_line(status(config, tmp_path, run=run))
     assert expected in line and str(config) in line
 
 
@@ -48,7 +52,7 @@ def test_kubeconfig_from_env_is_named_too(tmp_path):
     config = tmp_path / "config"
     config.write_text("- a\n")
     env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "KUBECONFIG": str(config)}
-    line = one_line(run_cli("list", env=env))
+    line = one_line(run_main("list", env=env))
     assert f"kubeconfig {config} holds a list" in line
 
 

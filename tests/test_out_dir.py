@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cli_runner import run_cli
+from cli_runner import run_cli, run_main
 from fs_helpers import mount_tmpfs, tmpfs_mountpoint
 
 from ddpdeploy.adapters.out_dir import write_folder
@@ -31,7 +31,7 @@ def snapshot(folder: Path) -> dict[str, bytes | None]:
 
 
 def render(out: Path, *extra: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return run_cli(*RENDER, "--out-dir", str(out), *extra, cwd=cwd)
+    return run_main(*RENDER, "--out-dir", str(out), *extra, cwd=cwd)
 
 
 def one_line_error(res: subprocess.CompletedProcess[str], code: int, text: str) -> None:
@@ -137,7 +137,7 @@ def test_unreadable_record_is_refused(tmp_path):
 def test_out_dir_dot_writes_into_the_working_directory_in_place(tmp_path):
     (tmp_path / "ddpdeploy.yaml").write_text("name: j\nimage: t:1\n")
     inode = tmp_path.stat().st_ino
-    res = run_cli("render", "--out-dir", ".", cwd=tmp_path)
+    res = run_main("render", "--out-dir", ".", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert tmp_path.stat().st_ino == inode
     assert (tmp_path / "ddpdeploy.yaml").read_text() == "name: j\nimage: t:1\n"
@@ -153,12 +153,14 @@ def test_out_dir_dot_writes_into_the_working_directory_in_place(tmp_path):
     ],
 )
 def test_unwritable_out_dir_is_one_line(target, code, text):
-    one_line_error(run_cli(*RENDER, "--out-dir", target), code, text)
+    one_line_error(run_main(*RENDER, "--out-dir", target), code, text)
 
 
 def test_read_only_mount_is_one_line_exit_1(mountpoint):
     mount_tmpfs(mountpoint, "ro")
-    one_line_error(render(mountpoint / "deploy"), 1, "Read-only file system")
+    # In a fresh interpreter: the system's refusal as a shell sees it (exit 1, one line).
+    res = run_cli(*RENDER, "--out-dir", str(mountpoint / "deploy"))
+    one_line_error(res, 1, "Read-only file system")
 
 
 def test_full_disk_writes_nothing(mountpoint):

@@ -14,11 +14,11 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from cli_runner import run_cli
+from cli_runner import run_cli, run_main
 
-from ddpdeploy.render.compose import ROLE_LABEL, quantity_bytes, render_compose
 from ddpdeploy.render.output import to_yaml
 from ddpdeploy.render.pod import pod_only_env
+from ddpdeploy.smoke.compose import ROLE_LABEL, quantity_bytes, render_compose
 from ddpdeploy.spec import JobSpec
 from ddpdeploy.targets import launch_contract
 
@@ -117,10 +117,10 @@ def test_rendered_file_passes_the_schema_and_docker_compose(doc, cpu, tmp_path):
 def test_validators_reject_what_compose_would():
     project = render_compose(JobSpec.model_validate({"image": "t:1"}))
     bad = json.loads(json.dumps(project))
-    bad["services"]["ddp-train-master-0"]["shm_sizes"] = 1
+    bad["services"]["ddp-train-worker-0"]["shm_sizes"] = 1
     assert list(validator().iter_errors(bad))
     bad = json.loads(json.dumps(project))
-    bad["services"]["ddp-train-master-0"]["restart"] = False  # unquoted `no` in YAML 1.1
+    bad["services"]["ddp-train-worker-0"]["restart"] = False  # unquoted `no` in YAML 1.1
     assert list(validator().iter_errors(bad))
 
 
@@ -131,8 +131,7 @@ def unescape(value: str) -> str:
 @pytest.mark.parametrize("elastic", [False, True])
 def test_services_are_the_pods_with_the_operators_env(elastic):
     doc: dict[str, Any] = {"name": "job", "image": "t:1", "nodes": 3, "procs": 2}
-    if elastic:
-        doc["rendezvous"] = ELASTIC
+    doc["rendezvous"] = ELASTIC if elastic else {"mode": "static"}
     spec = JobSpec.model_validate(doc)
     project = yaml.safe_load(to_yaml(render_compose(spec)))
     contract = launch_contract(spec)
@@ -178,7 +177,8 @@ def test_services_are_the_pods_with_the_operators_env(elastic):
     ],
 )
 def test_services_follow_the_targets_layout(target, names, rdzv):
-    spec = JobSpec.model_validate({"name": "job", "image": "t:1", "nodes": 3, "target": target})
+    doc = {"name": "job", "image": "t:1", "nodes": 3, "target": target}
+    spec = JobSpec.model_validate({**doc, "rendezvous": {"mode": "static"}})
     project = yaml.safe_load(to_yaml(render_compose(spec)))
     contract = launch_contract(spec)
     assert list(project["services"]) == names
@@ -190,6 +190,17 @@ def test_services_follow_the_targets_layout(target, names, rdzv):
         assert env == {**pod_only_env(spec), **contract.node_env(node)}
         assert env["PET_MASTER_ADDR"] == env["DDPDEPLOY_RDZV_HOST"] == rdzv
         assert env["PET_NODE_RANK"] == str(node.index)
+    # c10d (the default): the same services meet at node 0's endpoint and restart on failure.
+    spec = JobSpec.model_validate(doc)
+    project = yaml.safe_load(to_yaml(render_compose(spec)))
+    contract = launch_contract(spec)
+    for node, svc in zip(contract.nodes, project["services"].values(), strict=True):
+        env = {k: unescape(v) for k, v in svc["environment"].items()}
+        assert env == {**pod_only_env(spec), **contract.node_env(node)}
+        port = 29400 if target == "trainjob" else 23456
+        assert env["PET_RDZV_ENDPOINT"] == f"{rdzv}:{port}" and env["PET_RDZV_BACKEND"] == "c10d"
+        assert env["PET_LOCAL_ADDR"] == node.address
+        assert svc["restart"] == "on-failure"
 
 
 INIT = ["ddp-train-volume-init"]
@@ -204,7 +215,7 @@ def test_gpus_are_reserved_unless_cpu():
         {"image": "t:1", "nodes": 2, "gpus": 8, "checkpoint": CKPT, "shmSize": "512Mi"}
     )
     gpu = render_compose(spec, cpu=False)
-    assert list(gpu["services"]) == ["ddp-train-master-0", "ddp-train-worker-0", *INIT]
+    assert list(gpu["services"]) == ["ddp-train-worker-0", "ddp-train-worker-1", *INIT]
     for svc in nodes(gpu):
         devices = svc["deploy"]["resources"]["reservations"]["devices"]
         assert devices == [{"driver": "nvidia", "count": 8, "capabilities": ["gpu"]}]
@@ -245,28 +256,28 @@ def test_quantity_bytes(quantity, expected):
 
 def test_cli_stdout_out_file_and_missing_image(tmp_path):
     args = ["compose", "--image", "t:1", "--nodes", "2", "--elastic", "1:2"]
-    first = run_cli(*args, cwd=tmp_path)
+    first = run_cli(*args, cwd=tmp_path)  # two interpreters (two hash seeds): the same bytes
     assert first.returncode == 0, first.stderr
     assert run_cli(*args, cwd=tmp_path).stdout == first.stdout  # same input, same bytes
     assert list(yaml.safe_load(first.stdout)["services"]) == [
         "ddp-train-worker-0",
         "ddp-train-worker-1",
     ]
-    res = run_cli(*args, "--out", "c.yaml", cwd=tmp_path)
+    res = run_main(*args, "--out", "c.yaml", cwd=tmp_path)
     assert res.returncode == 0 and res.stdout == ""
     assert (tmp_path / "c.yaml").read_text() == first.stdout
     (tmp_path / "c.yaml").unlink()
-    res = run_cli("compose", "--out", "c.yaml", cwd=tmp_path)
+    res = run_main("compose", "--out", "c.yaml", cwd=tmp_path)
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.startswith("error: image: required") and res.stderr.count("\n") == 1
-    res = run_cli("compose", "--image", "t:1", "--out", "no/such/dir/c.yaml", cwd=tmp_path)
+    res = run_main("compose", "--image", "t:1", "--out", "no/such/dir/c.yaml", cwd=tmp_path)
     assert res.returncode == 2 and res.stderr.startswith("error: --out: cannot write")
     assert list(tmp_path.iterdir()) == []
 
 
 def test_no_engine_is_one_line_pointing_to_local(tmp_path, monkeypatch):
-    from ddpdeploy.adapters.compose import engine
     from ddpdeploy.errors import OperationError
+    from ddpdeploy.smoke.composerun import engine
 
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
     with pytest.raises(OperationError) as info:
@@ -281,7 +292,8 @@ def pod_container(spec: JobSpec) -> tuple[dict[str, Any], dict[str, Any]]:
     from ddpdeploy.targets import render_objects
 
     (job,) = [o for o in render_objects(spec) if o["kind"] == "PyTorchJob"]
-    pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    (replica,) = job["spec"]["pytorchReplicaSpecs"].values()  # c10d: the Workers alone
+    pod = replica["template"]["spec"]
     return pod, pod["containers"][0]
 
 
@@ -331,21 +343,21 @@ def test_secret_env_is_passed_by_name_and_said_so(tmp_path):
     (tmp_path / "ddpdeploy.yaml").write_text(
         "image: t:1\nsecretEnv: {HF_TOKEN: {secret: hf, key: token}}\n"
     )
-    res = run_cli("compose", cwd=tmp_path, env={"HF_TOKEN": "s3cret"})
+    res = run_main("compose", cwd=tmp_path, env={"HF_TOKEN": "s3cret"})
     assert res.returncode == 0, res.stderr
     assert res.stderr == (
         "compose: secretEnv HF_TOKEN: not read from Kubernetes Secrets here; compose passes "
         "each from the environment `docker compose up` runs in\n"
     )
     assert "s3cret" not in res.stdout  # never written into the file
-    env = yaml.safe_load(res.stdout)["services"]["ddp-train-master-0"]["environment"]
+    env = yaml.safe_load(res.stdout)["services"]["ddp-train-worker-0"]["environment"]
     assert "HF_TOKEN" in env and env["HF_TOKEN"] is None
     (tmp_path / "plain").mkdir()
-    assert run_cli("compose", "--image", "t:1", cwd=tmp_path / "plain").stderr == ""
+    assert run_main("compose", "--image", "t:1", cwd=tmp_path / "plain").stderr == ""
 
 
 def test_secret_env_note_for_a_run_says_what_is_set_here():
-    from ddpdeploy.render.compose import secret_env_note
+    from ddpdeploy.smoke.compose import secret_env_note
 
     refs = {n: {"secret": "s", "key": "k"} for n in ("B_KEY", "A_TOKEN")}
     spec = JobSpec.model_validate({"secretEnv": refs})

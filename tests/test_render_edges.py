@@ -24,8 +24,8 @@ from k8s_schema import (
     trainjob_pod_template,
 )
 
+from ddpdeploy.commands.options import spec_from_flags
 from ddpdeploy.errors import UserError
-from ddpdeploy.options import spec_from_flags
 from ddpdeploy.targets import render_objects
 
 I32, I64 = 2**31, 2**63
@@ -253,7 +253,7 @@ def test_the_oracle_refuses_what_the_api_server_would():
     assert api_errors(job) == []
     job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = 2**31
     job["metadata"]["labels"]["bad key"] = "x"
-    pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
     pod["terminationGracePeriodSeconds"] = 2**70
     pod["tolerations"] = [{"key": "a", "operator": "Exists", "value": "b"}]
     pod["containers"][0]["volumeMounts"].append({"name": "x", "mountPath": "/dev/shm"})

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 import pytest
-from cli_runner import run_cli
+from cli_runner import run_main
 
 from ddpdeploy.spec import IMAGE_UID, JobSpec
 from ddpdeploy.targets import render_objects
@@ -158,7 +158,7 @@ def test_host_network_and_nccl_knobs():
 
 
 def flags_render(*flags: str) -> dict[str, Any]:
-    res = run_cli("render", "--image", "t:1", "--nodes", "2", "-o", "json", *flags)
+    res = run_main("render", "--image", "t:1", "--nodes", "2", "-o", "json", *flags)
     assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
     return {o["kind"]: o for o in data.get("items", [data])}
@@ -205,7 +205,7 @@ def test_flags_reach_the_objects():
     ],
 )
 def test_bad_flags_one_line_exit_2(args, expected):
-    res = run_cli("render", "--image", "t:1", *args)
+    res = run_main("render", "--image", "t:1", *args)
     assert res.returncode == 2, res.stderr
     assert res.stderr.count("\n") == 1 and expected in res.stderr, res.stderr
     assert res.stdout == ""
@@ -228,7 +228,7 @@ def test_bad_flags_one_line_exit_2(args, expected):
 def test_spec_refusals_name_the_field(tmp_path, doc, expected):
     path = tmp_path / "ddpdeploy.yaml"
     path.write_text(json.dumps({**BASE, **doc}))
-    res = run_cli("render", "-f", str(path))
+    res = run_main("render", "-f", str(path))
     assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
     assert expected in res.stderr, res.stderr
 

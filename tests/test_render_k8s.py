@@ -8,92 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from job_matrix import FULL, MATRIX
 from k8s_schema import builtin_errors, pytorchjob_errors
 
 from ddpdeploy.spec import JobSpec
 from ddpdeploy.targets import render_objects
-
-FULL = {
-    "name": "llm",
-    "namespace": "team-a",
-    "image": "ghcr.io/team/train:v1",
-    "nodes": 3,
-    "gpus": 8,
-    "cpu": "32",
-    "memory": "256Gi",
-    "command": {"script": "train.py", "args": ["--epochs", "3"]},
-    "checkpoint": {"size": "500Gi", "storageClass": "fast-rwx", "mountPath": "/ckpt"},
-    "shmSize": "32Gi",
-    "env": {"NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": 4},
-    "imagePullSecrets": ["regcred"],
-    "nodeSelector": {"nvidia.com/gpu.product": "H100"},
-    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-    "serviceAccount": "trainer",
-    "priorityClass": "high",
-    "labels": {"team": "a"},
-    "annotations": {"example.com/owner": "me"},
-    "runPolicy": {
-        "backoffLimit": 3,
-        "activeDeadlineSeconds": 86400,
-        "ttlSecondsAfterFinished": 3600,
-        "cleanPodPolicy": "Running",
-    },
-}
-
-MATRIX: dict[str, dict[str, Any]] = {
-    "one-node-cpu": {"image": "train:v1"},
-    "two-node-gpu": {"image": "train:v1", "nodes": 2, "gpus": 8},
-    "cpu-procs": {"image": "train:v1", "nodes": 2, "procs": 4, "backend": "gloo"},
-    "elastic": {
-        "image": "train:v1",
-        "nodes": 3,
-        "gpus": 4,
-        "rendezvous": {"mode": "elastic", "minNodes": 2, "maxNodes": 6, "maxRestarts": 3},
-    },
-    "elastic-no-restarts": {
-        "image": "train:v1",
-        "nodes": 1,
-        "rendezvous": {"mode": "elastic", "minNodes": 1, "maxNodes": 2, "port": 29500},
-    },
-    "existing-claim": {"image": "train:v1", "checkpoint": {"claimName": "shared-ckpt"}},
-    "no-shm": {"image": "train:v1", "shmSize": None},
-    "module": {"image": "train:v1", "command": {"module": "pkg.train", "args": ["-x"]}},
-    "full": FULL,
-    "volcano-elastic": {
-        "image": "train:v1",
-        "nodes": 3,
-        "gpus": 8,
-        "priorityClass": "high",
-        "rendezvous": {"mode": "elastic", "minNodes": 2, "maxNodes": 4},
-        "scheduling": {"scheduler": "volcano", "queue": "research"},
-    },
-    "kueue": {"image": "train:v1", "nodes": 2, "scheduling": {"queue": "team-a"}},
-    "rdma-host-network": {
-        "image": "train:v1",
-        "nodes": 2,
-        "gpus": 8,
-        "network": {
-            "rdma": {"resource": "rdma/hca_shared_devices_a", "count": 2},
-            "hostNetwork": True,
-            "ncclDebug": "INFO",
-            "ncclSocketIfname": "^lo,docker",
-            "ncclIbHca": "mlx5_0,mlx5_1",
-        },
-    },
-    "loosened": {
-        "image": "train:v1",
-        "nodes": 2,
-        "network": {"policy": False},
-        "security": {
-            "readOnlyRootFilesystem": False,
-            "automountServiceAccountToken": True,
-            "runAsUser": 2000,
-            "runAsGroup": 0,
-            "fsGroup": 3000,
-        },
-        "secretEnv": {"HF_TOKEN": {"secret": "hf", "key": "token"}},
-    },
-}
 
 
 def render(doc: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -128,16 +47,17 @@ def test_every_rendered_object_validates(case):
 
 def test_validators_reject_what_the_apiserver_would():
     job, pvc = render(FULL)
+    (replica,) = job["spec"]["pytorchReplicaSpecs"]  # c10d: the Worker replicas alone
     bad = copy.deepcopy(job)
-    bad["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0][
+    bad["spec"]["pytorchReplicaSpecs"][replica]["template"]["spec"]["containers"][0][
         "imagePullPolicyy"
     ] = "Always"
     assert any("imagePullPolicyy" in e for e in pytorchjob_errors(bad))
     bad = copy.deepcopy(job)
-    bad["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] = "one"
+    bad["spec"]["pytorchReplicaSpecs"][replica]["replicas"] = "one"
     assert pytorchjob_errors(bad)
     bad = copy.deepcopy(job)
-    limits = bad["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0][
+    limits = bad["spec"]["pytorchReplicaSpecs"][replica]["template"]["spec"]["containers"][0][
         "resources"
     ]["limits"]
     limits["memory"] = "lots"
@@ -151,8 +71,16 @@ def container(job: dict[str, Any], replica: str) -> dict[str, Any]:
     return job["spec"]["pytorchReplicaSpecs"][replica]["template"]["spec"]["containers"][0]
 
 
+def values(env: list[dict[str, Any]]) -> dict[str, str]:
+    """A container's literal env (the downward API's entries aside)."""
+    return {e["name"]: e["value"] for e in env if "value" in e}
+
+
+STATIC = {"rendezvous": {"mode": "static"}}
+
+
 def test_static_layout_master_plus_workers():
-    job, _ = render({"image": "train:v1", "nodes": 4, "gpus": 8})
+    job, _ = render({"image": "train:v1", "nodes": 4, "gpus": 8, **STATIC})
     specs = job["spec"]["pytorchReplicaSpecs"]
     assert specs["Master"]["replicas"] == 1
     assert specs["Worker"]["replicas"] == 3
@@ -166,9 +94,25 @@ def test_static_layout_master_plus_workers():
 
 
 def test_one_node_job_has_no_worker_replicas():
-    job, _ = render({"image": "train:v1"})
+    job, _ = render({"image": "train:v1", **STATIC})
     assert list(job["spec"]["pytorchReplicaSpecs"]) == ["Master"]
     assert job["spec"]["nprocPerNode"] == "1"
+
+
+def test_the_default_is_c10d_of_a_fixed_size():
+    """Workers only, met through c10d with min = max: a restart rejoins a fresh round, so a
+    plain script survives it; `scale` leaves such a job alone (not elastic)."""
+    job, _ = render({"image": "train:v1", "nodes": 3, "gpus": 8})
+    assert list(job["spec"]["pytorchReplicaSpecs"]) == ["Worker"]
+    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
+    policy = job["spec"]["elasticPolicy"]
+    assert (policy["rdzvBackend"], policy["minReplicas"], policy["maxReplicas"]) == ("c10d", 3, 3)
+    env = values(container(job, "Worker")["env"])
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    from ddpdeploy.targets import layout_of
+
+    assert layout_of("pytorchjob").elastic_range(job) is None
+    assert layout_of("pytorchjob").rank0_hostname(job) is None
 
 
 def test_elastic_layout_is_workers_only_with_policy():
@@ -210,7 +154,7 @@ def test_full_spec_reaches_the_pod():
     assert pod["terminationGracePeriodSeconds"] == 120
     assert pod["priorityClassName"] == "high"
     assert pod["tolerations"][0]["operator"] == "Exists"
-    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    env = values(pod["containers"][0]["env"])
     assert env["NCCL_DEBUG"] == "INFO" and env["OMP_NUM_THREADS"] == "4"
     assert pod["containers"][0]["resources"] == {
         "requests": {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": 8},
@@ -222,7 +166,7 @@ def test_full_spec_reaches_the_pod():
 
 def test_no_shm_mount_when_disabled():
     job, _ = render(MATRIX["no-shm"])
-    pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
     assert "dshm" not in [v["name"] for v in pod["volumes"]]
     assert "/dev/shm" not in [m["mountPath"] for m in pod["containers"][0]["volumeMounts"]]
 
@@ -230,7 +174,7 @@ def test_no_shm_mount_when_disabled():
 def test_builtin_trainer_gets_the_checkpoint_dir():
     job, pvc = render(MATRIX["existing-claim"])
     assert pvc is None
-    cmd = container(job, "Master")["command"]
+    cmd = container(job, "Worker")["command"]
     assert cmd[cmd.index("--checkpoint-dir") + 1] == "/checkpoints"
 
 
@@ -241,7 +185,7 @@ EXAMPLES = sorted(
 
 @pytest.mark.parametrize("spec_file", EXAMPLES, ids=lambda p: p.name)
 def test_committed_examples_are_what_render_produces(spec_file):
-    from ddpdeploy.options import spec_from_flags
+    from ddpdeploy.commands.options import spec_from_flags
     from ddpdeploy.render.output import RECORD, folder_files, plan_folder
 
     folder = spec_file.with_name(spec_file.name.removesuffix(".ddpdeploy.yaml"))
@@ -287,7 +231,7 @@ def test_script_example_runs_the_script_with_its_args_and_validates():
     (job,) = [o for o in built if o["kind"] == "PyTorchJob"]
     assert pytorchjob_errors(job) == []
     assert all(builtin_errors(o) == [] for o in built if o["kind"] != "PyTorchJob")
-    for replica in ("Master", "Worker"):
+    for replica in job["spec"]["pytorchReplicaSpecs"]:  # c10d: the Workers alone
         c = container(job, replica)
         assert c["command"][-6:] == ["torchrun", "train.py", "--epochs", "10", "--lr", "3e-4"]
         env = {e["name"]: e.get("value") for e in c["env"]}

@@ -11,16 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_runner import run_cli
+from cli_runner import run_cli, run_main
 
-from ddpdeploy.cluster.plan import RECORD_PREFIX, SPEC_ANNOTATION, saved_record, with_saved_spec
+from ddpdeploy.cluster.saved import RECORD_PREFIX, SPEC_ANNOTATION, saved_record, with_saved_spec
+from ddpdeploy.commands.options import spec_from_flags
 from ddpdeploy.contract import RunRecord, facts_env, record_env, record_from_env
-from ddpdeploy.imagebuild import BuiltImage
-from ddpdeploy.options import spec_from_flags
-from ddpdeploy.render import image
-from ddpdeploy.render.compose import render_compose
+from ddpdeploy.image import plan as image
+from ddpdeploy.image.build import BuiltImage
 from ddpdeploy.rules import DIAGNOSTICS_ENV, RECORD_ENV, RESERVED_ENV, TARGET_NAMES
-from ddpdeploy.smoke.plan import plan
+from ddpdeploy.smoke.compose import render_compose
+from ddpdeploy.smoke.launch import local_nodes
 from ddpdeploy.spec import JobSpec, canonical_json, spec_sha256, spec_with
 from ddpdeploy.targets import render_objects
 
@@ -55,7 +55,7 @@ def compose_envs(spec: JobSpec, record: RunRecord | None = None) -> list[dict[st
 
 
 def local_envs(spec: JobSpec) -> list[dict[str, str]]:
-    return [n.env for n in plan(spec, 29500, "/t/ddptrain.py")]
+    return [n.env for n in local_nodes(spec, 29500, "/t/ddptrain.py")]
 
 
 def every_env(spec: JobSpec, record: RunRecord | None = None) -> list[dict[str, str]]:
@@ -201,7 +201,7 @@ def test_the_diagnostics_section_from_a_file(tmp_path: Path):
     ],
 )
 def test_bad_values_are_one_line_naming_the_flag(tmp_path: Path, args, line):
-    res = run_cli("render", "--image", "t:1", *args, cwd=tmp_path)
+    res = run_main("render", "--image", "t:1", *args, cwd=tmp_path)
     assert res.returncode == 2, res.stderr
     assert res.stdout == ""
     (only,) = res.stderr.strip().splitlines()
@@ -210,7 +210,7 @@ def test_bad_values_are_one_line_naming_the_flag(tmp_path: Path, args, line):
 
 def test_bad_values_in_the_file_name_the_field(tmp_path: Path):
     (tmp_path / "ddpdeploy.yaml").write_text("image: t:1\ndiagnostics: {stragglerFactor: 0.5}\n")
-    res = run_cli("render", cwd=tmp_path)
+    res = run_main("render", cwd=tmp_path)
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.strip() == (
         "error: ddpdeploy.yaml: diagnostics.stragglerFactor: must be greater than 1 (got 0.5)"
@@ -221,7 +221,7 @@ def test_bad_values_in_the_file_name_the_field(tmp_path: Path):
 def test_a_user_env_for_a_diagnostics_setting_names_its_field(tmp_path: Path, name):
     assert name in RESERVED_ENV
     (tmp_path / "ddpdeploy.yaml").write_text(f"image: t:1\nenv: {{{name}: '1'}}\n")
-    res = run_cli("render", cwd=tmp_path)
+    res = run_main("render", cwd=tmp_path)
     assert res.returncode == 2 and res.stdout == ""
     (line,) = res.stderr.strip().splitlines()
     assert f"{name} is set by ddpdeploy's launch contract" in line

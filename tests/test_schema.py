@@ -12,9 +12,9 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from cli_runner import run_cli
+from cli_runner import run_cli, run_main
 
-from ddpdeploy.options import spec_from_flags
+from ddpdeploy.commands.options import spec_from_flags
 
 EXAMPLES = sorted(
     (Path(__file__).resolve().parents[1] / "k8s" / "examples").glob("*.ddpdeploy.yaml")
@@ -23,7 +23,7 @@ EXAMPLES = sorted(
 
 @cache
 def printed_schema() -> dict[str, Any]:
-    result = run_cli("schema")
+    result = run_main("schema")
     assert result.returncode == 0, result.stderr
     schema = json.loads(result.stdout)
     jsonschema.Draft202012Validator.check_schema(schema)
@@ -97,7 +97,7 @@ def test_known_bad_documents_fail_the_schema(doc):
 
 def test_init_refuses_a_directory_even_with_force(tmp_path):
     (tmp_path / "d").mkdir()
-    result = run_cli("init", "d", "--force", cwd=tmp_path)
+    result = run_main("init", "d", "--force", cwd=tmp_path)
     assert result.returncode == 2
     assert (
         result.stderr.strip() == "error: d is a directory; give a file path, e.g. d/ddpdeploy.yaml"
@@ -107,15 +107,15 @@ def test_init_refuses_a_directory_even_with_force(tmp_path):
 
 
 def test_init_keeps_files_unless_forced_and_replaces_links_not_targets(tmp_path):
-    assert run_cli("init", cwd=tmp_path).returncode == 0
-    again = run_cli("init", cwd=tmp_path)
+    assert run_main("init", cwd=tmp_path).returncode == 0
+    again = run_main("init", cwd=tmp_path)
     assert again.returncode == 2 and "exists; pass --force" in again.stderr
     elsewhere = tmp_path / "elsewhere.yaml"
     elsewhere.write_text("name: keep-me\n")
     link = tmp_path / "linked.yaml"
     link.symlink_to(elsewhere)
     os.chmod(tmp_path / "ddpdeploy.yaml", 0o600)
-    assert run_cli("init", "--force", cwd=tmp_path).returncode == 0
+    assert run_main("init", "--force", cwd=tmp_path).returncode == 0
     assert (tmp_path / "ddpdeploy.yaml").stat().st_mode & 0o777 == 0o600
-    assert run_cli("init", "linked.yaml", "--force", cwd=tmp_path).returncode == 0
+    assert run_main("init", "linked.yaml", "--force", cwd=tmp_path).returncode == 0
     assert elsewhere.read_text() == "name: keep-me\n" and not link.is_symlink()

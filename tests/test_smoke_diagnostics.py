@@ -1,6 +1,6 @@
 """smoke shows ddpkit's diagnostics: the probe line, the rank times with a straggler named
 by host, and a hang (the ranks that did not arrive, where the stacks are): the pure lines of
-ddpdeploy.smoke.events and a real `smoke --local` 2 x 2 (torchrun agents)."""
+ddpdeploy.events and a real `smoke --local` 2 x 2 (torchrun agents)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from cli_runner import run_cli
 
-from ddpdeploy.smoke.events import describe, parse_event
+from ddpdeploy.events import describe, parse_event
 
 HOST = socket.gethostname()
 

@@ -9,16 +9,22 @@ import pytest
 
 from ddpdeploy.contract import RANK_OUTPUT_ENV
 from ddpdeploy.errors import UserError
-from ddpdeploy.render.local import cpu_spec
-from ddpdeploy.smoke.budget import MAX_WORKERS_PER_CORE, check_cpu_budget
-from ddpdeploy.smoke.events import (
+from ddpdeploy.events import (
     WorkerFailure,
     parse_event,
     root_cause,
     split_rank,
     summary_failures,
 )
-from ddpdeploy.smoke.plan import CHECKPOINT_ENV, chaos_spec, nodes_of, plan, with_steps
+from ddpdeploy.smoke.budget import MAX_WORKERS_PER_CORE, check_cpu_budget
+from ddpdeploy.smoke.launch import (
+    CHECKPOINT_ENV,
+    chaos_spec,
+    cpu_spec,
+    local_nodes,
+    nodes_of,
+    with_steps,
+)
 from ddpdeploy.smoke.runner import KillAt, Outcome, Ranks, same_weights
 from ddpdeploy.spec import JobSpec, spec_with
 from ddpdeploy.streams import ChunkReader, LineSplitter
@@ -35,7 +41,7 @@ def test_launcher_is_a_parameter_of_the_contract():
 
 
 def test_local_nodes_run_this_interpreters_torchrun():
-    nodes = plan(JobSpec.model_validate({"nodes": 2}), 29400, "/src/train/ddptrain.py")
+    nodes = local_nodes(JobSpec.model_validate({"nodes": 2}), 29400, "/src/train/ddptrain.py")
     for node in nodes:
         assert node.argv[4:8] == [
             sys.executable,
@@ -44,7 +50,7 @@ def test_local_nodes_run_this_interpreters_torchrun():
             "/src/train/ddptrain.py",
         ]
         assert "PET_MAX_RESTARTS" not in node.env
-    restarting = plan(JobSpec.model_validate({"nodes": 2}), 29400, "/t.py", max_restarts=1)
+    restarting = local_nodes(JobSpec.model_validate({"nodes": 2}), 29400, "/t.py", max_restarts=1)
     assert all(n.env["PET_MAX_RESTARTS"] == "1" for n in restarting)
 
 
@@ -87,8 +93,8 @@ def test_root_cause_is_the_failed_worker_whose_output_ended_first():
 
 
 def test_local_nodes_get_the_run_env_through_the_contract():
-    spec = JobSpec.model_validate({"nodes": 2, "env": {"A": "1"}})
-    nodes = plan(spec, 29400, "/t.py", checkpoint_dir="/ck")
+    spec = JobSpec.model_validate({"nodes": 2, "env": {"A": "1"}, "rendezvous": {"mode": "static"}})
+    nodes = local_nodes(spec, 29400, "/t.py", checkpoint_dir="/ck")
     for node in nodes:
         assert node.env["A"] == "1"
         assert {k: node.env[k] for k in RANK_OUTPUT_ENV} == RANK_OUTPUT_ENV
@@ -101,7 +107,8 @@ def test_local_nodes_get_the_run_env_through_the_contract():
 
 
 def test_nodes_of_take_the_static_rank_or_none_under_c10d():
-    static = nodes_of(launch_contract(JobSpec.model_validate({"nodes": 3})))
+    doc = {"nodes": 3, "rendezvous": {"mode": "static"}}
+    static = nodes_of(launch_contract(JobSpec.model_validate(doc)))
     assert [(n.name, n.rank) for n in static] == [
         ("ddp-train-master-0", 0),
         ("ddp-train-worker-0", 1),
@@ -111,6 +118,11 @@ def test_nodes_of_take_the_static_rank_or_none_under_c10d():
         {"nodes": 2, "rendezvous": {"mode": "elastic", "minNodes": 1, "maxNodes": 2}}
     )
     assert {n.rank for n in nodes_of(launch_contract(elastic))} == {None}
+    c10d = nodes_of(launch_contract(JobSpec.model_validate({"nodes": 2})))  # the default
+    assert [(n.name, n.rank) for n in c10d] == [
+        ("ddp-train-worker-0", None),
+        ("ddp-train-worker-1", None),
+    ]
 
 
 def test_changed_specs_are_validated():
@@ -120,7 +132,7 @@ def test_changed_specs_are_validated():
     # A trainjob's port is fixed by Trainer v2: a local run's free port goes to the
     # contract, not into the spec (which would refuse it).
     trainjob = JobSpec.model_validate({"target": "trainjob"})
-    nodes = plan(trainjob, 41234, "/t.py")
+    nodes = local_nodes(trainjob, 41234, "/t.py")
     assert nodes[0].env["PET_MASTER_PORT"] == "41234"
     with pytest.raises(UserError, match="procs"):
         spec_with(spec, {"procs": 3})  # what a spec file could not say, a patch cannot either
@@ -189,7 +201,7 @@ def test_line_splitter_and_chunk_reader():
 
 
 def test_a_write_on_the_read_only_root_is_named_with_the_fix():
-    from ddpdeploy.smoke.events import read_only_write
+    from ddpdeploy.events import read_only_write
 
     fix = (
         " on the read-only root file system, as the pod would refuse it; write under "

@@ -11,11 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from test_smoke_local import HASH, leftovers, marker, smoke, start_smoke, workers
+from local_smoke import HASH, leftovers, smoke, start_smoke, workers
 
 pytest.importorskip("torch")
-
-__all__ = ["marker"]  # the fixture, re-used from test_smoke_local
 
 # A user script (spec `command: {script: …}`) in which global rank 3 raises while its peers
 # wait in an all-reduce; they then fail too, with gloo's "Connection closed by peer".
@@ -45,7 +43,7 @@ def test_failure_names_the_root_cause_rank_with_its_own_lines(tmp_path, marker):
     # group aborts the interpreter on its way out ("terminate called without an active
     # exception"): the user script's exit, which the report passes on as it is.
     assert re.match(
-        r"error: node ddp-train-worker-0 \(node rank 1, global rank 3\) exited with code "
+        r"error: node ddp-train-worker-[01] \(global rank 3\) exited with code "
         r"(1|-6 \(SIGABRT\));",
         error,
     ), error
@@ -55,7 +53,7 @@ def test_failure_names_the_root_cause_rank_with_its_own_lines(tmp_path, marker):
     assert leftovers(marker) == []
 
 
-def agent_of(node_rank: int, marker: str) -> int:
+def agent_of(node: str, marker: str) -> int:
     """The torchrun agent (not a worker) of the given node of the run tagged ``marker``."""
     for pid in leftovers(marker):
         try:
@@ -63,9 +61,9 @@ def agent_of(node_rank: int, marker: str) -> int:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"torch.distributed.run" in cmd and f"PET_NODE_RANK={node_rank}".encode() in env:
+        if b"torch.distributed.run" in cmd and f"DDPDEPLOY_SMOKE_NODE={node}".encode() in env:
             return pid
-    raise AssertionError(f"no agent for node rank {node_rank}")
+    raise AssertionError(f"no agent for node {node}")
 
 
 @pytest.mark.slow  # torchrun agents
@@ -80,10 +78,12 @@ def test_sigkilled_agent_leaves_no_worker_behind(tmp_path, marker):
     while time.monotonic() < deadline and len(workers(marker)) < 4:
         time.sleep(0.5)
     assert len(workers(marker)) == 4, "the workers never started"
-    os.kill(agent_of(1, marker), signal.SIGKILL)
+    os.kill(agent_of("ddp-train-worker-1", marker), signal.SIGKILL)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err[-2000:]
-    assert "error: node ddp-train-worker-0 (node rank 1) exited with code -9 (SIGKILL)" in err
+    assert re.search(
+        r"^error: node ddp-train-worker-1 .*exited with code -9 \(SIGKILL\)", err, re.M
+    ), err
     assert leftovers(marker) == []
 
 
@@ -107,7 +107,7 @@ def test_kill_at_recovers_to_the_weights_of_a_clean_run(tmp_path, marker):
     chaos = smoke(tmp_path, marker, *args, "--kill-at", "8", *delay)
     assert chaos.returncode == 0, chaos.stderr[-3000:]
     assert HASH.search(chaos.stdout)[1] == HASH.search(clean.stdout)[1], chaos.stdout
-    assert re.search(r"^killed +local rank 1 \(pid \d+\) of ddp-train-worker-0 at step 8$",
+    assert re.search(r"^killed +local rank 1 \(pid \d+\) of ddp-train-worker-[01] at step 8$",
                      chaos.stdout, re.M), chaos.stdout  # fmt: skip
     assert re.search(r"^recovery +\d+\.\d s \(kill -> step \d+ after", chaos.stdout, re.M)
     # torchrun restarted the workers and they resumed from a checkpoint before the kill.

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from ddpdeploy.commands.options import spec_from_flags
 from ddpdeploy.errors import UserError
-from ddpdeploy.options import spec_from_flags
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -61,7 +61,12 @@ def test_elastic_flag_sets_range_and_restarts(tmp_path):
         ("", {"--elastic": "3:1"}, "--elastic: minNodes (3) must not exceed maxNodes (1)"),
         ("", {"--elastic": "2"}, "--elastic: '2' is not MIN:MAX"),
         ("", {"--elastic": "1:3", "--nodes": 5}, "nodes (5) must lie within the elastic range"),
-        ("", {"--max-restarts": 3}, "--max-restarts: maxRestarts needs elastic rendezvous"),
+        (
+            "rendezvous: {mode: static}\n",
+            {"--max-restarts": 3},
+            "--max-restarts: maxRestarts needs c10d rendezvous",
+        ),
+        ("rendezvous: {minNodes: 2}\n", {}, "minNodes/maxNodes need mode: elastic"),
         ("foo: 1\n", {}, "(top level): unknown field 'foo'"),
         (
             "rendezvous: {mode: elastic, minNodes: 1, maxNodes: 2, bogus: 1}\n",

@@ -7,10 +7,10 @@ import os
 from pathlib import Path
 
 import pytest
-from cli_runner import run_cli
+from cli_runner import run_main
 
+from ddpdeploy.commands.options import spec_from_flags
 from ddpdeploy.errors import UserError
-from ddpdeploy.options import spec_from_flags
 from ddpdeploy.spec import RESERVED_ENV, is_reserved_env
 
 # Plain scalars that YAML 1.1 (PyYAML) reads as something other than the text typed.
@@ -274,7 +274,7 @@ def test_default_file_that_cannot_be_read_is_refused(tmp_path, monkeypatch, kind
 )
 def test_cli_prints_one_line_and_writes_nothing(tmp_path, text, argv):
     write(tmp_path, text)
-    result = run_cli("render", "--image", "train:v1", *argv, cwd=tmp_path)
+    result = run_main("render", "--image", "train:v1", *argv, cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert result.stdout == ""
     assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr

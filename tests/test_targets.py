@@ -10,9 +10,9 @@ import re
 from typing import Any
 
 import pytest
-from cli_runner import run_cli
+from cli_runner import run_main
+from job_matrix import FULL, MATRIX
 from k8s_schema import builtin_errors, pytorchjob_errors, trainjob_errors, trainjob_pod_template
-from test_render_k8s import FULL, MATRIX
 from yaml_readers import kustomize_load_all
 
 from ddpdeploy.spec import JobSpec
@@ -123,11 +123,16 @@ def test_trainjob_carries_the_pod_through_trainer_and_runtime_patch():
     assert (trainer["numNodes"], trainer["numProcPerNode"]) == (3, 8)
     assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == 8
     assert trainer["command"][-1] == "torchrun" and trainer["args"][:1] == ["train.py"]
-    env = {e["name"]: e["value"] for e in trainer["env"]}
+    env = {e["name"]: e.get("value") for e in trainer["env"]}
     assert env["DDPDEPLOY_RDZV_HOST"] == "llm-node-0-0.llm"  # Trainer's PET_MASTER_ADDR
     # Trainer injects the topology (and refuses PET_NNODES, ..._NPROC_PER_NODE, ..._NODE_RANK,
-    # ..._MASTER_ADDR, ..._MASTER_PORT in trainer.env); PET_TEE is the contract's rank prefix.
-    assert not [n for n in env if n.startswith("PET_") and n != "PET_TEE"]
+    # ..._MASTER_ADDR, ..._MASTER_PORT in trainer.env); PET_TEE is the contract's rank prefix,
+    # and c10d (the default) meets at that master address, a fresh round after a restart.
+    c10d = {"PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_RDZV_CONF"}
+    assert {n for n in env if n.startswith("PET_")} == {"PET_TEE", "PET_LOCAL_ADDR", *c10d}
+    assert env["PET_RDZV_ENDPOINT"] == "llm-node-0-0.llm:29400"
+    static = render_one({**doc, "rendezvous": {"mode": "static"}}, "TrainJob")["spec"]["trainer"]
+    assert not [e for e in static["env"] if e["name"].startswith("PET_") and e["name"] != "PET_TEE"]
     assert spec["activeDeadlineSeconds"] == 86400
     pod = trainjob_pod_template(job)["template"]
     assert pod["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
@@ -157,6 +162,13 @@ def test_indexed_job_layout():
     labels = spec["template"]["metadata"]["labels"]
     assert svc["spec"]["selector"].items() <= labels.items()
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    values = {n: e.get("value") for n, e in env.items()}
+    # c10d (the default): every node meets at node 0, which numbers no node itself.
+    assert values["PET_RDZV_ENDPOINT"] == "llm-0.llm:23456" and "PET_NODE_RANK" not in env
+    assert values["DDPDEPLOY_RDZV_HOST"] == "llm-0.llm"
+    assert (values["PET_NNODES"], values["PET_NPROC_PER_NODE"]) == ("3", "8")
+    static = render_one({**doc, "rendezvous": {"mode": "static"}}, "Job")
+    env = {e["name"]: e for e in static["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["PET_NODE_RANK"]["valueFrom"] == {
         "fieldRef": {
             "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"
@@ -164,14 +176,13 @@ def test_indexed_job_layout():
     }
     values = {n: e.get("value") for n, e in env.items()}
     assert values["PET_MASTER_ADDR"] == values["DDPDEPLOY_RDZV_HOST"] == "llm-0.llm"
-    assert (values["PET_NNODES"], values["PET_NPROC_PER_NODE"]) == ("3", "8")
     assert values["PET_MASTER_PORT"] == "23456"
     default = render_one({"image": "t:1", "nodes": 2, "target": "indexed-job"}, "Job")
     assert default["spec"]["backoffLimit"] == 4  # about two retries of the whole job
 
 
 def refused(*args: str) -> str:
-    res = run_cli("render", "--image", "t:1", *args)
+    res = run_main("render", "--image", "t:1", *args)
     assert res.returncode == 2 and res.stdout == "", res.stderr
     (line,) = res.stderr.splitlines()
     assert line.startswith("error: ")
@@ -217,9 +228,9 @@ def test_spec_fields_a_target_cannot_carry(tmp_path, target, text, expected):
 def test_target_field_in_the_file_and_the_flag_wins(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text("target: indexed-job\nnodes: 2\n")
-    res = run_cli("render", "--image", "t:1", "-f", str(path))
+    res = run_main("render", "--image", "t:1", "-f", str(path))
     assert res.returncode == 0 and kinds(res.stdout) == ["Service", "Job"]
-    res = run_cli("render", "--image", "t:1", "-f", str(path), "--target", "trainjob")
+    res = run_main("render", "--image", "t:1", "-f", str(path), "--target", "trainjob")
     assert res.returncode == 0 and kinds(res.stdout) == ["TrainJob"]
 
 
@@ -231,9 +242,9 @@ def kinds(text: str) -> list[str]:
 def test_out_dir_is_byte_stable_and_kustomize_builds_it(tmp_path, target):
     args = ["--image", "t:1", "--nodes", "2", "--gpus", "8", "--target", target]
     out = tmp_path / "deploy"
-    assert run_cli("render", *args, "--out-dir", str(out)).returncode == 0
+    assert run_main("render", *args, "--out-dir", str(out)).returncode == 0
     first = {p.name: p.read_bytes() for p in out.iterdir()}
-    assert run_cli("render", *args, "--out-dir", str(out)).returncode == 0
+    assert run_main("render", *args, "--out-dir", str(out)).returncode == 0
     assert {p.name: p.read_bytes() for p in out.iterdir()} == first
     built = kustomize_load_all(out)
     spec = JobSpec.model_validate({"image": "t:1", "nodes": 2, "gpus": 8, "target": target})
@@ -274,8 +285,8 @@ def test_cluster_commands_find_a_targets_pods_by_hostname():
     from ddpdeploy.cluster.watch import node_pod, rank0_pod
     from ddpdeploy.targets import layout_for_kind
 
-    spec = JobSpec.model_validate({"image": "t:1", "nodes": 2, "target": "indexed-job"})
-    job = render_objects(spec)[-1]
+    doc = {"image": "t:1", "nodes": 2, "target": "indexed-job", "rendezvous": {"mode": "static"}}
+    job = render_objects(JobSpec.model_validate(doc))[-1]
     job["metadata"]["namespace"] = "default"
     pods = [
         {

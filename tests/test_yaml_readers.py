@@ -77,7 +77,7 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_the_matrix_reaches_every_place():
     objects = render_objects(JobSpec.model_validate(tricky_spec()))
     (job,) = [o for o in objects if o["kind"] == "PyTorchJob"]
-    pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
+    pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
     labels = pod["metadata"]["labels"]
     assert {"yes", "on", "012", "1e-3", "true", "null", "y"} <= set(labels.values())
     assert {"yes", "on", "012", "1e-3", "true", "null"} <= set(pod["spec"]["nodeSelector"].values())

@@ -1,6 +1,6 @@
 """The docker engine, through the docker SDK: connect, send a build context, tag, push.
 
-Thin on purpose: the context comes from ddpdeploy.adapters.build_context, the streams are
+Thin on purpose: the context comes from ddpdeploy.image.context, the streams are
 read by ddpdeploy.adapters.docker_streams. The SDK is imported inside the functions, so
 importing this module (or running `ddpdeploy render`) never needs docker.
 """

@@ -48,8 +48,9 @@ class BuildProgress:
         return self.steps[-1] if self.steps else None
 
     def feed(self, event: Mapping[str, object]) -> None:
-        if isinstance(event.get("aux"), Mapping):
-            image_id = event["aux"].get("ID")  # type: ignore[union-attr]
+        aux = event.get("aux")
+        if isinstance(aux, Mapping):
+            image_id = aux.get("ID")
             if isinstance(image_id, str):
                 self.image_id = image_id
         if "error" in event or "errorDetail" in event:

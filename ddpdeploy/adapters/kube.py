@@ -2,28 +2,35 @@
 
 Objects go in and come out as plain dicts. Every failure leaves as one OperationError line
 that says what to do: unreachable API, rejected credentials, RBAC, missing kind, conflict.
-The `kubernetes` package is imported lazily, so `render` never loads it.
+The `kubernetes` package is imported lazily, so `render` never loads it, and only the parts
+of it used here (`_load_client`). `KubeApi` is what the cluster room uses of a connection.
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 import contextlib
 import hashlib
+import importlib
+import importlib.util
 import json
 import logging
 import os
 import re
+import sys
 import threading
 import time
+import types
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ddpdeploy.errors import OperationError
+from ddpdeploy.obj import Obj
 from ddpdeploy.streams import LineSplitter
-
-Obj = dict[str, Any]
+from ddpdeploy.text import plain
 
 FIELD_MANAGER = "ddpdeploy"
 REQUEST_TIMEOUT = 30  # seconds to wait for an answer to an ordinary call
@@ -48,6 +55,230 @@ class Conflict(OperationError):
     """409: the object exists already (a create) or changed under us."""
 
 
+@runtime_checkable
+class KubeApi(Protocol):
+    """What the cluster room asks of a cluster connection: `Kube`, or a test's stand-in
+    (tests/fakekube.py). Objects are plain dicts; failures are OperationError lines."""
+
+    @property
+    def server(self) -> str:
+        """The API server's URL, for lines that name it."""
+
+    @property
+    def default_namespace(self) -> str:
+        """The kubeconfig context's namespace (the service account's in a pod), or default."""
+
+    def has_kind(self, api_version: str, kind: str) -> bool:
+        """Whether the cluster serves the kind (its CRD installed)."""
+
+    def get(
+        self, api_version: str, kind: str, name: str, namespace: str | None = None
+    ) -> Obj | None:
+        """The object, or None when it does not exist."""
+
+    def list(
+        self, api_version: str, kind: str, namespace: str | None = None, labels: str | None = None
+    ) -> builtins.list[Obj]:
+        """The objects (in ``namespace``, None: every one) that match the label selector."""
+
+    def listed(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None = None,
+        labels: str | None = None,
+        fields: str | None = None,
+    ) -> tuple[builtins.list[Obj], str]:
+        """The objects and the list's resourceVersion (to watch from)."""
+
+    def watch(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        *,
+        labels: str | None = None,
+        name: str | None = None,
+        since: str | None = None,
+        seconds: int = ...,
+        stop: threading.Event | None = None,
+    ) -> Iterator[tuple[str, Any]]:
+        """("SYNC", [objects]), then (ADDED|MODIFIED|DELETED, object) as they come."""
+
+    def apply(self, obj: Obj, dry_run: bool = False) -> Obj:
+        """Server-side apply (dry run: validated, not stored)."""
+
+    def create(self, obj: Obj, dry_run: bool = False) -> Obj:
+        """Create; Conflict when it exists."""
+
+    def create_as_applier(self, obj: Obj) -> Obj:
+        """Create, with our fields recorded as applied (later applies do not conflict)."""
+
+    def delete(self, api_version: str, kind: str, name: str, namespace: str | None) -> bool:
+        """Delete (dependents in the background); False when it was not there."""
+
+    def logs(
+        self,
+        pod: str,
+        namespace: str,
+        container: str,
+        follow: bool = False,
+        tail: int | None = None,
+        *,
+        previous: bool = False,
+        since_seconds: int | None = None,
+        timestamps: bool = False,
+        limit_bytes: int | None = None,
+    ) -> Iterator[str]:
+        """A pod's log lines as they come."""
+
+    def exec_stream(
+        self, pod: str, namespace: str, container: str, argv: builtins.list[str]
+    ) -> Iterator[bytes]:
+        """Run ``argv`` in a pod's container; its stdout as it comes."""
+
+
+# --- loading the client ----------------------------------------------------------------
+#
+# `import kubernetes.<anything>` runs kubernetes/__init__.py, which imports every part of
+# the client (config, dynamic, watch, stream, utils, leaderelection, informer); up to 36,
+# kubernetes/client/__init__.py and client/models/__init__.py also import every generated
+# API class and model (~700 modules), and in 37 `CoreV1Api` alone imports 250 models: most
+# of a cluster command's start on a busy machine, for classes never used here (responses
+# are read as JSON). So those packages get stand-ins: module objects with the real
+# __path__, their __init__ not run, in which only the submodules imported here load. Any
+# other name asked of a stand-in runs the real __init__ into it first, so that code
+# elsewhere in the process that wants the whole client still gets it. Checked on kubernetes
+# 29.0.0, 30.1.0, 31.0.0, 33.1.0, 35.0.0, 36.0.3 and 37.0.2 (python-legacy generated code up
+# to 36, openapi-generator's python client from 37: both are called below).
+
+_STAND_INS = (
+    "kubernetes",
+    "kubernetes.client",
+    "kubernetes.client.api",
+    "kubernetes.client.models",
+    "kubernetes.utils",  # rest.py (37) imports utils.retry; utils/__init__ imports the rest
+)
+# What this module uses of the client, imported once (one error line if any is missing).
+_USED = (
+    "kubernetes.client.configuration",
+    "kubernetes.client.exceptions",
+    "kubernetes.client.rest",
+    "kubernetes.client.api_client",
+    "kubernetes.config.config_exception",
+    "kubernetes.config",
+    "kubernetes.dynamic",
+    "kubernetes.dynamic.discovery",
+    "kubernetes.dynamic.exceptions",
+    "kubernetes.watch",
+)
+_LOADING = threading.RLock()
+
+
+def _stand_in(name: str) -> types.ModuleType | None:
+    """The package ``name`` as a module whose __init__ has not run (None: no such package)."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None or spec.submodule_search_locations is None:
+        return None
+    module = importlib.util.module_from_spec(spec)
+    loader = spec.loader
+
+    def __getattr__(attr: str) -> Any:  # noqa: N807 - a module's own __getattr__
+        # A submodule (`from kubernetes.client import rest` asks for one this way) loads
+        # alone, under the import system's own locks; any other name loads the package as
+        # it is, once.
+        submodule = attr.isidentifier() and not attr.startswith("__")
+        if submodule and importlib.util.find_spec(f"{name}.{attr}"):
+            return importlib.import_module(f"{name}.{attr}")
+        with _LOADING:
+            if module.__dict__.get("__getattr__") is __getattr__:
+                del module.__dict__["__getattr__"]
+                loader.exec_module(module)
+        return getattr(module, attr)
+
+    module.__dict__["__getattr__"] = __getattr__
+    return module
+
+
+def _version_of(top: types.ModuleType) -> str:
+    """kubernetes.__version__ without running kubernetes/__init__.py (the dynamic client's
+    discovery cache records it)."""
+    with contextlib.suppress(OSError, TypeError):
+        text = Path(str(top.__file__)).read_text(encoding="utf-8")
+        found = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
+        if found:
+            return found[1]
+    from importlib.metadata import version
+
+    return version("kubernetes")
+
+
+def _install_stand_ins() -> None:
+    for name in _STAND_INS:
+        module = _stand_in(name)
+        if module is None:
+            continue  # gone in this version: nothing imports it then
+        parent, _, child = name.rpartition(".")
+        sys.modules[name] = module
+        if parent:
+            setattr(sys.modules[parent], child, module)
+        if name == "kubernetes":
+            module.__dict__["__version__"] = _version_of(module)
+    client = sys.modules.get("kubernetes.client")
+    if client is None:
+        raise ImportError("No module named 'kubernetes.client'")
+    # The names the client's own modules take from kubernetes.client (kube_config,
+    # incluster_config: `from kubernetes.client import ApiClient, Configuration`; watch:
+    # `client.ApiClient()`): the objects its __init__ would bind.
+    api_client = importlib.import_module("kubernetes.client.api_client")
+    configuration = importlib.import_module("kubernetes.client.configuration")
+    for attr, value in (
+        ("ApiClient", api_client.ApiClient),
+        ("Configuration", configuration.Configuration),
+    ):
+        setattr(client, attr, value)
+
+
+def _load_client(more: tuple[str, ...] = ()) -> None:
+    """Import what this module uses of the kubernetes client (and ``more`` of it), through
+    stand-ins unless the process has the client already; one OperationError line if it
+    cannot."""
+    with _LOADING:
+        before = set(sys.modules)
+        try:
+            if "kubernetes" not in sys.modules:
+                _install_stand_ins()
+            for name in (*_USED, *more):
+                importlib.import_module(name)
+        except (ImportError, AttributeError) as exc:
+            installed = _installed_version()
+            for name in set(sys.modules) - before:  # as it was: a plain import may still work
+                if name == "kubernetes" or name.startswith("kubernetes."):
+                    del sys.modules[name]
+            if installed == "none found":
+                raise OperationError(
+                    "the kubernetes client is not installed (ddpdeploy needs it for the "
+                    "cluster commands): pip install 'kubernetes>=29'"
+                ) from None
+            raise OperationError(
+                f"the installed kubernetes client ({installed}) does not have "
+                f"what ddpdeploy uses ({_one_line(exc, 200)}); install one it was checked "
+                "with: pip install 'kubernetes>=29,<38'"
+            ) from None
+
+
+def _installed_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    loaded = sys.modules.get("kubernetes")
+    if loaded is not None and "__version__" in vars(loaded):  # (a stand-in's would load it)
+        return f"version {vars(loaded)['__version__']}"
+    try:
+        return f"version {version('kubernetes')}"
+    except PackageNotFoundError:
+        return "none found"
+
+
 def _status_message(body: Any) -> str | None:
     """The ``message`` of a Kubernetes Status object in ``body`` (JSON text or bytes)."""
     try:
@@ -61,7 +292,14 @@ def _status_message(body: Any) -> str | None:
 def _json(response: Any) -> Obj:
     """A response read as JSON: plain dicts straight away, not the dynamic client's
     ResourceInstance tree (which a list of 128 pods takes a while to build and unbuild)."""
-    return json.loads(response.data)
+    doc: Obj = json.loads(response.data)
+    return doc
+
+
+def _as_obj(got: Any) -> Obj:
+    """The dynamic client's ResourceInstance of one object, as a plain dict."""
+    doc: Obj = got.to_dict()
+    return doc
 
 
 def _one_line(text: Any, limit: int = 300) -> str:
@@ -216,6 +454,30 @@ def _check_kubeconfig(path: Path, flag: str) -> None:
         )
 
 
+def _to_stderr(line: str) -> None:
+    print(plain(line), file=sys.stderr, flush=True)
+
+
+def _quiet_unverified_https(server: str) -> None:
+    """urllib3 warns on every request to a server whose certificate it does not check
+    (InsecureRequestWarning, always shown): silenced for this server's host only, as the
+    message names it; the connection says so once, in a line of ours."""
+    from urllib.parse import urlsplit
+
+    from urllib3.exceptions import InsecureRequestWarning
+
+    with contextlib.suppress(ValueError):
+        host = urlsplit(server).hostname
+        if host:
+            warnings.filterwarnings(
+                "ignore",
+                # urllib3 names the host as it connects to it (an IPv6 one in brackets or not)
+                message="Unverified HTTPS request is being made to host "
+                rf"'\[?{re.escape(host)}\]?'",
+                category=InsecureRequestWarning,
+            )
+
+
 def _group_path(api_version: str) -> str:
     return "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
 
@@ -254,17 +516,108 @@ def _discoverer() -> type:
     return Discoverer
 
 
-class Kube:
-    """One cluster, as the kubeconfig (or the pod's service account) describes it."""
+_AUTH = ["BearerToken"]  # the generated methods' auth setting: the kubeconfig's token
 
-    def __init__(self, kubeconfig: str | None = None, context: str | None = None) -> None:
-        from kubernetes import client
+
+def _quote(segment: str) -> str:
+    from urllib.parse import quote
+
+    return quote(segment, safe="")
+
+
+def _query_value(value: Any) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+class _PodExec:
+    """What kubernetes.stream.stream() needs of an API method: bound to an object with an
+    ``api_client``, whose request (``call_api`` from 37, ``request`` before) it swaps for
+    its websocket while the method runs. Builds the request as CoreV1Api's
+    connect_get_namespaced_pod_exec does, without the generated module and its models."""
+
+    PATH = "/api/v1/namespaces/{namespace}/pods/{name}/exec"
+
+    def __init__(self, api_client: Any) -> None:
+        self.api_client = api_client
+
+    def connect_get_namespaced_pod_exec(
+        self,
+        name: str,
+        namespace: str,
+        *,
+        command: builtins.list[str],
+        container: str,
+        stdin: bool,
+        stdout: bool,
+        stderr: bool,
+        tty: bool,
+        _preload_content: bool = True,
+        _request_timeout: Any = None,
+        binary: bool | None = None,
+    ) -> Any:
+        if binary is not None:  # stream() takes it for itself from 30 on
+            raise OperationError(
+                f"running {command[0]} in pod {name}: the installed kubernetes client "
+                f"({_installed_version()}) streams exec output only as text; install "
+                "kubernetes>=30"
+            )
+        flags = {"stderr": stderr, "stdin": stdin, "stdout": stdout, "tty": tty}
+        query: builtins.list[tuple[str, Any]] = [("command", command), ("container", container)]
+        query += [(k, _query_value(v)) for k, v in flags.items()]
+        paths = {"name": name, "namespace": namespace}
+        api = self.api_client
+        if hasattr(api, "param_serialize"):  # 37 on
+            request = api.param_serialize(
+                "GET",
+                self.PATH,
+                path_params=paths,
+                query_params=query,
+                header_params={"Accept": "*/*"},
+                auth_settings=_AUTH,
+                collection_formats={"command": "multi"},
+            )
+            # stream() answers with the websocket client as `response`; an HTTP error is
+            # its ApiException (status 0, the handshake's status in the reason).
+            return api.call_api(*request, _request_timeout=_request_timeout).response
+        return api.call_api(
+            self.PATH,
+            "GET",
+            path_params=paths,
+            query_params=query,
+            header_params={"Accept": "*/*"},
+            auth_settings=_AUTH,
+            collection_formats={"command": "multi"},
+            _return_http_data_only=True,
+            _preload_content=_preload_content,
+            _request_timeout=_request_timeout,
+        )
+
+
+class Kube:
+    """One cluster, as the kubeconfig (or the pod's service account) describes it.
+
+    Made without a request: the kubeconfig is read (credentials, server, namespace; an exec
+    plugin runs), and the API is first asked (discovery, from the cache when it has the
+    kind) by the first call that needs it, which also raises the connection's errors.
+    ``warn`` gets our one line about the connection (a kubeconfig that skips TLS
+    verification), before the first request; stderr by default."""
+
+    def __init__(
+        self,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        *,
+        warn: Callable[[str], None] | None = None,
+    ) -> None:
+        _load_client()
+        from kubernetes.client.api_client import ApiClient
+        from kubernetes.client.configuration import Configuration
         from kubernetes.config.config_exception import ConfigException
 
         self._log = _hold_client_log()
-        cfg = client.Configuration()
+        cfg = Configuration()
         try:
-            self.default_namespace = self._load(cfg, kubeconfig, context)
+            self.default_namespace: str = self._load(cfg, kubeconfig, context)
         except (ConfigException, OSError, ValueError) as exc:
             raise OperationError(
                 f"no usable cluster credentials ({_one_line(exc)}); pass "
@@ -274,13 +627,44 @@ class Kube:
         if failed:
             raise OperationError(_exec_failed(failed)) from None
         cfg.retries = 1
-        self.server = cfg.host
-        self._api = client.ApiClient(cfg)
+        self.server: str = cfg.host
+        self._api = ApiClient(cfg)
         _default_timeout(self._api.rest_client)
-        cache = _discovery_cache(cfg.host)
+        self._cache = _discovery_cache(cfg.host)
         self._kinds: dict[tuple[str, str], Any] = {}  # a kind's resource, or None: not served
-        with self.errors("connecting"):
-            self._dyn = self._discover(cache)
+        self._dyn_client: Any = None
+        self._connecting = threading.RLock()
+        # insecure-skip-tls-verify: said once, by us, before the first request
+        self._tls_warning_due = not cfg.verify_ssl and self.server.lower().startswith("https:")
+        self._warn = warn or _to_stderr
+        if self._tls_warning_due:
+            _quiet_unverified_https(self.server)
+
+    def _first_request(self) -> None:
+        """Before the connection's first request: the warning, once."""
+        with self._connecting:
+            if not self._tls_warning_due:
+                return
+            self._tls_warning_due = False
+            self._warn(
+                f"warning: the kubeconfig skips TLS verification for {self.server} "
+                "(insecure-skip-tls-verify); the server's identity is not checked"
+            )
+
+    @property
+    def _dyn(self) -> Any:
+        """The dynamic client, made on first use: discovery (the cache file, or the API's
+        resource lists) is the connection's first request."""
+        with self._connecting:
+            if self._dyn_client is None:
+                self._first_request()
+                try:
+                    with self.errors("connecting"):
+                        self._dyn_client = self._discover(self._cache)
+                except Forbidden as exc:
+                    # Not a refusal a preflight check may skip: the connection failed.
+                    raise OperationError(str(exc)) from None
+            return self._dyn_client
 
     def _discover(self, cache: str) -> Any:
         """The dynamic client; a cache file it cannot use (the client re-discovers by itself
@@ -459,7 +843,7 @@ class Kube:
         namespace: str | None = None,
         labels: str | None = None,
         fields: str | None = None,
-    ) -> tuple[list[Obj], str]:
+    ) -> tuple[builtins.list[Obj], str]:
         """The objects, in one list call, and the list's resourceVersion (to watch from)."""
         res = self.resource(api_version, kind)
         with self.errors(f"listing {res.kind}"):
@@ -560,7 +944,7 @@ class Kube:
                 dry_run="All" if dry_run else None,
                 _request_timeout=REQUEST_TIMEOUT,
             )
-        return got.to_dict()
+        return _as_obj(got)
 
     def create(self, obj: Obj, dry_run: bool = False) -> Obj:
         res = self.resource(obj["apiVersion"], obj["kind"])
@@ -572,7 +956,7 @@ class Kube:
                 dry_run="All" if dry_run else None,
                 _request_timeout=REQUEST_TIMEOUT,
             )
-        return got.to_dict()
+        return _as_obj(got)
 
     def create_as_applier(self, obj: Obj) -> Obj:
         """Create-only (Conflict when it exists), then record our fields as applied rather
@@ -594,7 +978,7 @@ class Kube:
                 field_manager=FIELD_MANAGER,
                 _request_timeout=REQUEST_TIMEOUT,
             )
-        return got.to_dict()
+        return _as_obj(got)
 
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None) -> bool:
         """Delete (dependents in the background); False when it was not there."""
@@ -628,29 +1012,25 @@ class Kube:
     ) -> Iterator[str]:
         """A pod's log lines as they come (through the kubelet); ``previous``: the log of
         the container's last terminated run."""
-        from kubernetes import client
-
-        core = client.CoreV1Api(self._api)
         what = f"reading the {'previous ' if previous else ''}logs of pod {pod}"
-        optional = {
-            k: v
-            for k, v in (("since_seconds", since_seconds), ("limit_bytes", limit_bytes))
-            if v is not None
+        given = {
+            "container": container,
+            "follow": follow or None,
+            "previous": previous or None,
+            "timestamps": timestamps or None,
+            "tailLines": tail,
+            "sinceSeconds": since_seconds,
+            "limitBytes": limit_bytes,
         }
+        query = [(k, _query_value(v)) for k, v in given.items() if v is not None]
+        path = f"/api/v1/namespaces/{_quote(namespace)}/pods/{_quote(pod)}/log"
         with self.errors(what):
-            resp = core.read_namespaced_pod_log(
-                pod,
-                namespace,
-                container=container,
-                follow=follow,
-                tail_lines=tail,
-                previous=previous,
-                timestamps=timestamps,
-                _preload_content=False,
+            resp = self._get_raw(
+                path,
+                query,
                 # A followed stream may stay quiet for long (the client takes no None for
                 # "no read timeout", so a week); connecting is still bounded.
-                _request_timeout=(CONNECT_TIMEOUT, FOLLOW_QUIET) if follow else DEFAULT_TIMEOUT,
-                **optional,
+                (CONNECT_TIMEOUT, FOLLOW_QUIET) if follow else DEFAULT_TIMEOUT,
             )
             lines = LineSplitter(b"")
             for chunk in resp.stream(4096):
@@ -659,20 +1039,50 @@ class Kube:
             for line in lines.finish():
                 yield line.decode(errors="replace")
 
+    def _get_raw(self, path: str, query: builtins.list[tuple[str, str]], timeout: Any) -> Any:
+        """GET ``path`` through the client's ApiClient (its auth, TLS and REST layer; the
+        generated CoreV1Api would load 250 models): urllib3's response, unread; an error
+        status raises ApiException as the generated methods do."""
+        from kubernetes.client.exceptions import ApiException
+
+        self._first_request()
+        headers = {"Accept": "*/*"}
+        if hasattr(self._api, "param_serialize"):  # 37 on: openapi-generator's python client
+            request = self._api.param_serialize(
+                "GET", path, query_params=query, header_params=headers, auth_settings=_AUTH
+            )
+            got = self._api.call_api(*request, _request_timeout=timeout)
+            if not 200 <= got.status <= 299:
+                got.read()
+                raise ApiException.from_response(http_resp=got, body=None, data=None)
+            return got.response
+        # up to 36 (python-legacy): raises on an error status itself
+        return self._api.call_api(
+            path,
+            "GET",
+            query_params=query,
+            header_params=headers,
+            auth_settings=_AUTH,
+            _return_http_data_only=True,
+            _preload_content=False,
+            _request_timeout=timeout,
+        )
+
     def exec_stream(
-        self, pod: str, namespace: str, container: str, argv: list[str]
+        self, pod: str, namespace: str, container: str, argv: builtins.list[str]
     ) -> Iterator[bytes]:
         """Run ``argv`` in a pod's container (through the kubelet) and yield its stdout."""
-        from kubernetes import client
+        _load_client(("kubernetes.stream",))
         from kubernetes.stream import stream
 
-        core = client.CoreV1Api(self._api)
+        self._first_request()
+        pods = _PodExec(self._api)
         what = f"running {argv[0]} in pod {pod}"
         errors = b""
         with self.errors(what):
             ws = bounded(
                 lambda: stream(
-                    core.connect_get_namespaced_pod_exec,
+                    pods.connect_get_namespaced_pod_exec,
                     pod,
                     namespace,
                     container=container,
@@ -707,3 +1117,7 @@ class Kube:
         if code:
             tail = _one_line(errors.decode(errors="replace")[-300:])
             raise OperationError(f"{what}: exit code {code}: {tail}")
+
+
+if TYPE_CHECKING:
+    _KUBE_IS_A_KUBEAPI: type[KubeApi] = Kube  # mypy holds Kube to the protocol

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-from ddpdeploy.adapters import files
+from ddpdeploy import fs
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.render.output import NOT_A_FILE, RECORD, FolderPlan, parse_record, plan_folder
 
@@ -60,11 +60,11 @@ def _ensure_folder(folder: Path, shown: str) -> bool:
 
 def _read_record(folder: Path, shown: str) -> dict[str, set[str]]:
     try:
-        with files.open_regular(folder / RECORD, follow_symlinks=False) as fh:
-            text = files.read_at_most(fh, _RECORD_LIMIT)
+        with fs.open_regular(folder / RECORD, follow_symlinks=False) as fh:
+            text = fs.read_at_most(fh, _RECORD_LIMIT)
     except FileNotFoundError:
         return {}
-    except files.NotRegularFile:
+    except fs.NotRegularFile:
         raise UserError(
             f"--out-dir: {shown}/{RECORD} is not a regular file; ddpdeploy keeps the list of "
             "files it wrote there: move it away, then render again"
@@ -86,10 +86,10 @@ def _disk_hashes(folder: Path, names: list[str]) -> dict[str, str]:
     hashes: dict[str, str] = {}
     for name in dict.fromkeys(names):
         try:
-            hashes[name] = files.sha256_file(folder / name, follow_symlinks=False)
+            hashes[name] = fs.sha256_file(folder / name, follow_symlinks=False)
         except FileNotFoundError:
             continue
-        except files.NotRegularFile:
+        except fs.NotRegularFile:
             hashes[name] = NOT_A_FILE
         except OSError as exc:
             raise _system(str(folder / name), exc) from None
@@ -104,7 +104,7 @@ def _apply(folder: Path, plan: FolderPlan) -> None:
             (RECORD, plan.interim.encode()),
             (RECORD, plan.final.encode()),
         ]:
-            out = stack.enter_context(files.Staged(folder / name, "--out-dir"))
+            out = stack.enter_context(fs.Staged(folder / name, "--out-dir"))
             out.write(data)
             out.sync()  # all on disk before the first rename: a full disk changes nothing
             staged.append(out)

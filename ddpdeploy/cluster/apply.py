@@ -18,36 +18,33 @@ No printing: what happens is told through the ``say`` callback.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from ddpdeploy.adapters.kube import Conflict, Forbidden, Kube
+from ddpdeploy.cluster.capacity import gpu_nodes, gpu_nodes_free
 from ddpdeploy.cluster.find import Found, no_job, not_ours, owner_of, require_ours
 from ddpdeploy.cluster.find import ref as _ref
 from ddpdeploy.cluster.jobstate import job_state
 from ddpdeploy.cluster.labels import ours_selector
-from ddpdeploy.cluster.plan import (
-    gpu_nodes,
-    gpu_nodes_free,
-    saved_record,
-    saved_spec,
-    with_saved_spec,
-)
+from ddpdeploy.cluster.saved import saved_record, saved_spec, with_saved_spec
 from ddpdeploy.contract import RunRecord
 from ddpdeploy.errors import OperationError, UserError
-from ddpdeploy.kubeopts import held_signals, interrupted
+from ddpdeploy.obj import Obj
+from ddpdeploy.render.pod import checkpoint_claim_name
+from ddpdeploy.report import Say
+from ddpdeploy.signals import held_signals, interrupted
 from ddpdeploy.spec import JobSpec, spec_with
-from ddpdeploy.targets import Layout, layout_of
+from ddpdeploy.targets import Layout, layout_of, render_objects
 
-Obj = dict[str, Any]
-Say = Callable[[str], None]
 DEFAULT_CLASS = "storageclass.kubernetes.io/is-default-class"
 NETWORK_POLICY = ("networking.k8s.io/v1", "NetworkPolicy")
 
 
 @dataclass
-class Plan:
+class Checked:
+    """The job's objects as preflight found the cluster for them: what `apply` and the dry
+    run act on."""
+
     spec: JobSpec
     objects: list[Obj]
     create_namespace: bool = False  # the namespace is missing and may be created
@@ -68,47 +65,46 @@ def preflight(
     spec: JobSpec,
     objects: list[Obj],
     create_namespace: bool,
-) -> Plan:
+) -> Checked:
     """Everything that can be known before the dry run; raises on what cannot work, and on
     anything of the same name that is not ours."""
-    plan = Plan(spec, objects)
+    checked = Checked(spec, objects)
     layout = layout_of(spec.target)
     if not kube.has_kind(layout.api_version, layout.kind):
         raise OperationError(
             f"the {layout.kind} CRD ({layout.api_version}) is not installed in the cluster at "
             f"{kube.server}; {layout.install_hint}"
         )
-    _check_namespace(kube, plan, create_namespace)
+    _check_namespace(kube, checked, create_namespace)
     if spec.gpus:
-        _check_gpus(kube, plan)
-    _check_storage(kube, plan)
-    if not plan.create_namespace:
-        _check_existing(kube, plan, layout)
-    return plan
+        _check_gpus(kube, checked)
+    _check_storage(kube, checked)
+    if not checked.create_namespace:
+        _check_existing(kube, checked, layout)
+    return checked
 
 
-def plan_job(
+def prepare(
     kube: Kube,
     spec: JobSpec,
     say: Say,
     create_namespace: bool = False,
     record: RunRecord | None = None,
-) -> Plan:
+) -> Checked:
     """The preflight of ``spec``'s objects (rendered with the saved spec, and ``record``:
     what `up --build` knows of its image, saved beside it; `scale` and `resume` pass the
     live one's, ``carried_record``), its warnings said: what `up`, `scale` and `resume` all
     start from."""
-    from ddpdeploy.targets import render_objects
 
     objects = with_saved_spec(render_objects(spec, record), spec, record)
-    plan = preflight(kube, spec, objects, create_namespace)
-    for warning in plan.warnings:
+    checked = preflight(kube, spec, objects, create_namespace)
+    for warning in checked.warnings:
         say(f"warning: {warning}")
-    return plan
+    return checked
 
 
-def _check_namespace(kube: Kube, plan: Plan, create: bool) -> None:
-    ns = plan.spec.namespace
+def _check_namespace(kube: Kube, checked: Checked, create: bool) -> None:
+    ns = checked.spec.namespace
     try:
         got = kube.get("v1", "Namespace", ns)
     except Forbidden:
@@ -125,20 +121,20 @@ def _check_namespace(kube: Kube, plan: Plan, create: bool) -> None:
             f"namespace {ns} does not exist; create it (kubectl create namespace {ns}) or pass "
             "--create-namespace"
         )
-    plan.create_namespace = True
+    checked.create_namespace = True
 
 
-def _check_existing(kube: Kube, plan: Plan, layout: Layout) -> None:
+def _check_existing(kube: Kube, checked: Checked, layout: Layout) -> None:
     """Every object of ours-to-be that exists already must be ours and not dying."""
-    spec = plan.spec
-    for obj in plan.objects:
+    spec = checked.spec
+    for obj in checked.objects:
         meta = obj["metadata"]
         got = kube.get(obj["apiVersion"], obj["kind"], meta["name"], meta["namespace"])
         if got is None:
             continue
         if obj["kind"] == layout.kind:
             require_ours(got, spec.name, "replaced")
-            plan.existing_job = got
+            checked.existing_job = got
             continue
         why = not_ours(got, spec.name)
         if why is not None and obj["kind"] == "PersistentVolumeClaim":
@@ -155,12 +151,12 @@ def _check_existing(kube: Kube, plan: Plan, layout: Layout) -> None:
                 f"(kubectl get {got['kind'].lower()} -n {meta['namespace']} {meta['name']}), "
                 "then run again"
             )
-        plan.existing[(obj["kind"], meta["name"])] = got
+        checked.existing[(obj["kind"], meta["name"])] = got
     claim = spec.checkpoint.claim_name if spec.checkpoint else None
     if claim:
         got = kube.get("v1", "PersistentVolumeClaim", claim, spec.namespace)
         if got is None:
-            plan.warnings.append(
+            checked.warnings.append(
                 f"checkpoint.claimName: PersistentVolumeClaim {spec.namespace}/{claim} does "
                 "not exist; the job's pods wait until it does"
             )
@@ -174,7 +170,6 @@ def _check_existing(kube: Kube, plan: Plan, layout: Layout) -> None:
 def adopt_pvc(kube: Kube, spec: JobSpec, say: Say) -> JobSpec:
     """--adopt-pvc: the existing PVC <name>-checkpoints, used as is (as if named as
     checkpoint.claimName): never relabelled, never deleted by `down --purge`."""
-    from ddpdeploy.render.pod import checkpoint_claim_name
 
     ckpt = spec.checkpoint
     if ckpt is None or not ckpt.size:
@@ -198,12 +193,12 @@ def adopt_pvc(kube: Kube, spec: JobSpec, say: Say) -> JobSpec:
     return spec_with(spec, checkpoint={**adopted, "claimName": name})
 
 
-def _check_gpus(kube: Kube, plan: Plan) -> None:
-    spec = plan.spec
+def _check_gpus(kube: Kube, checked: Checked) -> None:
+    spec = checked.spec
     try:
         nodes = kube.list("v1", "Node")
     except Forbidden:
-        plan.warnings.append("cannot list nodes (forbidden): GPU capacity not checked")
+        checked.warnings.append("cannot list nodes (forbidden): GPU capacity not checked")
         return
     fit, _ = gpu_nodes(nodes, spec.gpus)
     if fit < spec.nodes:
@@ -217,21 +212,21 @@ def _check_gpus(kube: Kube, plan: Plan) -> None:
     except Forbidden:
         return
     if free < spec.nodes:
-        plan.warnings.append(
+        checked.warnings.append(
             f"only {free} node(s) have {spec.gpus} GPUs free right now; the job's pods will "
             "wait for capacity"
         )
 
 
-def _check_storage(kube: Kube, plan: Plan) -> None:
-    pvcs = [o for o in plan.objects if o["kind"] == "PersistentVolumeClaim"]
+def _check_storage(kube: Kube, checked: Checked) -> None:
+    pvcs = [o for o in checked.objects if o["kind"] == "PersistentVolumeClaim"]
     if not pvcs:
         return
     wanted = pvcs[0]["spec"].get("storageClassName")
     try:
         classes = kube.list("storage.k8s.io/v1", "StorageClass")
     except Forbidden:
-        plan.warnings.append("cannot list storage classes (forbidden): storageClass not checked")
+        checked.warnings.append("cannot list storage classes (forbidden): storageClass not checked")
         return
     names = {c["metadata"]["name"] for c in classes}
     if wanted and wanted not in names:
@@ -244,7 +239,7 @@ def _check_storage(kube: Kube, plan: Plan) -> None:
         (c["metadata"].get("annotations") or {}).get(DEFAULT_CLASS) == "true" for c in classes
     )
     if not wanted and not default:
-        plan.warnings.append(
+        checked.warnings.append(
             "the cluster has no default StorageClass: the checkpoint PVC stays Pending until "
             "a volume is bound (set checkpoint.storageClass)"
         )
@@ -254,19 +249,19 @@ def _namespace_obj(name: str) -> Obj:
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
 
 
-def _refuse_existing(plan: Plan, replace: bool, in_place: bool = False) -> None:
-    if in_place and plan.existing_job is None:
-        spec = plan.spec
+def _refuse_existing(checked: Checked, replace: bool, in_place: bool = False) -> None:
+    if in_place and checked.existing_job is None:
+        spec = checked.spec
         raise OperationError(
             f"{layout_of(spec.target).kind} {spec.namespace}/{spec.name} no longer exists "
             "(deleted meanwhile?); nothing was changed"
         )
-    if plan.existing_job is not None and not (replace or in_place):
-        spec = plan.spec
-        state = "Terminating" if _terminating(plan.existing_job) else None
-        state = state or job_state(plan.existing_job, []).state
+    if checked.existing_job is not None and not (replace or in_place):
+        spec = checked.spec
+        state = "Terminating" if _terminating(checked.existing_job) else None
+        state = state or job_state(checked.existing_job, []).state
         raise OperationError(
-            f"{plan.existing_job['kind']} {spec.name} already exists in namespace "
+            f"{checked.existing_job['kind']} {spec.name} already exists in namespace "
             f"{spec.namespace} ({state}); "
             "pass --replace to delete and recreate it, or choose another --name"
         )
@@ -275,27 +270,27 @@ def _refuse_existing(plan: Plan, replace: bool, in_place: bool = False) -> None:
 # --- dry run and apply -----------------------------------------------------------------
 
 
-def dry_run(kube: Kube, plan: Plan, replace: bool, say: Say) -> None:
+def dry_run(kube: Kube, checked: Checked, replace: bool, say: Say) -> None:
     """The server validates every object (admission included); nothing is stored."""
-    _refuse_existing(plan, replace)
-    if plan.create_namespace:
-        kube.create(_namespace_obj(plan.spec.namespace), dry_run=True)
-        say(f"would create Namespace {plan.spec.namespace}")
+    _refuse_existing(checked, replace)
+    if checked.create_namespace:
+        kube.create(_namespace_obj(checked.spec.namespace), dry_run=True)
+        say(f"would create Namespace {checked.spec.namespace}")
         say("objects not checked by the server: their namespace does not exist yet")
         return
-    for obj in plan.objects:
+    for obj in checked.objects:
         kube.apply(obj, dry_run=True)
-    for obj in plan.objects:
-        job_kind = layout_of(plan.spec.target).kind
-        verb = "replace" if obj["kind"] == job_kind and plan.existing_job else "apply"
+    for obj in checked.objects:
+        job_kind = layout_of(checked.spec.target).kind
+        verb = "replace" if obj["kind"] == job_kind and checked.existing_job else "apply"
         say(f"would {verb} {_ref(obj)} (server dry run passed)")
 
 
 class _Run:
     """What one apply has done so far: for the take-back and the final line."""
 
-    def __init__(self, kube: Kube, plan: Plan) -> None:
-        self.kube, self.plan = kube, plan
+    def __init__(self, kube: Kube, checked: Checked) -> None:
+        self.kube, self.checked = kube, checked
         self.created: list[Obj] = []  # by this run (a create that succeeded), in order
         self.created_ns = False
         self.job_created = False
@@ -309,9 +304,9 @@ class _Run:
         with held_signals():
             items = [(o["apiVersion"], o["kind"], o["metadata"]["name"]) for o in self.created]
             if self.created_ns:
-                items.append(("v1", "Namespace", self.plan.spec.namespace))
+                items.append(("v1", "Namespace", self.checked.spec.namespace))
             for api, kind, name in reversed(items):
-                ns = None if kind == "Namespace" else self.plan.spec.namespace
+                ns = None if kind == "Namespace" else self.checked.spec.namespace
                 ref = f"{kind} {ns}/{name}" if ns else f"{kind} {name}"
                 try:
                     if self.kube.delete(api, kind, name, ns):
@@ -324,34 +319,36 @@ class _Run:
         return text + (f"; could NOT delete {', '.join(kept)}" if kept else "")
 
 
-def apply(kube: Kube, plan: Plan, replace: bool, say: Say, *, in_place: bool = False) -> list[Obj]:
+def apply(
+    kube: Kube, checked: Checked, replace: bool, say: Say, *, in_place: bool = False
+) -> list[Obj]:
     """Create (or, when ours already, apply) the PVC and companions, then the job; a
     replace deletes the old job and creates the new one with signals held off; ``in_place``
     (`scale`) server-side applies the existing job, as the same field manager, so that only
     what the spec changed changes. Returns the objects this run created."""
-    spec = plan.spec
+    spec = checked.spec
     layout = layout_of(spec.target)
-    _refuse_existing(plan, replace, in_place)
-    run = _Run(kube, plan)
-    job = next(o for o in plan.objects if o["kind"] == layout.kind)
+    _refuse_existing(checked, replace, in_place)
+    run = _Run(kube, checked)
+    job = next(o for o in checked.objects if o["kind"] == layout.kind)
     ref = _ref(job)
     try:
-        if plan.create_namespace:
+        if checked.create_namespace:
             kube.create(_namespace_obj(spec.namespace))
             run.created_ns = True
             say(f"created Namespace {spec.namespace}")
-        for obj in plan.objects:
+        for obj in checked.objects:
             kube.apply(obj, dry_run=True)
-        for obj in plan.objects:  # rendered with the PVC first, the job last
+        for obj in checked.objects:  # rendered with the PVC first, the job last
             if obj is not job:
-                _put(kube, plan, run, obj, say)
-        if plan.existing_job is not None and in_place:
+                _put(kube, checked, run, obj, say)
+        if checked.existing_job is not None and in_place:
             with held_signals():  # one apply: done, or an error
                 kube.apply(job)
             run.job_applied = True
             say(f"applied {ref}")
-        elif plan.existing_job is not None:
-            _replace(kube, plan, run, job, layout, say)
+        elif checked.existing_job is not None:
+            _replace(kube, checked, run, job, layout, say)
         else:
             try:
                 _create(kube, run, job)
@@ -369,34 +366,34 @@ def apply(kube: Kube, plan: Plan, replace: bool, say: Say, *, in_place: bool = F
             for obj in run.kept:  # we won: what the other `up` made beside it is ours to set
                 kube.apply(obj)
                 say(f"applied {_ref(obj)}")
-        _check_still_there(kube, plan)
+        _check_still_there(kube, checked)
         return list(run.created)
     except _ReplaceLost:
         raise
     except KeyboardInterrupt as exc:
         if run.job_applied:
             raise interrupted(exc, f"{ref} was changed (the change is complete)") from None
-        if run.job_created and plan.existing_job is not None:
+        if run.job_created and checked.existing_job is not None:
             raise interrupted(exc, f"{ref} was replaced (the change is complete)") from None
-        old = "; the old job is untouched" if plan.existing_job is not None else ""
+        old = "; the old job is untouched" if checked.existing_job is not None else ""
         raise interrupted(exc, f"{ref} was not created; {run.take_back()}{old}") from None
     except OperationError as exc:
-        if run.job_created and plan.existing_job is not None:
+        if run.job_created and checked.existing_job is not None:
             run.created = [job]  # the replace happened: only the new job can go
             run.created_ns = False
         raise OperationError(f"{exc}; {run.take_back()}", exc.exit_code) from None
     except BaseException:
         # E.g. stderr is full: nothing may stay behind unreported; but a replace that
         # happened stays (taking the new job back would leave less than there was).
-        if not (run.job_created and plan.existing_job is not None):
+        if not (run.job_created and checked.existing_job is not None):
             run.take_back()
         raise
 
 
-def _put(kube: Kube, plan: Plan, run: _Run, obj: Obj, say: Say) -> None:
+def _put(kube: Kube, checked: Checked, run: _Run, obj: Obj, say: Say) -> None:
     """Create ``obj`` create-only, or apply it when an object of ours is there already."""
     key = (obj["kind"], obj["metadata"]["name"])
-    if key not in plan.existing:
+    if key not in checked.existing:
         try:
             _create(kube, run, obj)
             say(f"created {_ref(obj)}")
@@ -408,7 +405,7 @@ def _put(kube: Kube, plan: Plan, run: _Run, obj: Obj, say: Say) -> None:
                 raise
             # Made since preflight, by another `up` of this job right now: left as it made
             # it; whichever of us creates the job applies it afterwards (its saved spec).
-            require_ours(got, plan.spec.name, "changed")
+            require_ours(got, checked.spec.name, "changed")
             run.kept.append(obj)
             return
     kube.apply(obj)
@@ -429,8 +426,8 @@ class _ReplaceLost(OperationError):
     """The old job is gone and the new one could not be created."""
 
 
-def _replace(kube: Kube, plan: Plan, run: _Run, job: Obj, layout: Layout, say: Say) -> None:
-    spec, ref = plan.spec, _ref(job)
+def _replace(kube: Kube, checked: Checked, run: _Run, job: Obj, layout: Layout, say: Say) -> None:
+    spec, ref = checked.spec, _ref(job)
     with held_signals():  # from here the new job is created even if interrupted
         delete_job_and_wait(kube, spec.name, spec.namespace, layout)
         try:
@@ -458,10 +455,10 @@ def _exists(kube: Kube, obj: Obj) -> bool:
         return False
 
 
-def _check_still_there(kube: Kube, plan: Plan) -> None:
+def _check_still_there(kube: Kube, checked: Checked) -> None:
     """A PVC deleted while we applied (`down --purge` at the same moment) leaves the job
     bound to a dying claim: refuse that rather than report success."""
-    for obj in plan.objects:
+    for obj in checked.objects:
         if obj["kind"] != "PersistentVolumeClaim":
             continue
         meta = obj["metadata"]

@@ -6,16 +6,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddpdeploy.adapters.kube import Kube
 from ddpdeploy.cluster.labels import INSTANCE_LABEL, MANAGED_BY_LABEL
-from ddpdeploy.cluster.plan import saved_spec
+from ddpdeploy.cluster.saved import saved_spec
 from ddpdeploy.errors import OperationError, UserError
-from ddpdeploy.kubeopts import connect
+from ddpdeploy.obj import Obj
+from ddpdeploy.render.pod import MANAGED_BY
+from ddpdeploy.spec import spec_with
 from ddpdeploy.targets import DEFAULT_TARGET, JOB_KINDS, TARGETS, Layout
+from ddpdeploy.text import show
 
-Obj = dict[str, Any]
+if TYPE_CHECKING:
+    from ddpdeploy.spec import JobSpec
 
 
 def ref(obj: Obj) -> str:
@@ -40,7 +44,6 @@ def not_ours(obj: Obj, job: str) -> str | None:
 
     Ours: our managed-by and instance labels, and a saved spec naming this job and
     namespace (set when we created it; a spec that does not is refused, not trusted)."""
-    from ddpdeploy.render.pod import MANAGED_BY
 
     labels = (obj.get("metadata") or {}).get("labels") or {}
     if labels.get(MANAGED_BY_LABEL) != MANAGED_BY or labels.get(INSTANCE_LABEL) != job:
@@ -62,7 +65,6 @@ def require_ours(obj: Obj, job: str, verb: str) -> None:
 
 def labelled_ours(obj: Obj) -> bool:
     """Labelled as ddpdeploy's: what a reading verb (status, logs, a wait) counts as ours."""
-    from ddpdeploy.render.pod import MANAGED_BY
 
     return ((obj.get("metadata") or {}).get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGED_BY
 
@@ -132,6 +134,25 @@ def find_job(
         kinds = JOB_KINDS if layouts is None else " or ".join(t.kind for t in layouts)
         raise OperationError(no_job(name, ns, kinds) + hint.format(namespace=ns))
     return Found(kube, name, ns, layout, job)
+
+
+def connect(kubeconfig: str | None, context: str | None) -> Kube:
+    """A connected `Kube` adapter (imports the kubernetes client only now)."""
+    return Kube(kubeconfig, context)
+
+
+def in_context_namespace(spec: JobSpec, namespace: str) -> JobSpec:
+    """``spec`` moved into the kubeconfig context's ``namespace`` (for a spec that names
+    none): a context namespace the spec refuses is named as the context's."""
+
+    try:
+        return spec_with(spec, namespace=namespace)
+    except UserError as exc:
+        reason = str(exc).removeprefix("namespace: ")
+        raise UserError(
+            f"the kubeconfig context's namespace {show(namespace)} {reason}; fix it in the "
+            "kubeconfig, or pass -n or set namespace: in the spec"
+        ) from None
 
 
 def open_job(

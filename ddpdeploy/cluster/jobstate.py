@@ -12,10 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ddpdeploy.smoke.events import parse_event, split_rank
+from ddpdeploy.events import parse_event, split_rank
+from ddpdeploy.obj import Obj
 from ddpdeploy.targets import Layout, layout_for_kind
-
-Obj = dict[str, Any]
 
 # Container waiting reasons that no amount of waiting fixes.
 IMAGE_PULL = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull")
@@ -108,7 +107,7 @@ def _stuck(pod: Obj) -> JobState | None:
 def _condition(job: Obj, kind: str) -> Obj | None:
     for cond in (job.get("status") or {}).get("conditions") or []:
         if cond.get("type") == kind and cond.get("status") == "True":
-            return cond
+            return dict(cond)
     return None
 
 

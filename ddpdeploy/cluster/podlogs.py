@@ -20,15 +20,16 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ddpdeploy.adapters.kube import Kube
+from ddpdeploy.cluster.labels import ours
+from ddpdeploy.cluster.watch import JobWatch, container_of, rank0_pod
 from ddpdeploy.errors import OperationError, UserError
-from ddpdeploy.smoke.events import Progress, parse_event, progress, split_rank, split_timestamp
+from ddpdeploy.events import Progress, parse_event, progress, split_rank, split_timestamp
+from ddpdeploy.obj import Obj
 from ddpdeploy.targets import Layout
 
 if TYPE_CHECKING:
     from ddpdeploy.cluster.find import Found
     from ddpdeploy.cluster.watch import JobWatch
-
-Obj = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,6 @@ def made_for(pod: Obj, job: Obj) -> bool:
     """A pod that appears while following is ours when its labels say ddpdeploy made it for
     this job (the controllers copy them from our pod template) and a controller of the
     job's kind that it names is this job (by uid): a look-alike is never read."""
-    from ddpdeploy.cluster.labels import ours
 
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
@@ -198,7 +198,7 @@ def made_for(pod: Obj, job: Obj) -> bool:
     for owner in meta.get("ownerReferences") or []:
         same_kind = (owner.get("apiVersion"), owner.get("kind")) == (job["apiVersion"], job["kind"])
         if owner.get("controller") and same_kind:
-            return owner.get("uid") == job["metadata"].get("uid")
+            return bool(owner.get("uid") == job["metadata"].get("uid"))
     return True
 
 
@@ -285,7 +285,6 @@ def followed(
     replaced or a new pod of the job is read from its start (``notice`` says so). Ends
     once the job is final (or gone) and every stream has ended; without the watch (it
     failed: ``notice`` says so), when every stream has ended."""
-    from ddpdeploy.cluster.watch import JobWatch, container_of
 
     container = container_of(job)
     previous = [s for s in todo if s.previous]
@@ -358,7 +357,6 @@ HEAD_BYTES = 64 * 1024  # ...and, when they hold no `start`, the log's head for 
 def rank0_progress(kube: Kube, job: Obj, pods: list[Obj], now: float) -> Progress | str:
     """Rank 0's latest events through the log endpoint (nothing runs in the pod); one line
     saying why when its log cannot be read (no pod yet, no kubelet, forbidden)."""
-    from ddpdeploy.cluster.watch import container_of, rank0_pod
 
     namespace = job["metadata"]["namespace"]
     try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import queue
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,12 +20,12 @@ from ddpdeploy.cluster.find import Found, find_job, labelled_ours
 from ddpdeploy.cluster.jobstate import JobState, job_state, logs_show_rank0
 from ddpdeploy.cluster.labels import selector
 from ddpdeploy.contract import CONTAINER_NAME
-from ddpdeploy.errors import OperationError, UserError
-from ddpdeploy.smoke.events import probe_line
+from ddpdeploy.errors import OperationError
+from ddpdeploy.events import probe_line
+from ddpdeploy.obj import Obj
 from ddpdeploy.targets import DEFAULT_TARGET, TARGETS, Layout, layout_for_kind
 from ddpdeploy.text import plain
 
-Obj = dict[str, Any]
 Snapshot = tuple[Obj | None, list[Obj], JobState]
 Show = Callable[[Snapshot], None]
 # A view to show snapshots in while waiting; its argument: whether it may redraw in place
@@ -49,14 +48,6 @@ def layout_of_job(job: Obj | None) -> Layout:
 def container_of(job: Obj) -> str:
     layout = layout_for_kind(job["apiVersion"], job["kind"])
     return layout.container if layout else CONTAINER_NAME
-
-
-def parse_duration(text: str, flag: str = "--timeout") -> float:
-    """ "90", "90s", "15m", "2h" -> seconds."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
-    if not match:
-        raise UserError(f"{flag}: {text!r} is not a duration; use e.g. 90s, 15m or 2h")
-    return float(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[match[2]]
 
 
 def pods_of(kube: Kube, layout: Layout, name: str, namespace: str) -> list[Obj]:
@@ -137,16 +128,18 @@ class JobWatch:
 
     def __enter__(self) -> JobWatch:
         found, layout = self.found, self.found.layout
-        streams = {
-            "job": dict(name=found.name),
-            "pods": dict(labels=selector(layout.pod_selector(found.name))),
-        }
-        for what, how in streams.items():
-            api, kind = (layout.api_version, layout.kind) if what == "job" else ("v1", "Pod")
+        # (what, its kind, the one object's name or the pods' label selector)
+        streams = [
+            ("job", layout.api_version, layout.kind, found.name, None),
+            ("pods", "v1", "Pod", None, selector(layout.pod_selector(found.name))),
+        ]
+        for what, api, kind, name, labels in streams:
             if what == "job" and not found.kube.has_kind(api, kind):
                 self.synced.add(what)  # nothing of that kind can appear
                 continue
-            events = found.kube.watch(api, kind, found.namespace, stop=self.stop, **how)
+            events = found.kube.watch(
+                api, kind, found.namespace, name=name, labels=labels, stop=self.stop
+            )
             thread = threading.Thread(
                 target=self._pump, args=(what, events), name=f"watch {what}", daemon=True
             )
@@ -256,7 +249,7 @@ def rank0_pod(kube: Kube, job: Obj, pods: list[Obj]) -> str | None:
             if len(head) >= 200:
                 break
         if logs_show_rank0(head):
-            return pod["metadata"]["name"]
+            return str(pod["metadata"]["name"])
     return None
 
 

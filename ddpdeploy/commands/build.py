@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ddpdeploy.adapters.stdout import write_stdout
-from ddpdeploy.options import spec_command
-from ddpdeploy.spec import JobSpec
+from ddpdeploy.commands.options import spec_command
+
+if TYPE_CHECKING:
+    from ddpdeploy.spec import JobSpec
 
 
 @spec_command
@@ -54,7 +55,9 @@ def build(
 
     Example: ddpdeploy render --image "$(ddpdeploy build --image ghcr.io/me/train --push)"
     """
-    from ddpdeploy.imagebuild import build_image
+    from ddpdeploy.adapters.stdout import write_stdout
+    from ddpdeploy.commands.console import ConsoleReport
+    from ddpdeploy.image.build import build_image
 
     built = build_image(
         spec,
@@ -64,5 +67,6 @@ def build(
         system_packages=system_packages,
         network=network,
         no_cache=no_cache,
+        report=ConsoleReport(),
     )
     write_stdout(built.reference + "\n")

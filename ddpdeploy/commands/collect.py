@@ -4,18 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from ddpdeploy.commands.options import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt
 from ddpdeploy.errors import UserError
-from ddpdeploy.kubeopts import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt
+from ddpdeploy.formats import size
 
 if TYPE_CHECKING:
-    from rich.console import Console
-    from rich.progress import Progress
+    from ddpdeploy.collect.checkpoint import Collected
+    from ddpdeploy.collect.source import Source
+    from ddpdeploy.commands.console import ConsoleReport
 
-    from ddpdeploy.checkpoints import Collected, Source
+    pass
+
 
 SOURCES = ("local", "compose", "cluster")
 
@@ -81,33 +84,31 @@ def collect(
 
     Example: ddpdeploy collect ddp-train --to ./ckpt --debug
     """
-    from rich.console import Console
-
-    from ddpdeploy import checkpoints
+    from ddpdeploy.collect.destination import Destination
+    from ddpdeploy.collect.source import LocalSource
+    from ddpdeploy.commands.console import ConsoleReport
     from ddpdeploy.paths import local_checkpoints
 
     local_rel = local_checkpoints(name)
-    err = Console(stderr=True, highlight=False)
-    source = _source(source, local_rel, err)
-    checkpoints.Destination(to, overwrite).check()  # before anything is read or started
-    with _copy_bar(err) as bar:
-        warn = _warner(bar)
-        copy = _copier(bar, to, step, files or (), overwrite, debug, warn)
-        if source == "local":
-            got = copy(checkpoints.LocalSource(local_rel.resolve(), str(local_rel)))
-        elif source == "compose":
-            got = _from_compose(volume, image, to, copy, warn, debug)
-        else:
-            got = _from_cluster(name, namespace, kubeconfig, context, timeout, image, copy)
-    if got.no_checkpoint:
-        _say(err, f"no checkpoint in {got.where} yet: collected the diagnostics only")
+    report = ConsoleReport()
+    source = _source(source, local_rel, report)
+    Destination(to, overwrite).check()  # before anything is read or started
+    copy = _copier(report, to, step, files or (), overwrite, debug)
+    if source == "local":
+        got = copy(LocalSource(local_rel.resolve(), str(local_rel)))
+    elif source == "compose":
+        got = _from_compose(volume, image, to, copy, report, debug)
     else:
-        _say(err, f"collected {got.describe()} into {to}")
+        got = _from_cluster(name, namespace, kubeconfig, context, timeout, image, copy)
+    if got.no_checkpoint:
+        report.say(f"no checkpoint in {got.where} yet: collected the diagnostics only")
+    else:
+        report.say(f"collected {got.describe()} into {to}")
     if debug:
-        _say_debug(err, got, to)
+        _say_debug(report, got, to)
 
 
-def _source(source: str | None, local_rel: Path, err: Console) -> str:
+def _source(source: str | None, local_rel: Path, report: ConsoleReport) -> str:
     """--from as given, else local when the local run's folder is here (said in a line)."""
     if source is None:
         if not local_rel.resolve().is_dir():
@@ -116,92 +117,50 @@ def _source(source: str | None, local_rel: Path, err: Console) -> str:
                 "job on the cluster, or --from compose --volume VOLUME for a compose run"
             )
         source = "local"
-        err.print(
-            f"collect: reading the local run's folder {local_rel} (--from local)", markup=False
-        )
+        report.say(f"collect: reading the local run's folder {local_rel} (--from local)")
     if source not in SOURCES:
         raise UserError(f"--from: {source!r} is not a source; use local, compose or cluster")
     return source
 
 
-def _copy_bar(err: Console) -> Progress:
-    """The copy's progress bar on stderr: bytes and speed, gone when done."""
-    from rich.progress import DownloadColumn, Progress, TransferSpeedColumn
-
-    return Progress(
-        *Progress.get_default_columns(), DownloadColumn(), TransferSpeedColumn(),
-        console=err, transient=True, disable=not err.is_terminal,  # no bar into a log
-    )  # fmt: skip
-
-
-def _warner(bar: Progress) -> Callable[[str], None]:
-    """A warning line above the bar."""
-
-    def warn(text: str) -> None:
-        # markup=False: names and reasons come from the folder, which may hold `[`.
-        bar.console.print(f"warning: {text}", markup=False, soft_wrap=True)
-
-    return warn
-
-
 def _copier(
-    bar: Progress,
+    report: ConsoleReport,
     to: Path,
     step: int | None,
     files: Sequence[str],
     overwrite: bool,
     debug: bool,
-    warn: Callable[[str], None],
 ) -> Callable[[Source], Collected]:
-    """Collect from a source into --to, its bytes counted on ``bar``."""
-    from ddpdeploy import checkpoints
-
-    task = bar.add_task("copying", total=None)
+    """Collect from a source into --to, its bytes counted on the report's bar."""
+    from ddpdeploy.collect import checkpoint
 
     def copy(src: Source) -> Collected:
-        return checkpoints.collect(
-            src,
-            to,
-            step,
-            warn=warn,
-            progress=lambda n: bar.advance(task, n),
-            files=files,
-            overwrite=overwrite,
-            debug=debug,
+        return checkpoint.collect(
+            src, to, step, report, files=files, overwrite=overwrite, debug=debug
         )
 
     return copy
 
 
-def _say(err: Any, text: str) -> None:
-    # markup=False, soft_wrap: names and text come from the folder, which may hold `[`.
-    err.print(text, markup=False, soft_wrap=True)
-
-
-def _say_debug(err: Any, got: Any, to: Path) -> None:
+def _say_debug(report: ConsoleReport, got: Collected, to: Path) -> None:
     """One line per diagnostics file (a hang stack's header shown), then the count."""
-    from ddpdeploy.checkpoints import DEBUG_DIR, DEBUG_PATTERNS, HANG_STACK, MAX_DEBUG, shown
+    from ddpdeploy.collect.debug import DEBUG_DIR, DEBUG_PATTERNS, HANG_STACK, MAX_DEBUG
+    from ddpdeploy.collect.source import shown
     from ddpdeploy.text import plain
 
     folder = to / DEBUG_DIR
     if not got.debug:
-        _say(err, f"debug: no diagnostics files in {got.where} ({DEBUG_PATTERNS})")
+        report.say(f"debug: no diagnostics files in {got.where} ({DEBUG_PATTERNS})")
         return
     for f in got.debug:
-        line = f"debug: {folder / shown(f.name)}  {_size(f.size)}  {f.kind}"
+        line = f"debug: {folder / shown(f.name)}  {size(f.size)}  {f.kind}"
         if f.cut:
             line += f" (cut at {MAX_DEBUG >> 20} MiB)"
         if f.kind == HANG_STACK and f.first_line:
             head = plain(f.first_line)
             line += f": {head if len(head) <= 160 else head[:150] + '…'}"
-        _say(err, line)
-    _say(err, f"debug: {got.debug_summary()} into {folder}")
-
-
-def _size(n: int) -> str:
-    if n < 1024:
-        return f"{n} bytes"
-    return f"{n / 1024:.1f} KiB" if n < 1 << 20 else f"{n / (1 << 20):.1f} MiB"
+        report.say(line)
+    report.say(f"debug: {got.debug_summary()} into {folder}")
 
 
 def _from_compose(
@@ -209,15 +168,15 @@ def _from_compose(
     image: str | None,
     to: Path,
     copy: Callable[[Source], Collected],
-    warn: Callable[[str], None],
+    report: ConsoleReport,
     debug: bool,
 ) -> Collected:
     """Collect from the compose run's checkpoint volume, staged beside --to."""
-    from ddpdeploy.volumecollect import volume_source
+    from ddpdeploy.collect.volume import volume_source
 
     if not volume:
         raise UserError("--volume: name the compose run's checkpoint volume (docker volume ls)")
-    with volume_source(volume, image, to, debug, warn) as src:
+    with volume_source(volume, image, to, debug, report.warn) as src:
         return copy(src)
 
 
@@ -231,8 +190,8 @@ def _from_cluster(
     copy: Callable[[Source], Collected],
 ) -> Collected:
     from ddpdeploy.cluster.apply import saved_spec_of
-    from ddpdeploy.cluster.collect import pod_source
     from ddpdeploy.cluster.find import open_job
+    from ddpdeploy.collect.pod import pod_source
 
     found = open_job(kubeconfig, context, name, namespace, verb="read", required=False)
     spec = saved_spec_of(found)

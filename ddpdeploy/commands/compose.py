@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ddpdeploy.adapters.files import write_atomic
-from ddpdeploy.adapters.stdout import write_stdout
-from ddpdeploy.options import spec_command
-from ddpdeploy.render.compose import render_compose, secret_env_note
-from ddpdeploy.render.output import to_yaml
-from ddpdeploy.spec import JobSpec
+from ddpdeploy.commands.options import spec_command
+
+if TYPE_CHECKING:
+    from ddpdeploy.spec import JobSpec
 
 
 @spec_command
@@ -36,6 +34,11 @@ def compose(
 
     Example: ddpdeploy compose --image ghcr.io/me/train:v1 --nodes 2 --procs 2 --out compose.yaml
     """
+    from ddpdeploy.adapters.stdout import write_stdout
+    from ddpdeploy.fs import write_atomic
+    from ddpdeploy.render.output import to_yaml
+    from ddpdeploy.smoke.compose import render_compose, secret_env_note
+
     text = to_yaml(render_compose(spec, cpu))
     note = secret_env_note(spec)
     if note:

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from ddpdeploy.kubeopts import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt
+from ddpdeploy.commands.options import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt
 
 
 def down(
@@ -29,7 +29,7 @@ def down(
     from ddpdeploy.cluster.apply import delete
     from ddpdeploy.cluster.find import open_job
     from ddpdeploy.commands.views import say
-    from ddpdeploy.kubeopts import interrupted
+    from ddpdeploy.signals import interrupted
 
     try:
         found = open_job(kubeconfig, context, name, namespace, verb="deleted", required=False)

@@ -8,11 +8,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import ValidationError
 
 from ddpdeploy.errors import UserError
-from ddpdeploy.spec import DEFAULT_FILE, SCHEMA_FILE, json_schema
-from ddpdeploy.spec.model import Command
+from ddpdeploy.paths import DEFAULT_FILE, SCHEMA_FILE
 
 # The modeline yaml-language-server (VS Code's YAML extension, Neovim's yamlls, …) reads; the
 # path is relative to the spec file, so completion and validation work offline.
@@ -106,7 +104,11 @@ def starter(script: str | None = None, module: str | None = None) -> str:
         raise UserError("--script/--module: give one of them, not both")
     if script is None and module is None:
         return STARTER.replace("@COMMAND@", BUILTIN_COMMAND)
-    key, entry = ("script", script) if script is not None else ("module", module)
+    from pydantic import ValidationError
+
+    from ddpdeploy.spec.model import Command
+
+    key, entry = ("script", script) if script is not None else ("module", str(module))
     try:
         Command.model_validate({key: entry})
     except ValidationError as exc:
@@ -138,6 +140,8 @@ def init(
 
     Example: ddpdeploy init --script train.py && ddpdeploy smoke --local
     """
+    from ddpdeploy.spec import json_schema
+
     text = starter(script, module)
     schema_path = path.parent / SCHEMA_FILE
     _check_target(path, force)
@@ -146,7 +150,7 @@ def init(
     _write(schema_path, json.dumps(json_schema(), indent=2) + "\n")
     try:
         _write(path, text)
-    except UserError:
+    except BaseException:
         if not schema_existed:
             schema_path.unlink(missing_ok=True)  # nothing half-written
         raise
@@ -171,6 +175,6 @@ def _check_target(path: Path, force: bool) -> None:
 def _write(path: Path, text: str) -> None:
     """Replace ``path`` whole: never a half-written file. --force may replace a symlink (the
     link itself, never the file it points to)."""
-    from ddpdeploy.adapters.files import write_atomic
+    from ddpdeploy.fs import write_atomic
 
     write_atomic(path, text.encode("utf-8"), replace_link=True)

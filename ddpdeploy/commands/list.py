@@ -7,19 +7,8 @@ from typing import Annotated
 
 import typer
 
-from ddpdeploy.errors import UserError
-from ddpdeploy.kubeopts import ContextOpt, KubeconfigOpt, NamespaceOpt, connect
-
-
-def _age(created: str | None, now: datetime) -> str:
-    if not created:
-        return "?"
-    then = datetime.fromisoformat(str(created).replace("Z", "+00:00"))
-    seconds = int((now - then).total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{max(seconds, 0)}s"
+from ddpdeploy.commands.options import ContextOpt, KubeconfigOpt, ListOutput, NamespaceOpt
+from ddpdeploy.formats import age
 
 
 def list_jobs(
@@ -29,22 +18,18 @@ def list_jobs(
     ] = False,
     kubeconfig: KubeconfigOpt = None,
     context: ContextOpt = None,
-    output: Annotated[
-        str, typer.Option("-o", "--output", help="table or json.", case_sensitive=False)
-    ] = "table",
+    output: ListOutput = "table",
 ) -> None:
     """List the jobs (PyTorchJobs, TrainJobs, Jobs) labelled managed-by ddpdeploy.
 
     Example: ddpdeploy list -A
     """
+    from ddpdeploy.cluster.find import connect
     from ddpdeploy.cluster.jobstate import job_size, job_state
     from ddpdeploy.cluster.labels import ours_selector
     from ddpdeploy.commands import views
     from ddpdeploy.targets import TARGETS
 
-    fmt = output.lower()
-    if fmt not in ("table", "json"):
-        raise UserError(f"-o/--output: {output!r} is not a format; use table or json")
     kube = connect(kubeconfig, context)
     ns = None if all_namespaces else namespace or kube.default_namespace
     ours = ours_selector()
@@ -65,12 +50,12 @@ def list_jobs(
                 "namespace": meta["namespace"],
                 "kind": job["kind"],
                 "state": job_state(job, []).state,
-                "age": _age(meta.get("creationTimestamp"), now),
+                "age": age(meta.get("creationTimestamp"), now),
                 "nodes": nodes,
                 "gpus": gpus,
             }
         )
-    if fmt == "json":
+    if output == "json":
         views.print_json(rows)
         return
     views.print_out(views.list_table(rows), width=200)

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from ddpdeploy.commands.options import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt
 from ddpdeploy.errors import OperationError
-from ddpdeploy.kubeopts import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt
 
 if TYPE_CHECKING:
     from ddpdeploy.cluster.find import Found
@@ -68,7 +68,7 @@ def logs(
     """
     from ddpdeploy.cluster.find import open_job
     from ddpdeploy.cluster.podlogs import Select
-    from ddpdeploy.cluster.watch import parse_duration
+    from ddpdeploy.formats import parse_duration
     from ddpdeploy.targets import REPLICA_NAMES
 
     if replica is not None and replica.lower() not in REPLICA_NAMES:

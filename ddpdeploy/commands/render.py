@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ddpdeploy.adapters.out_dir import write_folder
-from ddpdeploy.adapters.stdout import write_stdout
-from ddpdeploy.options import OutputOpt, spec_command
-from ddpdeploy.render.output import folder_files, to_text
-from ddpdeploy.spec import JobSpec
-from ddpdeploy.targets import render_objects
+from ddpdeploy.commands.options import ObjectsOutput, spec_command
+
+if TYPE_CHECKING:
+    from ddpdeploy.spec import JobSpec
 
 
 @spec_command
 def render(
     spec: JobSpec,
-    output: OutputOpt = "yaml",
+    output: ObjectsOutput = "yaml",
     out_dir: Annotated[
         str | None,
         typer.Option(
@@ -33,6 +31,11 @@ def render(
 
     Example: ddpdeploy render --image ghcr.io/me/train:v1 --nodes 2 --gpus 8 -- --steps 1000
     """
+    from ddpdeploy.adapters.out_dir import write_folder
+    from ddpdeploy.adapters.stdout import write_stdout
+    from ddpdeploy.render.output import folder_files, to_text
+    from ddpdeploy.targets import render_objects
+
     objects = render_objects(spec)
     if out_dir is not None:
         files = folder_files(objects)

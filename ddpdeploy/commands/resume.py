@@ -3,7 +3,7 @@ same checkpoint volume, so that the trainer resumes from its newest checkpoint."
 
 from __future__ import annotations
 
-from ddpdeploy.kubeopts import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt
+from ddpdeploy.commands.options import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt
 
 
 def resume(
@@ -19,15 +19,15 @@ def resume(
     from ddpdeploy.cluster import apply
     from ddpdeploy.cluster.find import open_job
     from ddpdeploy.commands.views import say
-    from ddpdeploy.kubeopts import interrupted
+    from ddpdeploy.signals import interrupted
 
     try:
         found = open_job(kubeconfig, context, name, namespace, verb="resumed", required=False)
         spec, record = apply.resumable(found, say)  # the record: `up --build`'s, kept
-        plan = apply.plan_job(found.kube, spec, say, record=record)
+        checked = apply.prepare(found.kube, spec, say, record=record)
     except KeyboardInterrupt as exc:
         raise interrupted(exc, "stopped before any change; nothing was changed") from None
-    created = apply.apply(found.kube, plan, replace=True, say=say)
+    created = apply.apply(found.kube, checked, replace=True, say=say)
     if spec.checkpoint is None:
         say(f"{name} has no checkpoint volume: it starts from step 0")
     for obj in created:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ddpdeploy.kubeopts import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt
+from ddpdeploy.commands.options import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt
 
 
 def scale(
@@ -23,9 +23,9 @@ def scale(
     """
     from ddpdeploy.cluster import apply
     from ddpdeploy.cluster.find import open_job
-    from ddpdeploy.cluster.plan import scaled_spec
+    from ddpdeploy.cluster.saved import scaled_spec
     from ddpdeploy.commands.views import say
-    from ddpdeploy.kubeopts import interrupted
+    from ddpdeploy.signals import interrupted
     from ddpdeploy.targets import SCALABLE
 
     try:
@@ -35,8 +35,8 @@ def scale(
         spec = scaled_spec(job, nodes)
         # The pods keep the image digest and git facts `up --build` recorded.
         record = apply.carried_record(job, spec, say)
-        plan = apply.plan_job(found.kube, spec, say, record=record)
+        checked = apply.prepare(found.kube, spec, say, record=record)
     except KeyboardInterrupt as exc:
         raise interrupted(exc, "stopped before any change; nothing was changed") from None
-    apply.apply(found.kube, plan, False, say, in_place=True)  # says what an interrupt left
+    apply.apply(found.kube, checked, False, say, in_place=True)  # says what an interrupt left
     say(f"scaled {job['kind']} {found.namespace}/{name} to {nodes} nodes")

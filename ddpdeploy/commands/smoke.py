@@ -6,26 +6,23 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import signal
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import FrameType
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from ddpdeploy.commands.options import spec_command
 from ddpdeploy.errors import OperationError, UserError
-from ddpdeploy.options import spec_command
-from ddpdeploy.render.compose import secret_env_note
-from ddpdeploy.spec import JobSpec
+from ddpdeploy.signals import interrupted
 
 if TYPE_CHECKING:
-    from ddpdeploy.imagebuild import BuiltImage
+    from ddpdeploy.image.build import BuiltImage
+    from ddpdeploy.smoke.backend import RunBackend
+    from ddpdeploy.smoke.local import WorkspaceRuns
     from ddpdeploy.smoke.runner import Kill, KillAt, Outcome, Ranks
-    from ddpdeploy.smoke.target import SmokeTarget
-
-TERMINATED = 143  # 128 + SIGTERM, as a shell reports it
+    from ddpdeploy.spec import JobSpec
 
 
 @spec_command
@@ -92,7 +89,9 @@ def smoke(
 
     Example: ddpdeploy smoke --local --nodes 2 --procs 2 --steps 20
     """
+    from ddpdeploy.commands.console import ConsoleReport
     from ddpdeploy.smoke import runner
+    from ddpdeploy.smoke.local import WorkspaceRuns
 
     shown, chaos = _checked_flags(local, docker, ranks, kill_at, resume)
     spec = _runnable(spec, steps, force, docker)
@@ -109,14 +108,22 @@ def smoke(
         kill_at=chaos,
         checkpoint_dir=lambda: folder,
     )
-    with _sigterm_ends_the_run():
+    outcomes: dict[str, Outcome] = {}
+    try:
         if docker:
             start = _docker_target(spec, restarts, base_image, keep_volume, chaos)
-            outcomes = dict(runner.smoke(start, _ConsoleView(), options))
+            outcomes.update(runner.smoke(start, ConsoleReport(), options))
         else:
-            start = _local_target(spec, restarts, folder, resume, chaos)
-            with _workspace_writes(spec):
-                outcomes = dict(runner.smoke(start, _ConsoleView(), options))
+            runs = WorkspaceRuns(Path.cwd())
+            start = _local_target(spec, restarts, folder, resume, chaos, runs)
+            with _workspace_writes(spec, runs):
+                outcomes.update(runner.smoke(start, ConsoleReport(), options))
+    except KeyboardInterrupt as exc:  # every target is torn down on its way out
+        raise interrupted(exc, "the run was stopped and its processes ended") from None
+    except OperationError as exc:
+        if "clean" in outcomes and _static_plain(spec):  # the kill run failed
+            raise OperationError(f"{exc}\n{STATIC_RESTART}", exc.exit_code) from None
+        raise
     _report(outcomes)
 
 
@@ -139,10 +146,10 @@ def _checked_flags(
 
 def _runnable(spec: JobSpec, steps: int | None, force: bool, docker: bool) -> JobSpec:
     """The job with --steps, once this host can run it: its cores, its script, torch."""
-    from ddpdeploy.smoke import plan
+    from ddpdeploy.smoke import launch
     from ddpdeploy.smoke.budget import check_cpu_budget
 
-    spec = plan.with_steps(spec, steps)
+    spec = launch.with_steps(spec, steps)
     check_cpu_budget(spec.nodes, spec.procs_per_node, force)
     if not docker or not spec.image:  # a ready --image carries its own workspace
         _check_script(spec)
@@ -156,23 +163,33 @@ def _runnable(spec: JobSpec, steps: int | None, force: bool, docker: bool) -> Jo
 def _chaos_spec(spec: JobSpec, chaos: KillAt) -> tuple[JobSpec, int]:
     """The job as --kill-at runs it, and its restarts; a note where an own script's
     restart may not come back."""
-    from ddpdeploy.smoke import plan
+    from ddpdeploy.smoke import launch
 
-    spec, restarts = plan.chaos_spec(spec, chaos)
-    if not spec.command.builtin and not spec.elastic:
-        # The launch contract makes restarts safe under c10d only (train/README.md).
-        typer.echo(
-            "smoke: note: under static rendezvous torch 2.13's restarted workers share "
-            "the agent's store, so a plain init_process_group may fail with 'Connection "
-            "refused' or hang; ddpkit.init_process_group, or --elastic N:N (c10d), "
-            "restarts it safely (docs/own-script.md)",
-            err=True,
-        )
+    spec, restarts = launch.chaos_spec(spec, chaos)
+    if _static_plain(spec):
+        typer.echo(f"smoke: note: {STATIC_RESTART}", err=True)
     return spec, restarts
+
+
+# Under static rendezvous torchrun keeps one store for every restart of the workers, and
+# torch's process group then reads peers' stale addresses (docs/own-script.md).
+STATIC_RESTART = (
+    "rendezvous.mode static: a plain init_process_group may fail with 'Connection refused' "
+    "or hang after a restart (restarted workers read peers' stale addresses from the store "
+    "torchrun keeps); use mode c10d (the default) or ddpkit.init_process_group"
+)
+
+
+def _static_plain(spec: JobSpec) -> bool:
+    """A script of the user's under static rendezvous: its restarts may not come back (the
+    built-in trainer's do: ddpkit.init_process_group)."""
+    return not spec.command.builtin and not spec.c10d
 
 
 def _announce(spec: JobSpec, docker: bool) -> int:
     """One line of what runs where (and a note on secret env); the world size."""
+    from ddpdeploy.smoke.compose import secret_env_note
+
     world = spec.nodes * spec.procs_per_node
     where = "in docker-compose" if docker else "on 127.0.0.1"
     typer.echo(
@@ -209,44 +226,20 @@ def _checkpoint_folder(spec: JobSpec, chaos: bool) -> Path | None:
 
 
 @contextlib.contextmanager
-def _workspace_writes(spec: JobSpec) -> Iterator[None]:
-    """Say in one line, after the run (green or not), which files it wrote in the workspace
-    outside the checkpoint folder: the pod's read-only root would refuse them, and a local
-    run cannot make this host's file system read-only."""
-    if not spec.security.read_only_root_filesystem:
-        yield
-        return
-    from ddpdeploy.adapters.local import workspace_listing
+def _workspace_writes(spec: JobSpec, runs: WorkspaceRuns) -> Iterator[None]:
+    """Say in one line, after the runs (green or not), which files they wrote in the
+    workspace outside the checkpoint folder: the pod's read-only root would refuse them, and
+    a local run cannot make this host's file system read-only. What the last run wrote is
+    recorded, for the next run to set aside."""
     from ddpdeploy.smoke import workspace
 
-    root = Path.cwd()
-    before = workspace_listing(root, workspace.IGNORED)
     try:
         yield
     finally:
-        after = workspace_listing(root, workspace.IGNORED)
-        line = workspace.warning(workspace.written(before, after))
+        wrote = runs.end()
+        line = workspace.warning(wrote) if spec.security.read_only_root_filesystem else None
         if line:
             typer.echo(f"smoke: {line}", err=True)
-
-
-@contextlib.contextmanager
-def _sigterm_ends_the_run() -> Iterator[None]:
-    """SIGTERM (`timeout`, a CI job's end) stops the run like Ctrl-C does: every target is
-    torn down on its way out, then one line."""
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # teardown must not be cut short
-        raise OperationError(
-            "terminated (SIGTERM): the run was stopped and its processes ended",
-            exit_code=TERMINATED,
-        )
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _free_port() -> int:
@@ -260,15 +253,21 @@ def _local_target(
     restarts: int | None,
     folder: Path | None,
     resume: bool,
-    chaos: KillAt | None = None,
-) -> Callable[[bool], SmokeTarget]:
-    """Start the job's agents on a fresh port, each run in a fresh checkpoint folder unless
-    ``resume``; the chaos run's with the hold at its --kill-at step."""
-    from ddpdeploy.adapters.local import LocalRun, fresh_folder
+    chaos: KillAt | None,
+    runs: WorkspaceRuns,
+) -> Callable[[bool], RunBackend]:
+    """Start the job's agents on a fresh port, each run in a fresh checkpoint folder and
+    with what earlier runs wrote in the workspace set aside, unless ``resume``; the chaos
+    run's with the hold at its --kill-at step."""
     from ddpdeploy.paths import trainer_script
-    from ddpdeploy.smoke.plan import hold_env, plan
+    from ddpdeploy.smoke import workspace
+    from ddpdeploy.smoke.launch import hold_env, local_nodes
+    from ddpdeploy.smoke.local import LocalRun, fresh_folder
 
     def start(kill: bool = False) -> LocalRun:
+        note = workspace.set_aside_note(runs.begin(keep=resume))
+        if note:
+            typer.echo(f"smoke: {note}", err=True)
         checkpoint_dir = None
         if folder is not None:
             if fresh_folder(folder, keep=resume):
@@ -276,7 +275,7 @@ def _local_target(
             checkpoint_dir = str(folder)
         hold = hold_env(chaos) if kill else None
         trainer = str(trainer_script())
-        nodes = plan(spec, _free_port(), trainer, checkpoint_dir, restarts, hold)
+        nodes = local_nodes(spec, _free_port(), trainer, checkpoint_dir, restarts, hold)
         return LocalRun(nodes, Path.cwd())
 
     return start
@@ -288,15 +287,14 @@ def _docker_target(
     base_image: str | None,
     keep_volume: bool,
     chaos: KillAt | None = None,
-) -> Callable[[bool], SmokeTarget]:
-    """Check the engine, get the image; each run a fresh project (started through the SDK,
-    or the compose CLI for a file the SDK path does not read; the chaos run's with the hold
-    at its --kill-at step)."""
-    from ddpdeploy.adapters.compose import ComposeRun, engine
+) -> Callable[[bool], RunBackend]:
+    """Check the engine, get the image; each run a fresh project (the chaos run's with the
+    hold at its --kill-at step)."""
     from ddpdeploy.adapters.docker_engine import image_id
     from ddpdeploy.contract import RunRecord
-    from ddpdeploy.smoke import plan
-    from ddpdeploy.smoke.docker import compose_plan
+    from ddpdeploy.smoke import launch
+    from ddpdeploy.smoke.compose import compose_plan
+    from ddpdeploy.smoke.composerun import ComposeRun, engine
 
     client = engine()  # no engine: one line pointing to --local, before any build
     if spec.image:  # a ready image: the record names the image ID that runs
@@ -304,15 +302,15 @@ def _docker_target(
     else:  # built here: its ID and the workspace's git facts, from the build
         built = _build_image(spec, base_image)
         image, record = built.reference, built.record()
-    hold = plan.hold_env(chaos, plan.CONTAINER_RELEASE)
+    hold = launch.hold_env(chaos, launch.CONTAINER_RELEASE)
     jobs = {
-        kill: compose_plan(spec, image, plan.run_env(restarts, hold=hold if kill else {}), record)
+        kill: compose_plan(spec, image, launch.run_env(restarts, hold=hold if kill else {}), record)
         for kill in (False, True)
     }
 
     def start(kill: bool = False) -> ComposeRun:
         job = jobs[kill]
-        release = plan.CONTAINER_RELEASE if kill and hold else None
+        release = launch.CONTAINER_RELEASE if kill and hold else None
         return ComposeRun(
             job.project,
             job.nodes,
@@ -328,70 +326,13 @@ def _docker_target(
 def _build_image(spec: JobSpec, base_image: str | None) -> BuiltImage:
     """`ddpdeploy build` of this folder, in this process (no second interpreter to start),
     its progress on our stderr. Skipped when the image is up to date."""
-    from ddpdeploy.imagebuild import build_image
-    from ddpdeploy.smoke.docker import LOCAL_REPO
+    from ddpdeploy.commands.console import ConsoleReport
+    from ddpdeploy.image.build import build_image
+    from ddpdeploy.smoke.compose import LOCAL_REPO
     from ddpdeploy.spec import spec_with
 
     local = spec_with(spec, {"image": f"{LOCAL_REPO}/{spec.name}"})
-    return build_image(local, workspace=Path.cwd(), base_image=base_image)
-
-
-# ---- the view ---------------------------------------------------------------------------
-
-
-class _ConsoleView:
-    """The runner's view on stderr: a progress line per run, the job's output above it."""
-
-    def __init__(self) -> None:
-        from rich.console import Console
-
-        self.console = Console(stderr=True)
-
-    @contextlib.contextmanager
-    def run(self, label: str, total: int | None) -> Iterator[_Shown]:
-        from rich.progress import BarColumn, Progress, TextColumn
-
-        progress = Progress(
-            TextColumn(f"[bold]{label}"),
-            BarColumn(),
-            TextColumn("{task.fields[steps]}"),
-            TextColumn("{task.fields[info]}"),
-            console=self.console,
-            transient=False,
-        )
-        task = progress.add_task("job", total=total, info="starting…", steps="")
-        with progress:
-            yield _Shown(progress, task)
-
-
-class _Shown:
-    def __init__(self, progress: Any, task: Any) -> None:
-        self.progress, self.task = progress, task
-
-    def update(
-        self, *, completed: int | None = None, total: int | None = None, info: str | None = None
-    ) -> None:
-        fields: dict[str, Any] = {}
-        if total is not None:
-            fields["total"] = total
-        if info is not None:
-            fields["info"] = info
-        if completed is not None:
-            fields["completed"] = completed
-        self.progress.update(self.task, **fields)
-        current = self.progress.tasks[self.task]
-        if completed is not None or (total is not None and current.completed):
-            count = f"{int(current.completed)}/{int(current.total) if current.total else '?'}"
-            self.progress.update(self.task, steps=count)
-
-    def output(self, text: str) -> None:
-        # The job's text as written: no markup, no highlighting.
-        self.progress.console.print(text, markup=False, highlight=False, soft_wrap=True)
-
-    def note(self, text: str) -> None:
-        from rich.text import Text
-
-        self.progress.console.print(Text(text, style="dim"), soft_wrap=True)
+    return build_image(local, workspace=Path.cwd(), base_image=base_image, report=ConsoleReport())
 
 
 # ---- the report -------------------------------------------------------------------------
@@ -412,16 +353,22 @@ def _report(outcomes: dict[str, Outcome]) -> None:
             typer.echo(f"{label:<16}{outcome.diagnostics[kind]}")
     for node, code in outcome.exit_codes.items():
         typer.echo(f"exit code       {code}  {node}")
+    for warning in outcome.warnings:
+        typer.echo(f"smoke: warning: {warning}", err=True)
     kill, clean = outcome.kill, outcomes.get("clean")
     if kill is not None and clean is not None:
-        _report_kill(outcome, kill, clean)
+        _report_kill(outcome, kill, clean, outcomes.get("again"))
 
 
-def _report_kill(outcome: Outcome, kill: Kill, clean: Outcome) -> None:
-    """The kill, the recovery, and the weights compared with the clean run's."""
-    from ddpdeploy.smoke.runner import same_weights
-
+def _report_kill(outcome: Outcome, kill: Kill, clean: Outcome, again: Outcome | None) -> None:
+    """What happened after the kill (restart, resume, recovery), then, apart from it, the
+    weights against the clean run's (and a second clean run's when they differ)."""
     typer.echo(f"killed          {kill.what} of {kill.node} at {kill.at_}")
+    if kill.restarted_at is not None:
+        how = "it loaded a file (torch.load)" if kill.loaded else "no torch.load: it started over"
+        if kill.resumed_step is not None:
+            how = f"it resumed from step {kill.resumed_step}"
+        typer.echo(f"restarted       {kill.restarted_at - kill.at:.1f} s after the kill; {how}")
     if kill.recovered_at is None:
         typer.echo("recovery        not observed (no step event after a restart of the workers)")
     else:
@@ -429,13 +376,32 @@ def _report_kill(outcome: Outcome, kill: Kill, clean: Outcome) -> None:
             f"recovery        {kill.recovered_at - kill.at:.1f} s "
             f"(kill -> step {kill.recovered_step} after torchrun restarted the workers)"
         )
+    typer.echo(f"finished        every node exited 0 after the kill{_steps_of(outcome)}")
+    _report_weights(outcome, clean, again)
+
+
+def _steps_of(outcome: Outcome) -> str:
+    return f", at step {outcome.steps}" if outcome.steps is not None else ""
+
+
+def _report_weights(outcome: Outcome, clean: Outcome, again: Outcome | None) -> None:
+    from ddpdeploy.smoke.runner import same_weights
+
     same = same_weights(outcome, clean)
     if same is None:
         typer.echo("clean run       not compared (the job prints no `done` weights_sha256)")
         return
     typer.echo(f"clean run       {clean.weights_sha256}{' (same)' if same else ''}")
-    if not same:
+    if same or again is None:
+        return
+    if same_weights(again, clean):
         raise OperationError(
-            "--kill-at: the weights differ from a clean run of the same job: the resume "
-            "after the kill was not exact"
+            "--kill-at: the job resumed and finished, but its weights differ from two "
+            "identical clean runs of the same job: the resume after the kill was not exact "
+            "(state the checkpoint leaves out: the optimizer's, the sampler's epoch, RNG)"
         )
+    typer.echo(
+        f"clean again     {again.weights_sha256}: two clean runs differ, so the script is not "
+        "deterministic and the weights cannot show whether the resume was exact (seed every "
+        "random source, e.g. torch.manual_seed, to compare)"
+    )

@@ -3,8 +3,13 @@ training itself as rank 0's latest events tell it (read through the log endpoint
 
 from __future__ import annotations
 
-from ddpdeploy.errors import UserError
-from ddpdeploy.kubeopts import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt, ViewOpt
+from ddpdeploy.commands.options import (
+    ContextOpt,
+    KubeconfigOpt,
+    NameArg,
+    NamespaceOpt,
+    StatusOutput,
+)
 
 
 def status(
@@ -12,7 +17,7 @@ def status(
     namespace: NamespaceOpt = None,
     kubeconfig: KubeconfigOpt = None,
     context: ContextOpt = None,
-    output: ViewOpt = "table",
+    output: StatusOutput = "table",
 ) -> None:
     """Show a job's state, its pods and its training (step, ETA, loss, checkpoint, probe,
     stragglers, hang, what ran) from rank 0's latest events.
@@ -28,20 +33,17 @@ def status(
     from ddpdeploy.commands import views
     from ddpdeploy.render.output import to_yaml
 
-    fmt = output.lower()
-    if fmt not in ("table", "json", "yaml"):
-        raise UserError(f"-o/--output: {output!r} is not a format; use table, json or yaml")
     hint = "; `ddpdeploy list -n {namespace}` shows the jobs"
     found = open_job(kubeconfig, context, name, namespace, hint=hint)
     snap = snapshot_of(found)
     job, pods, _ = snap
     training = rank0_progress(found.kube, job, pods, time.time()) if job and pods else None
-    if fmt == "table":
+    if output == "table":
         views.print_out(views.table(name, snap))
         views.print_training(training)
         return
     doc = views.status_doc(name, found.namespace, snap, training)
-    if fmt == "json":
+    if output == "json":
         views.print_json(doc)
     else:
         write_stdout(to_yaml(doc))

@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from ddpdeploy.commands.options import CLUSTER_PANEL, ContextOpt, KubeconfigOpt, spec_command
 from ddpdeploy.errors import UserError
-from ddpdeploy.kubeopts import CLUSTER_PANEL, ContextOpt, KubeconfigOpt, connect
-from ddpdeploy.options import spec_command
-from ddpdeploy.spec import JobSpec, spec_with
+from ddpdeploy.formats import parse_duration
 
 if TYPE_CHECKING:
     from ddpdeploy.adapters.kube import Kube
     from ddpdeploy.contract import RunRecord
+    from ddpdeploy.spec import JobSpec
 
 
 @spec_command
@@ -80,20 +80,19 @@ def up(
     Example: ddpdeploy up --image ghcr.io/me/train:v1 --nodes 2 --gpus 8 -- --steps 1000
     """
     from ddpdeploy.cluster import apply as deploy
-    from ddpdeploy.cluster import watch
 
-    seconds = watch.parse_duration(timeout) if timeout else None
+    seconds = parse_duration(timeout) if timeout else None
     ns_given = "namespace" in spec.model_fields_set  # -n or the spec file; else the context's
     spec, record = _with_image(spec, build, base_image)
-    kube, spec = _connect(spec, record, ns_given, kubeconfig, context)
+    kube, spec = _connect(spec, ns_given, kubeconfig, context)
     with _nothing_changed_on_interrupt():
         if adopt_pvc:
             spec = deploy.adopt_pvc(kube, spec, _say)
-        plan = deploy.plan_job(kube, spec, _say, create_namespace, record)
+        checked = deploy.prepare(kube, spec, _say, create_namespace, record)
         if dry_run:
-            deploy.dry_run(kube, plan, replace, _say)
+            deploy.dry_run(kube, checked, replace, _say)
             return
-    deploy.apply(kube, plan, replace, _say)  # says itself what an interrupt left
+    deploy.apply(kube, checked, replace, _say)  # says itself what an interrupt left
     if wait is None:
         wait = sys.stdout.isatty()
     if not (wait or follow):
@@ -118,27 +117,29 @@ def _with_image(
         raise UserError("--base-image: only used with --build; add --build or drop it")
     if not build:
         return spec, None
-    from ddpdeploy.imagebuild import build_image
+    from ddpdeploy.commands.console import ConsoleReport
+    from ddpdeploy.image.build import build_image
+    from ddpdeploy.spec import spec_with
 
     built = build_image(
-        spec, workspace=Path.cwd(), base_image=base_image, push=True, push_flag="--build"
+        spec,
+        workspace=Path.cwd(),
+        base_image=base_image,
+        push=True,
+        push_flag="--build",
+        report=ConsoleReport(),
     )
     return spec_with(spec, image=built.reference), built.record()
 
 
 def _connect(
-    spec: JobSpec,
-    record: RunRecord | None,
-    ns_given: bool,
-    kubeconfig: str | None,
-    context: str | None,
+    spec: JobSpec, ns_given: bool, kubeconfig: str | None, context: str | None
 ) -> tuple[Kube, JobSpec]:
-    """Render first (its errors come before connecting), then connect; a spec that names
-    no namespace goes into the kubeconfig context's."""
-    from ddpdeploy.kubeopts import in_context_namespace
-    from ddpdeploy.targets import render_objects
+    """The kubeconfig read (no request yet), and a spec that names no namespace moved into
+    the context's: the spec is final before its objects are rendered, once, by `prepare`
+    (whose render errors come before its first request)."""
+    from ddpdeploy.cluster.find import connect, in_context_namespace
 
-    render_objects(spec, record)
     kube = connect(kubeconfig, context)
     if not ns_given and spec.namespace != kube.default_namespace:
         spec = in_context_namespace(spec, kube.default_namespace)
@@ -149,7 +150,7 @@ def _connect(
 def _nothing_changed_on_interrupt() -> Iterator[None]:
     """Ctrl-C before the apply (adopting the PVC, the preflight, the dry run) has changed
     nothing, and says so."""
-    from ddpdeploy.kubeopts import interrupted
+    from ddpdeploy.signals import interrupted
 
     try:
         yield
@@ -162,7 +163,7 @@ def _wait(kube: Kube, spec: JobSpec, seconds: float | None, follow: bool) -> Non
     the watching only, and says so."""
     from ddpdeploy.cluster import watch
     from ddpdeploy.commands.views import WaitViews, log_line
-    from ddpdeploy.kubeopts import interrupted
+    from ddpdeploy.signals import interrupted
     from ddpdeploy.targets import layout_of
     from ddpdeploy.text import plain
 

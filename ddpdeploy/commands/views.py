@@ -26,10 +26,10 @@ from rich.text import Text
 from ddpdeploy.adapters.stdout import write_stdout
 from ddpdeploy.cluster.jobstate import PodView, pod_view
 from ddpdeploy.cluster.watch import Snapshot, kind_of, layout_of_job
-from ddpdeploy.smoke.events import Progress
+from ddpdeploy.events import Progress
+from ddpdeploy.obj import Obj
 from ddpdeploy.text import plain
 
-Obj = dict[str, Any]
 # Above this many pods the live view is a count per phase and the pods that are not
 # running, named; every row stays in `status`.
 MAX_ROWS = 16

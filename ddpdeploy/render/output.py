@@ -10,13 +10,12 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
 from ddpdeploy.errors import UserError
-
-Obj = dict[str, Any]
+from ddpdeploy.obj import Obj
 
 KUSTOMIZATION = "kustomization.yaml"
 # Names and sha256 of the files ddpdeploy wrote, in `sha256sum` format, so that
@@ -75,15 +74,12 @@ def to_yaml(obj: Obj) -> str:
     return yaml.dump(obj, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=4096)
 
 
-def to_text(objects: list[Obj], fmt: str) -> str:
-    fmt = fmt.lower()
+def to_text(objects: list[Obj], fmt: Literal["yaml", "json"]) -> str:
     if fmt == "yaml":
         return "---\n".join(to_yaml(o) for o in objects)
-    if fmt == "json":
-        if len(objects) == 1:
-            return json.dumps(objects[0], indent=2) + "\n"
-        return json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2) + "\n"
-    raise UserError(f"-o/--output: {fmt!r} is not a format; use yaml or json")
+    if len(objects) == 1:
+        return json.dumps(objects[0], indent=2) + "\n"
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2) + "\n"
 
 
 def file_name(obj: Obj) -> str:

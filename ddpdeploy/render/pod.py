@@ -11,9 +11,8 @@ from typing import Any
 
 from ddpdeploy.contract import CONTAINER_NAME, PORT_NAME, LaunchContract
 from ddpdeploy.errors import UserError
+from ddpdeploy.obj import Obj
 from ddpdeploy.spec import HOME_DIR, NCCL_FIELDS, TMP_DIR, JobSpec
-
-Obj = dict[str, Any]
 
 MANAGED_BY = "ddpdeploy"
 SHM_VOLUME = "dshm"
@@ -195,7 +194,7 @@ def pod_template(spec: JobSpec, contract: LaunchContract) -> Obj:
     _, volumes = _mounts_and_volumes(spec)
     if volumes:
         pod["volumes"] = volumes
-    pod |= _placement(spec)
+    pod |= placement(spec)
     if spec.service_account:
         pod["serviceAccountName"] = spec.service_account
     if spec.priority_class:
@@ -241,10 +240,7 @@ def require_image(spec: JobSpec) -> str:
     return spec.image
 
 
-COLLECT_CONTAINER = "reader"
-
-
-def _placement(spec: JobSpec) -> dict[str, Any]:
+def placement(spec: JobSpec) -> dict[str, Any]:
     """Where a pod of the job may run and how it pulls: the job's pods and its readers."""
     out: dict[str, Any] = {}
     if spec.image_pull_secrets:
@@ -256,56 +252,3 @@ def _placement(spec: JobSpec) -> dict[str, Any]:
             t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations
         ]
     return out
-
-
-def collect_helper_pod(spec: JobSpec, image: str | None = None) -> Obj:
-    """The short-lived pod `collect --from cluster` reads the checkpoint volume through: it
-    mounts the job's claim read-only and idles until deleted. Hardened like the job's pods
-    (same securityContext, no service account token, no service links, resources) with a
-    read-only root always, as it writes nothing; the job's image unless ``image`` is given
-    (it needs `sh`, `cat` and `sleep`)."""
-    claim = checkpoint_claim_name(spec)
-    if spec.checkpoint is None or claim is None:
-        raise UserError(f"job {spec.name} has no checkpoint volume (checkpoint: in the spec)")
-    security = {**container_security(spec), "readOnlyRootFilesystem": True}
-    security["capabilities"] = {"drop": ["ALL"]}  # no IPC_LOCK: it does no RDMA
-    pod: Obj = {
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "restartPolicy": "Never",
-        "activeDeadlineSeconds": 3600,  # a safety net should the delete never come
-        "terminationGracePeriodSeconds": 1,  # `sleep` as PID 1 ignores SIGTERM
-        "securityContext": pod_security(spec),
-        "containers": [
-            {
-                "name": COLLECT_CONTAINER,
-                "image": image or require_image(spec),
-                "imagePullPolicy": "IfNotPresent",
-                "command": ["sleep", "3600"],
-                "resources": {
-                    "requests": {"cpu": "100m", "memory": "64Mi"},
-                    "limits": {"memory": "256Mi"},
-                },
-                "securityContext": security,
-                "volumeMounts": [
-                    {
-                        "name": CHECKPOINT_VOLUME,
-                        "mountPath": spec.checkpoint.mount_path,
-                        "readOnly": True,
-                    }
-                ],
-            }
-        ],
-        "volumes": [
-            {
-                "name": CHECKPOINT_VOLUME,
-                "persistentVolumeClaim": {"claimName": claim, "readOnly": True},
-            }
-        ],
-    }
-    # Where the job's pods may run (and the claim can attach), the reader may too.
-    pod |= _placement(spec)
-    meta = metadata(spec, f"{spec.name}-collect")
-    meta["labels"]["ddpdeploy.dev/role"] = "collect"
-    meta["annotations"] = {**meta.get("annotations", {}), "sidecar.istio.io/inject": "false"}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod}

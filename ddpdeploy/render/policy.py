@@ -6,12 +6,9 @@ targets whose operator makes none, a Volcano PodGroup. Pure: spec and selector i
 
 from __future__ import annotations
 
-from typing import Any
-
+from ddpdeploy.obj import Obj
 from ddpdeploy.render.pod import metadata
 from ddpdeploy.spec import JobSpec
-
-Obj = dict[str, Any]
 
 # Pods name their PodGroup with this annotation (Volcano's scheduler reads it).
 POD_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"

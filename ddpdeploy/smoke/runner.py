@@ -2,10 +2,10 @@
 
 The verdict is torchrun's: a run succeeds when every node's agent exits 0, whatever the
 command; it fails naming the root-cause rank with its own last lines. The job's optional
-event lines (see `ddpdeploy.smoke.events`) add progress, steps/s and the final weights'
+event lines (see `ddpdeploy.events`) add progress, steps/s and the final weights'
 checksum; the `--kill-at` chaos run kills one worker and times the recovery.
 
-The runner shows nothing itself: it reports to a `View` the command passes in (progress,
+The runner shows nothing itself: it reports to a `Report` the command passes in (progress,
 the job's own output lines, notes), and returns an `Outcome` the command prints.
 """
 
@@ -14,15 +14,14 @@ from __future__ import annotations
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, suppress
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass, field
 from math import inf
 from pathlib import Path
-from typing import Protocol
 
 from ddpdeploy.errors import OperationError, UserError
-from ddpdeploy.smoke.events import (
+from ddpdeploy.events import (
     Event,
     agent_lines,
     code_text,
@@ -33,29 +32,19 @@ from ddpdeploy.smoke.events import (
     split_rank,
     summary_failures,
 )
-from ddpdeploy.smoke.target import Line, Node, NoWorker, SmokeTarget
+from ddpdeploy.report import Progress, Report
+from ddpdeploy.smoke.backend import Line, Node, NoWorker, RunBackend
 
 SETTLE_S = 5.0  # after the first failure, how long the other nodes get to report theirs
+# torch's own record of what a process used (PYTORCH_API_USAGE_STDERR=1, a smoke run's env):
+# one line per first use, e.g. "PYTORCH_API_USAGE c10d.process_group" when a rank joins a
+# process group, "torch.save"/"torch.load". Read as facts about the run, never shown.
+API_USAGE = "PYTORCH_API_USAGE "
+JOINED = "c10d.process_group"
+SAVED, LOADED = "torch.save", "torch.load"
+FATAL = "ddpkit: error: "  # ddpkit's own reason for ending a run (the probe's floor, …)
 TAIL_LINES = 12
 TICK_S = 1.0  # how often the progress line's clock moves when the job prints no steps
-
-
-class RunView(Protocol):
-    """What one run shows while it runs."""
-
-    def update(
-        self, *, completed: int | None = None, total: int | None = None, info: str | None = None
-    ) -> None: ...
-
-    def output(self, text: str) -> None:
-        """One line the job printed (rank-prefixed when more than one rank is shown)."""
-
-    def note(self, text: str) -> None:
-        """The runner's own word: a start or checkpoint event, the chaos kill."""
-
-
-class View(Protocol):
-    def run(self, label: str, total: int | None) -> AbstractContextManager[RunView]: ...
 
 
 # ---- which ranks' output to show ---------------------------------------------------------
@@ -126,6 +115,9 @@ class Kill:
     at: float = 0.0
     when: str = ""  # "step 8", "12 s", "checkpoint step 5"
     restarted: bool = False
+    restarted_at: float | None = None
+    loaded: bool = False  # a restarted worker called torch.load (it resumed from a file)
+    resumed_step: int | None = None  # the step its `start` event says it resumed from
     recovered_at: float | None = None
     recovered_step: int | None = None
 
@@ -141,6 +133,7 @@ class Outcome:
     diagnostics: dict[str, str] = field(default_factory=dict)  # probe/ranks: the last line
     train_time: float = 0.0  # from the first step event to the end
     kill: Kill | None = None
+    warnings: list[str] = field(default_factory=list)  # what the run did that it should not
 
     @property
     def steps(self) -> int | None:
@@ -163,8 +156,8 @@ class Outcome:
 class _Run:
     """One run of a target: consumes its lines, feeds the view, names failures."""
 
-    target: SmokeTarget
-    view: RunView
+    target: RunBackend
+    view: Progress
     ranks: Ranks
     world_size: int
     kill: Kill | None = None
@@ -174,11 +167,15 @@ class _Run:
     first_step_at: float | None = None
     started: float = field(default_factory=time.monotonic)
     ticked: float = 0.0
-    rank_tails: dict[int, deque[str]] = field(default_factory=dict)
+    rank_tails: dict[int, deque[tuple[str, str]]] = field(default_factory=dict)  # stream, text
     rank_seen: dict[int, float] = field(default_factory=dict)  # wall clock of a rank's last line
     rank0_node: str | None = None
     known_files: frozenset[str] = frozenset()
     diagnostics: dict[str, str] = field(default_factory=dict)  # kind -> its last line
+    usage: dict[int, set[str]] = field(default_factory=dict)  # rank -> torch's API usage
+    saved_on: dict[int, str] = field(default_factory=dict)  # rank -> node, torch.save callers
+    usage_works: bool = False  # an agent said its torch import: the usage lines come
+    fatal: str | None = None  # ddpkit's own error line, the reason before any exit code
 
     def loop(self, timeout: float) -> Outcome:
         self.known_files = self._checkpoint_files()
@@ -197,6 +194,7 @@ class _Run:
             if time.monotonic() - self.started > timeout:
                 raise OperationError(f"--timeout: the job did not finish within {timeout:g}s")
         end = time.monotonic()
+        self.require_a_process_group()
         if self.done is None and self.last_step is None:
             self.view.update(info=f"finished, {end - self.started:.0f} s")
         return Outcome(
@@ -207,7 +205,35 @@ class _Run:
             train_time=end - (self.first_step_at or self.started),
             kill=self.kill,
             diagnostics=dict(self.diagnostics),
+            warnings=self.saving_nodes(),
         )
+
+    def require_a_process_group(self) -> None:
+        """Every node exited 0; that is green only if some rank joined a process group
+        (a script that finds no GPU and returns trained nothing)."""
+        if not self.usage_works or any(JOINED in used for used in self.usage.values()):
+            return
+        rank, lines = next(iter(sorted(self.rank_tails.items())), (None, deque()))
+        shown = "\n".join(f"  {text}" for _, text in list(lines)[-TAIL_LINES:]) or "  (none)"
+        who = f"global rank {rank}'s" if rank is not None else "the ranks'"
+        raise OperationError(
+            "every node exited 0, but no rank joined a process group: the job trained "
+            f"nothing (torch.distributed.init_process_group was never called); {who} last "
+            f"lines:\n{shown}"
+        )
+
+    def saving_nodes(self) -> list[str]:
+        """One line when ranks on two or more nodes saved with torch.save: on a shared
+        checkpoint volume they write over each other's files."""
+        nodes = sorted(set(self.saved_on.values()))
+        if len(nodes) < 2:
+            return []
+        ranks = ", ".join(str(r) for r in sorted(self.saved_on))
+        return [
+            f"ranks {ranks} on {len(nodes)} nodes ({', '.join(nodes)}) called torch.save: on "
+            "the cluster's shared checkpoint volume they write the same files; save on global "
+            "rank 0 only (RANK == 0, not LOCAL_RANK == 0)"
+        ]
 
     def tick(self) -> None:
         """Move the clock of a job that prints no steps; time and checkpoint kills."""
@@ -240,8 +266,13 @@ class _Run:
 
     def take(self, line: Line) -> None:
         rank, text = split_rank(line.text)
+        if text.startswith(API_USAGE):
+            self.on_usage(line.node, rank, text[len(API_USAGE) :].strip())
+            return
+        if text.startswith(FATAL):
+            self.fatal = text
         if rank is not None:
-            self.rank_tails.setdefault(rank, deque(maxlen=100)).append(text)
+            self.rank_tails.setdefault(rank, deque(maxlen=100)).append((line.stream, text))
             self.rank_seen[rank] = time.time()
             if rank == 0:
                 self.rank0_node = line.node
@@ -251,6 +282,20 @@ class _Run:
         elif rank is not None and self.ranks.shows(rank):
             prefix = f"[rank{rank}] " if self.ranks.prefixed(self.world_size) else ""
             self.view.output(prefix + text)
+
+    def on_usage(self, node: str, rank: int | None, key: str) -> None:
+        if rank is None:  # the agent's own torch import: this torch reports its usage
+            self.usage_works = True
+            return
+        self.usage.setdefault(rank, set()).add(key)
+        if key == SAVED:
+            self.saved_on[rank] = node
+        kill = self.kill
+        if kill is not None and kill.at and key == "torch.python.import" and not kill.restarted:
+            # A worker process started after the kill: torchrun restarted the group.
+            kill.restarted, kill.restarted_at = True, time.monotonic()
+        if kill is not None and kill.restarted and key == LOADED:
+            kill.loaded = True
 
     def on_event(self, node: str, text: str, event: Event) -> None:
         step = event.step
@@ -276,8 +321,13 @@ class _Run:
             total = event.fields.get("total_steps")
             if isinstance(total, int) and total > 0:
                 self.view.update(total=total)
-            if event.kind == "start" and self.kill is not None and self.kill.at:
-                self.kill.restarted = True
+            kill = self.kill
+            if event.kind == "start" and kill is not None and kill.at:
+                if not kill.restarted:
+                    kill.restarted, kill.restarted_at = True, time.monotonic()
+                resumed = event.fields.get("resume_step")
+                if event.fields.get("resumed") and isinstance(resumed, int):
+                    kill.resumed_step = resumed
             self.view.note(f"{node}: {text}")
             kill = self.kill
             if event.kind == "checkpoint" and kill and kill.at_.checkpoint and not kill.at:
@@ -333,7 +383,7 @@ class _Run:
                 # The target cannot tell (compose): when each rank's last line reached us.
                 times = {(f.node, f.local_rank): self.rank_seen.get(f.rank, inf) for f in failures}
             cause = root_cause(failures, times)
-            lines = list(self.rank_tails.get(cause.rank, ()))
+            lines = _as_printed(self.rank_tails.get(cause.rank, ()))
             node, rank, code = nodes[cause.node], cause.rank, cause.code
         else:  # the agent itself died (e.g. SIGKILL): no summary, no worker to name
             node, rank, lines = nodes[first], None, []
@@ -345,7 +395,30 @@ class _Run:
         said = f"{_where(node, rank)} exited with code {code_text(code)}{why} last lines:\n{shown}"
         if "hang" in self.diagnostics:  # the watchdog's finding says more than exit 124
             return f"hang: {self.diagnostics['hang']}\n{said}"
+        if self.fatal is not None:  # ddpkit's reason (the probe's floor …) before any tail
+            return f"{self.fatal.removeprefix(FATAL)}\n{said}"
         return said
+
+
+def _as_printed(tail: Iterable[tuple[str, str]]) -> list[str]:
+    """A rank's lines, its final traceback last: torchrun tails a worker's stdout and
+    stderr files apart, so lines printed just before a crash can arrive after its
+    traceback, which a process always prints as it ends."""
+    lines = list(tail)
+    start = max(
+        (
+            i
+            for i, (stream, text) in enumerate(lines)
+            if stream == "stderr" and text.startswith("Traceback (most recent call last):")
+        ),
+        default=None,
+    )
+    if start is None:
+        return [text for _, text in lines]
+    after = lines[start:]
+    trace = [text for stream, text in after if stream == "stderr"]
+    printed = [text for stream, text in after if stream != "stderr"]
+    return [text for _, text in lines[:start]] + printed + trace
 
 
 def _where(node: Node, rank: int | None) -> str:
@@ -369,15 +442,15 @@ class RunOptions:
 
 
 def run_once(
-    start: Callable[[bool], SmokeTarget],
-    view: View,
+    start: Callable[[bool], RunBackend],
+    report: Report,
     label: str,
     options: RunOptions,
     kill: bool = False,
 ) -> Outcome:
     """Start a target (``start(kill)``: a chaos run's target holds its ranks at a --kill-at
     STEP until the kill), follow it to the end, always tear it down."""
-    with view.run(label, options.steps) as shown, start(kill) as target:
+    with report.progress(label, options.steps, keep=True) as shown, start(kill) as target:
         run = _Run(
             target,
             shown,
@@ -396,19 +469,25 @@ def run_once(
 
 
 def smoke(
-    start: Callable[[bool], SmokeTarget], view: View, options: RunOptions
+    start: Callable[[bool], RunBackend], report: Report, options: RunOptions
 ) -> Iterator[tuple[str, Outcome]]:
     """The smoke run: ("run", outcome). With ``kill_at``: ("clean", outcome) of a clean run
-    first, then ("kill", outcome) of the same job with one worker SIGKILLed."""
+    first, then ("kill", outcome) of the same job with one worker SIGKILLed, and when their
+    weights differ ("again", outcome) of a second clean run."""
     kill_at = options.kill_at
     last = options.steps
     if last is not None and kill_at and kill_at.step is not None and kill_at.step >= last:
         raise UserError(f"--kill-at: step {kill_at.step} is not before the last step ({last})")
     if kill_at is None:
-        yield "run", run_once(start, view, "job", options)
+        yield "run", run_once(start, report, "job", options)
         return
-    yield "clean", run_once(start, view, "clean run", options)
-    yield "kill", run_once(start, view, f"kill at {kill_at}", options, kill=True)
+    clean = run_once(start, report, "clean run", options)
+    yield "clean", clean
+    chaos = run_once(start, report, f"kill at {kill_at}", options, kill=True)
+    yield "kill", chaos
+    if same_weights(chaos, clean) is False:
+        # An inexact resume, or a job whose runs differ anyway: a second clean run tells.
+        yield "again", run_once(start, report, "clean run again", options)
 
 
 def same_weights(chaos: Outcome, clean: Outcome) -> bool | None:

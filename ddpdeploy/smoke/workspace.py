@@ -1,8 +1,12 @@
-"""What a local run wrote in the workspace, which the pod's read-only root would refuse.
+"""What a local run wrote in the workspace: files the pod's read-only root would refuse,
+and files a later run must not start from.
 
 `smoke --local` cannot make this host's file system read-only, so it compares a listing of
-the workspace (path -> mtime and size, taken by the local adapter) before and after the
-run and names the files that are new or changed. Pure: listings in, one line out.
+the workspace (path -> mtime and size, taken by the local backend) before and after a run
+and names the files that are new or changed. A pod starts from its image, so a run must not
+find what an earlier run wrote (a tutorial's `snapshot.pt` in the working folder would be
+resumed from): those files, while unchanged, are set aside before the next run. Pure:
+listings in, names and lines out; the local backend moves the files.
 """
 
 from __future__ import annotations
@@ -14,6 +18,11 @@ from collections.abc import Mapping
 IGNORED = frozenset({".ddpdeploy", "__pycache__", ".git"})
 
 Listing = Mapping[str, tuple[int, int]]  # relative path -> (mtime in ns, size)
+
+# Under the workspace: what the last runs wrote (path -> stamp, JSON), and where those files
+# go when a new run starts.
+RECORD = ".ddpdeploy/smoke/written.json"
+ASIDE = ".ddpdeploy/smoke/previous"
 
 
 def written(before: Listing, after: Listing) -> list[str]:
@@ -31,3 +40,26 @@ def warning(files: list[str]) -> str | None:
         "$DDPDEPLOY_CHECKPOINT_DIR; the pod's read-only root would refuse it: write under "
         "$DDPDEPLOY_CHECKPOINT_DIR (or /tmp), or pass --writable-rootfs"
     )
+
+
+def unchanged(recorded: Listing, now: Listing) -> list[str]:
+    """Recorded files still there as they were written (a file the user changed since is
+    theirs again), sorted."""
+    return sorted(p for p, stamp in recorded.items() if now.get(p) == tuple(stamp))
+
+
+def set_aside_note(files: list[str]) -> str | None:
+    if not files:
+        return None
+    more = f" and {len(files) - 1} more" if len(files) > 1 else ""
+    return (
+        f"set aside {files[0]}{more}, written in the workspace by an earlier run, into "
+        f"{ASIDE}/: a run starts fresh, as a pod does (--resume keeps them)"
+    )
+
+
+def inside(rel: str) -> bool:
+    """A recorded path is a plain relative path inside the workspace (the record is a file
+    in the workspace, and anything may have been written into it)."""
+    parts = rel.split("/")
+    return bool(rel) and not rel.startswith("/") and ".." not in parts and "" not in parts

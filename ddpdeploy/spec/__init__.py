@@ -17,6 +17,7 @@ import os
 _USER_PLUGINS = os.environ.get("PYDANTIC_DISABLE_PLUGINS")
 os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
 try:
+    from ddpdeploy.paths import DEFAULT_FILE, SCHEMA_FILE
     from ddpdeploy.rules import RESERVED_ENV
     from ddpdeploy.spec.fields import (
         HOME_DIR,
@@ -26,11 +27,10 @@ try:
         is_reserved_env,
         quantity,
     )
-    from ddpdeploy.spec.load import DEFAULT_FILE, Override, load_spec, spec_with
+    from ddpdeploy.spec.load import Override, load_spec, spec_with
     from ddpdeploy.spec.model import (
         IMAGE_UID,
         NCCL_FIELDS,
-        SCHEMA_FILE,
         Checkpoint,
         Diagnostics,
         JobSpec,

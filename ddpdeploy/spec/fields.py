@@ -23,6 +23,7 @@ from ddpdeploy.rules import (
     RESERVED_ENV,
     RESERVED_ENV_PREFIXES,
 )
+from ddpdeploy.text import show
 
 MAX_DNS_SUBDOMAIN = 253
 INT32_MAX = 2**31 - 1  # replicas, counts and most seconds fields are int32 in the API
@@ -65,15 +66,6 @@ _LABEL_VALUE = r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?"
 _LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
 MODULE = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*"
 _QUANTITY_HINT = "use a number with an optional suffix, e.g. 500m, 4, 16Gi, 512Mi"
-
-
-def show(value: Any) -> str:
-    """repr for one-line messages, cut short: a value can be a megabyte long."""
-    try:
-        text = repr(value)
-    except ValueError:  # an int with more digits than Python will print
-        return "a number too long to print"
-    return text if len(text) <= 80 else f"{text[:60]}…({len(text)} characters)"
 
 
 def _dns_name(pattern: str, limit: int, rule: str) -> Callable[[str], str]:
@@ -229,9 +221,11 @@ def check_env(env: dict[str, str]) -> dict[str, str]:
 
 def qualified_name(key: str, what: str, example: str) -> None:
     prefix, _, name = key.rpartition("/")
-    valid = re.fullmatch(_LABEL_NAME, name) and len(name) <= MAX_DNS_LABEL
+    valid = bool(re.fullmatch(_LABEL_NAME, name)) and len(name) <= MAX_DNS_LABEL
     if "/" in key:
-        valid = valid and len(prefix) <= MAX_DNS_SUBDOMAIN and re.fullmatch(_SUBDOMAIN, prefix)
+        valid = (
+            valid and len(prefix) <= MAX_DNS_SUBDOMAIN and bool(re.fullmatch(_SUBDOMAIN, prefix))
+        )
     if not valid:
         raise ValueError(
             f"{what} {show(key)} is not a qualified name: [DNS subdomain of at most "
@@ -304,11 +298,6 @@ def json_pattern(pattern: str) -> Callable[[dict[str, Any]], None]:
     return update
 
 
-def _int(low: int, high: int) -> Any:
-    # strict: `nodes: true` or `nodes: 2.0` is refused instead of read as 1 or 2.
-    return Annotated[int, Field(strict=True, ge=low, le=high)]
-
-
 DnsName = Annotated[str, AfterValidator(_dns1035), Field(json_schema_extra=json_pattern(_DNS1035))]
 Namespace = Annotated[
     str, AfterValidator(_dns1123), Field(json_schema_extra=json_pattern(_DNS1123))
@@ -324,8 +313,9 @@ ArgStr = Annotated[Str, AfterValidator(no_expansion)]
 EnvMap = Annotated[dict[str, ArgStr], AfterValidator(check_env)]
 LabelMap = Annotated[dict[str, Str], AfterValidator(_labels)]
 AnnotationMap = Annotated[dict[str, Str], AfterValidator(_annotations)]
-Int32 = _int(0, INT32_MAX)
-Count = _int(1, INT32_MAX)
+# strict: `nodes: true` or `nodes: 2.0` is refused instead of read as 1 or 2.
+Int32 = Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)]
+Count = Annotated[int, Field(strict=True, ge=1, le=INT32_MAX)]
 
 
 def secret_key(value: str) -> str:

@@ -24,12 +24,12 @@ import yaml
 from pydantic import ValidationError
 from pydantic.alias_generators import to_camel
 
-from ddpdeploy.adapters.files import read_regular
 from ddpdeploy.errors import UserError
-from ddpdeploy.spec.fields import show
+from ddpdeploy.fs import read_regular
+from ddpdeploy.paths import DEFAULT_FILE
 from ddpdeploy.spec.model import JobSpec
+from ddpdeploy.text import show
 
-DEFAULT_FILE = "ddpdeploy.yaml"
 MAX_BYTES = 1024 * 1024  # a job spec is a few hundred bytes; anything near this is a mistake
 MAX_DEPTH = 32  # the deepest real spec nests 4 levels (tolerations: - key:)
 _DECIMAL = r"[-+]?(0|[1-9][0-9]*)"
@@ -64,18 +64,20 @@ class _Loader(yaml.SafeLoader):
         super().__init__(stream)
         self._depth = 0
 
+    def _mark_line(self) -> int | None:
+        # types-PyYAML leaves peek_event untyped.
+        return _line(self.peek_event().start_mark)  # type: ignore[no-untyped-call]
+
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
             # An alias can expand a small file into an exponentially large document.
             raise SpecSyntaxError(
-                "anchors and aliases (*name) are not supported", _line(self.peek_event().start_mark)
+                "anchors and aliases (*name) are not supported", self._mark_line()
             )
         self._depth += 1
         try:
             if self._depth > MAX_DEPTH:
-                raise SpecSyntaxError(
-                    f"nested deeper than {MAX_DEPTH} levels", _line(self.peek_event().start_mark)
-                )
+                raise SpecSyntaxError(f"nested deeper than {MAX_DEPTH} levels", self._mark_line())
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1

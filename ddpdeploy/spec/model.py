@@ -45,8 +45,8 @@ from ddpdeploy.spec.fields import (
     no_expansion,
     qualified_name,
     secret_key,
-    show,
 )
+from ddpdeploy.text import show
 
 
 def _elastic_target() -> str:
@@ -96,17 +96,25 @@ class Command(Model):
 
 
 class Rendezvous(Model):
-    """static: fixed node count, rank 0 on master-0. elastic: c10d with min:max nodes."""
+    """c10d (the default): a fixed node count through torchrun's c10d rendezvous, restarts
+    safe for any script. static: a fixed node count, rank 0 on master-0, restarts safe only
+    for scripts that handle them (ddpkit.init_process_group). elastic: c10d between
+    minNodes and maxNodes."""
 
-    mode: Literal["static", "elastic"] = Field(
-        default="static",
-        description="static: a fixed node count, rank 0 on master-0. elastic: c10d rendezvous "
-        "between minNodes and maxNodes (--elastic MIN:MAX).",
+    mode: Literal["c10d", "static", "elastic"] = Field(
+        default="c10d",
+        description="c10d: a fixed node count through torchrun's c10d rendezvous; a restarted "
+        "worker group rejoins with a fresh store, so any script survives a restart (global "
+        "rank 0 may land on any node). static: a fixed node count, rank 0 on master-0; after "
+        "a restart a plain init_process_group can fail or hang (ddpkit.init_process_group "
+        "handles it). elastic: c10d between minNodes and maxNodes (--elastic MIN:MAX).",
     )
     min_nodes: Count | None = Field(default=None, description="Elastic only: fewest nodes.")
     max_nodes: Count | None = Field(default=None, description="Elastic only: most nodes.")
     max_restarts: Int32 | None = Field(
-        default=None, description="Elastic only: torchrun restarts of the worker group."
+        default=None,
+        description="c10d and elastic: torchrun restarts of the worker group (static jobs "
+        "restart through runPolicy.backoffLimit).",
     )
     port: int = Field(
         default=DEFAULT_PORT, strict=True, ge=1, le=65535, description="Rendezvous TCP port."
@@ -118,20 +126,24 @@ class Rendezvous(Model):
 
     @model_validator(mode="after")
     def _bounds(self) -> Rendezvous:
-        if self.mode == "static":
-            if self.min_nodes is not None or self.max_nodes is not None:
-                raise ValueError("minNodes/maxNodes need mode: elastic")
-            if self.max_restarts is not None:
-                raise ValueError(
-                    "maxRestarts needs elastic rendezvous (--elastic MIN:MAX); static jobs "
-                    "restart through runPolicy.backoffLimit"
-                )
-        elif self.min_nodes is None or self.max_nodes is None:
-            raise ValueError("elastic rendezvous needs minNodes and maxNodes (--elastic MIN:MAX)")
-        elif self.min_nodes > self.max_nodes:
+        if self.mode != "elastic" and (self.min_nodes is not None or self.max_nodes is not None):
             raise ValueError(
-                f"minNodes ({self.min_nodes}) must not exceed maxNodes ({self.max_nodes})"
+                "minNodes/maxNodes need mode: elastic (a c10d or static job has `nodes`)"
             )
+        if self.mode == "static" and self.max_restarts is not None:
+            raise ValueError(
+                "maxRestarts needs c10d rendezvous (mode: c10d or elastic); static jobs "
+                "restart through runPolicy.backoffLimit"
+            )
+        if self.mode == "elastic":
+            if self.min_nodes is None or self.max_nodes is None:
+                raise ValueError(
+                    "elastic rendezvous needs minNodes and maxNodes (--elastic MIN:MAX)"
+                )
+            if self.min_nodes > self.max_nodes:
+                raise ValueError(
+                    f"minNodes ({self.min_nodes}) must not exceed maxNodes ({self.max_nodes})"
+                )
         return self
 
 
@@ -589,7 +601,7 @@ class JobSpec(Model):
 
     @property
     def min_available(self) -> int:
-        """Pods a gang needs before any of them starts."""
+        """Pods a gang needs before any of them starts (the elastic range's least)."""
         return self.rendezvous.min_nodes or self.nodes
 
     @property
@@ -601,7 +613,14 @@ class JobSpec(Model):
         return self.procs or self.gpus or 1
 
     @property
+    def c10d(self) -> bool:
+        """Nodes meet through torchrun's c10d rendezvous (mode c10d or elastic): no fixed
+        master, a fresh store each round, global rank 0 on any node."""
+        return self.rendezvous.mode != "static"
+
+    @property
     def elastic(self) -> bool:
+        """The node count may change between minNodes and maxNodes."""
         return self.rendezvous.mode == "elastic"
 
     @property
@@ -621,9 +640,6 @@ def canonical_json(spec: JobSpec) -> str:
 def spec_sha256(spec: JobSpec) -> str:
     """sha256 of ``canonical_json(spec)``'s UTF-8 bytes: what DDPDEPLOY_SPEC_SHA256 says."""
     return hashlib.sha256(canonical_json(spec).encode()).hexdigest()
-
-
-SCHEMA_FILE = ".ddpdeploy.schema.json"  # written by `ddpdeploy init` beside the spec file
 
 
 def json_schema() -> dict[str, Any]:

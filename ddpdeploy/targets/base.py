@@ -15,12 +15,27 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ddpdeploy.contract import COMPLETION_INDEX_KEY, CONTAINER_NAME, LaunchContract, Node
 from ddpdeploy.errors import UserError
+from ddpdeploy.obj import Obj
 from ddpdeploy.rules import TargetRules
 
 if TYPE_CHECKING:
     from ddpdeploy.spec import JobSpec
 
-Obj = dict[str, Any]
+
+def c10d_env(contract: LaunchContract, rdzv: str) -> dict[str, str]:
+    """torchrun's c10d rendezvous as PET_* env (torchrun reads each as its flag's default),
+    for targets where no operator injects it: every node meets at ``rdzv``'s port, a fresh
+    round after every restart (contract.py unshares the workers' store)."""
+    spec = contract.spec
+    env = {
+        "PET_RDZV_BACKEND": "c10d",
+        "PET_RDZV_ENDPOINT": f"{rdzv}:{contract.port}",
+        "PET_RDZV_ID": spec.name,
+        "PET_RDZV_CONF": contract.rdzv_conf(),
+    }
+    if spec.rendezvous.max_restarts is not None:
+        env["PET_MAX_RESTARTS"] = str(spec.rendezvous.max_restarts)
+    return env
 
 
 class Layout(ABC):
@@ -84,8 +99,18 @@ class Layout(ABC):
 
     def rank0_hostname(self, obj: Obj) -> str | None:
         """The hostname of the pod that hosts global rank 0 (static rendezvous: node 0);
-        None when the rendezvous decides (elastic)."""
+        None when the rendezvous decides (c10d, elastic)."""
+        if self.env_of(obj).get("PET_RDZV_BACKEND") == "c10d":
+            return None
         return self.node_hostname(obj["metadata"]["name"], 0)
+
+    def env_of(self, obj: Obj) -> dict[str, str]:
+        """The literal env the job object gives its training container."""
+        for pod in self.pod_templates(obj):
+            for container in pod.get("containers") or []:
+                if container.get("name") == self.container:
+                    return env_values(container.get("env"))
+        return {}
 
     def logs_hostname(self, job_name: str, replica: str | None, index: int | None) -> str | None:
         """The hostname `logs --replica/--index` names; None when they name none."""
@@ -117,6 +142,16 @@ class Layout(ABC):
     def elastic_range(self, obj: Obj) -> tuple[int, int] | None:
         """The job's elastic MIN:MAX nodes; None when it is not elastic."""
         return None
+
+
+def env_values(env: Any) -> dict[str, str]:
+    """name -> value of a container's env list (entries from a source aside)."""
+    items = env if isinstance(env, list) else []
+    return {
+        str(e["name"]): str(e["value"])
+        for e in items
+        if isinstance(e, dict) and "name" in e and isinstance(e.get("value"), str)
+    }
 
 
 def _index(value: Any) -> int:

@@ -1,4 +1,4 @@
-"""The compose adapter against a real engine and the real compose CLI: the built-in trainer,
+"""smoke --docker's compose project against a real engine: the built-in trainer,
 2 nodes x 2 processes, in the image `ddpdeploy build` makes over the local torch image.
 
 It trains to the same weights as `ddpdeploy smoke --local`, what runs is what the rendered
@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from ddpdeploy.adapters.compose import PROJECT_LABEL, ComposeRun, Line
 from ddpdeploy.contract import RunRecord
-from ddpdeploy.render.compose import compose_job, render_compose
-from ddpdeploy.smoke.events import split_rank
-from ddpdeploy.smoke.plan import nodes_of
+from ddpdeploy.events import split_rank
+from ddpdeploy.smoke.compose import compose_job, render_compose
+from ddpdeploy.smoke.composerun import PROJECT_LABEL, ComposeRun, Line
+from ddpdeploy.smoke.launch import nodes_of
 from ddpdeploy.spec import JobSpec
 from ddpdeploy.targets import launch_contract
 

@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_runner import run_main
 from fs_helpers import without_dac_override
 
 ABSENT_BASE = "ddpdeploy-test/absent-base:nope"  # fails at FROM: nothing is built
 REPO = f"ddpdeploy-test/build-errors-{os.getpid()}"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def one_error_line(result: Any, code: int) -> str:
@@ -49,10 +51,9 @@ def unprivileged(unreadable: Path) -> list[str]:
 
 
 def run_as(prefix: list[str], *args: str, env: dict[str, str] | None = None) -> Any:
-    root = Path(__file__).resolve().parents[2]
     return subprocess.run(
         [*prefix, sys.executable, "-m", "ddpdeploy", *args],
-        cwd=root,
+        cwd=ROOT,
         env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,
@@ -63,10 +64,8 @@ def run_as(prefix: list[str], *args: str, env: dict[str, str] | None = None) -> 
 @pytest.mark.parametrize(
     "host", ["tcp://256.0.0.1:99999", "tcp://::", "http://[::1", "tcp://host:port"]
 )
-def test_malformed_docker_host_is_bad_input(
-    cli: Callable[..., Any], tmp_path: Path, host: str
-) -> None:
-    result = cli("build", "-w", str(tmp_path), env={"DOCKER_HOST": host})
+def test_malformed_docker_host_is_bad_input(tmp_path: Path, host: str) -> None:
+    result = run_main("build", "-w", str(tmp_path), cwd=ROOT, env={"DOCKER_HOST": host})
     line = one_error_line(result, 2)
     assert line.startswith(f"error: DOCKER_HOST={host!r} is not an engine address")
 
@@ -219,11 +218,8 @@ def test_large_files_keep_memory_bounded(engine: Any, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("packages", ["git; rm -rf /", "*", "$(id)", "git\\ vim"])
-def test_system_packages_must_be_package_names(
-    cli: Callable[..., Any], tmp_path: Path, packages: str
-) -> None:
+def test_system_packages_must_be_package_names(tmp_path: Path, packages: str) -> None:
     dead = f"unix://{tmp_path}/dead.sock"  # refused before the engine is even asked
-    result = cli(
-        "build", "-w", str(tmp_path), "--system-packages", packages, env={"DOCKER_HOST": dead}
-    )
+    args = ["build", "-w", str(tmp_path), "--system-packages", packages]
+    result = run_main(*args, cwd=ROOT, env={"DOCKER_HOST": dead})
     assert one_error_line(result, 2).startswith("error: --system-packages: ")

@@ -50,7 +50,8 @@ def pod_of(image: str) -> tuple[dict[str, Any], dict[str, str]]:
     }
     spec = JobSpec.model_validate(doc)
     (job,) = [o for o in render_objects(spec) if o["kind"] == "PyTorchJob"]
-    pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    (replica,) = job["spec"]["pytorchReplicaSpecs"].values()  # c10d: the Workers alone
+    pod = replica["template"]["spec"]
     contract = launch_contract(spec)
     env = {e["name"]: e["value"] for e in pod["containers"][0]["env"] if "value" in e}
     env |= contract.node_env(contract.nodes[0])  # what the operator injects

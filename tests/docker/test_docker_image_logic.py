@@ -1,5 +1,5 @@
-"""`ddpdeploy build` without an engine: the context (ddpdeploy.render.image and
-ddpdeploy.adapters.build_context), the engine's streams (adapters.docker_streams), the layout
+"""`ddpdeploy build` without an engine: the context (ddpdeploy.image.plan and
+ddpdeploy.image.context), the engine's streams (adapters.docker_streams), the layout
 stated once, and the Dockerfile's lint."""
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from ddpdeploy import image_layout
-from ddpdeploy.adapters import build_context
 from ddpdeploy.adapters.docker_streams import BuildProgress, PushProgress
 from ddpdeploy.errors import UserError
+from ddpdeploy.image import context as build_context
+from ddpdeploy.image import plan as image
 from ddpdeploy.paths import docker_dir
-from ddpdeploy.render import image
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -230,7 +230,7 @@ def test_push_progress_digest_and_auth() -> None:
 
 def test_render_never_imports_docker() -> None:
     code = (
-        "import sys, ddpdeploy.cli, ddpdeploy.commands.render, ddpdeploy.render.image;"
+        "import sys, ddpdeploy.cli, ddpdeploy.commands.render, ddpdeploy.image.plan;"
         "sys.exit('docker' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0

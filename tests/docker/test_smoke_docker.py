@@ -1,4 +1,4 @@
-"""`ddpdeploy smoke --docker` as users run it: the CLI, a real engine, the compose CLI."""
+"""`ddpdeploy smoke --docker` as users run it: the CLI and a real engine."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from ddpdeploy.adapters.compose import PROJECT_LABEL
+from ddpdeploy.smoke.composerun import PROJECT_LABEL
 
 pytestmark = pytest.mark.docker
 

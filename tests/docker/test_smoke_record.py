@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from ddpdeploy.adapters.compose import PROJECT_LABEL
-from ddpdeploy.options import spec_from_flags
-from ddpdeploy.smoke.plan import with_steps
+from ddpdeploy.commands.options import spec_from_flags
+from ddpdeploy.smoke.composerun import PROJECT_LABEL
+from ddpdeploy.smoke.launch import with_steps
 from ddpdeploy.spec import spec_sha256, spec_with
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]

@@ -2,7 +2,8 @@
 
 No scheduler, controller manager or kubelet: tests play the operator and the kubelet by
 creating pods and patching status subresources. The apiserver binary comes from
-.ci/kube-apiserver.sh (built from Debian's kubernetes source package).
+.ci/kube-build.sh (built from Debian's kubernetes source package; tests/kube_build.py finds
+it, waiting for a build CI started in the background).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import kube_build
 import yaml
 
 CACHE = Path(os.environ.get("DDPDEPLOY_KUBE_CACHE", "/var/cache/ddpdeploy-test"))
@@ -30,15 +32,22 @@ LIMITED_NAMESPACE = "team-limited"  # the limited user's only namespace
 
 
 def find_binaries() -> tuple[str | None, str | None, str]:
-    """(kube-apiserver, etcd, why-not) from the env, .ci/kube-apiserver.sh's cache, PATH."""
+    """(kube-apiserver, etcd, why-not) from the env, .ci/kube-build.sh's cache, PATH."""
     apiserver = os.environ.get("DDPDEPLOY_KUBE_APISERVER")
-    if not apiserver:
-        built = sorted(glob.glob(str(CACHE / "kube-apiserver-*" / "kube-apiserver")))
-        apiserver = built[-1] if built else shutil.which("kube-apiserver")
+    if not apiserver or not os.access(apiserver, os.X_OK):
+        # Not built yet, or not named: a build under way is waited for (bounded).
+        folder, _ = kube_build.kube_bin()
+        if apiserver and os.access(apiserver, os.X_OK):
+            pass
+        elif folder is not None:
+            apiserver = str(folder / "kube-apiserver")
+        elif not apiserver:
+            built = sorted(glob.glob(str(CACHE / "kube-apiserver-*" / "kube-apiserver")))
+            apiserver = built[-1] if built else shutil.which("kube-apiserver")
     etcd = shutil.which("etcd")
     missing = []
     if not apiserver or not os.access(apiserver, os.X_OK):
-        missing.append("kube-apiserver (run .ci/kube-apiserver.sh or set DDPDEPLOY_KUBE_APISERVER)")
+        missing.append("kube-apiserver (run .ci/kube-build.sh or set DDPDEPLOY_KUBE_APISERVER)")
     if not etcd:
         missing.append("etcd (apt-get install etcd-server)")
     return apiserver, etcd, "; ".join(missing)

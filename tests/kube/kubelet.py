@@ -3,6 +3,10 @@
 apiserver checks a kubelet's certificate only with --kubelet-certificate-authority, which
 tests/kube/apiserver.py does not pass).
 
+Serves ``/exec/{ns}/{pod}/{container}`` as a websocket (the channel protocol
+v4.channel.k8s.io that the apiserver passes through from the client): what ``set_exec`` set
+for the pod, stdout, stderr and the exit code; ``execs`` records each command.
+
 Serves ``/containerLogs/{ns}/{pod}/{container}`` with ``tailLines``, ``sinceSeconds``,
 ``limitBytes``, ``timestamps``, ``previous`` and ``follow`` from the text a test sets per
 (pod, container, previous); a followed stream stays open, sending lines as the test adds
@@ -15,8 +19,12 @@ spec.nodeName.
 
 from __future__ import annotations
 
+import base64
 import datetime
+import hashlib
+import json
 import ssl
+import struct
 import subprocess
 import threading
 import time
@@ -62,6 +70,9 @@ class Kubelet:
     in_flight: int = 0  # log requests being answered now...
     most_in_flight: int = 0  # ...and the most at once
     _counting: threading.Lock = field(default_factory=threading.Lock)
+    # pod -> (stdout, stderr, exit code) an exec in it answers; the commands run
+    exec_answers: dict[str, tuple[bytes, bytes, int]] = field(default_factory=dict)
+    execs: list[list[str]] = field(default_factory=list)
 
     def start(self) -> Kubelet:
         key, cert = self_signed(self.folder)
@@ -114,6 +125,10 @@ class Kubelet:
         with self.changed:
             self.logs[(pod, container, previous)] = lines
             self.changed.notify_all()
+
+    def set_exec(self, pod: str, stdout: bytes, stderr: bytes = b"", code: int = 0) -> None:
+        """What any command run in the pod answers."""
+        self.exec_answers[pod] = (stdout, stderr, code)
 
     def append(self, pod: str, text: str, container: str = "pytorch") -> None:
         """More lines of a running container (a followed stream sends them)."""
@@ -199,6 +214,8 @@ def _handler(kubelet: Kubelet) -> type[BaseHTTPRequestHandler]:
             kubelet.requests.append(self.path)
             query = dict(urllib.parse.parse_qsl(url.query))
             parts = url.path.strip("/").split("/")
+            if len(parts) == 4 and parts[0] == "exec":
+                return self._exec(parts[2], urllib.parse.parse_qsl(url.query))
             if len(parts) != 4 or parts[0] != "containerLogs":
                 return self._answer(404, f"no such path {url.path}")
             _, _ns, pod, container = parts
@@ -227,6 +244,56 @@ def _handler(kubelet: Kubelet) -> type[BaseHTTPRequestHandler]:
             data = "".join((f"{stamp(t)} " if stamps else "") + f"{s}\n" for t, s in lines)
             body = data.encode()
             self.wfile.write(body if limit is None else body[:limit])
+            self.wfile.flush()
+
+        def _exec(self, pod: str, query: list[tuple[str, str]]) -> None:
+            key = self.headers.get("Sec-WebSocket-Key")
+            if (self.headers.get("Upgrade") or "").lower() != "websocket" or not key:
+                return self._answer(400, "exec: a websocket upgrade only (this stand-in)")
+            if pod not in kubelet.exec_answers:
+                return self._answer(404, f'pod "{pod}" has no exec answer')
+            offered = [
+                p.strip() for p in (self.headers.get("Sec-WebSocket-Protocol") or "").split(",")
+            ]
+            if "v4.channel.k8s.io" not in offered:
+                return self._answer(400, f"exec: no v4.channel.k8s.io in {offered}")
+            kubelet.execs.append([v for k, v in query if k == "command"])
+            guid = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"  # RFC 6455's
+            accept = base64.b64encode(hashlib.sha1((key + guid).encode()).digest()).decode()
+            self.send_response(101, "Switching Protocols")
+            self.send_header("Upgrade", "websocket")
+            self.send_header("Connection", "Upgrade")
+            self.send_header("Sec-WebSocket-Accept", accept)
+            self.send_header("Sec-WebSocket-Protocol", "v4.channel.k8s.io")
+            self.end_headers()
+            stdout, stderr, code = kubelet.exec_answers[pod]
+            status: dict[str, Any] = {"metadata": {}, "status": "Success"}
+            if code:
+                status = {
+                    "metadata": {},
+                    "status": "Failure",
+                    "reason": "NonZeroExitCode",
+                    "message": f"command terminated with non-zero exit code: {code}",
+                    "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]},
+                }
+            # v4: a binary frame per write, its first byte the channel (1 stdout, 2 stderr,
+            # 3 the status), then a close frame
+            for channel, data in ((1, stdout), (2, stderr), (3, json.dumps(status).encode())):
+                if data:
+                    self._frame(0x2, bytes([channel]) + data)
+            self._frame(0x8, struct.pack("!H", 1000))
+            self.close_connection = True
+
+        def _frame(self, opcode: int, payload: bytes) -> None:
+            """One unmasked websocket frame, as a server sends."""
+            n = len(payload)
+            if n < 126:
+                size = bytes([n])
+            elif n < 65536:
+                size = bytes([126]) + struct.pack("!H", n)
+            else:
+                size = bytes([127]) + struct.pack("!Q", n)
+            self.wfile.write(bytes([0x80 | opcode]) + size + payload)
             self.wfile.flush()
 
         def _answer(self, code: int, message: str) -> None:

@@ -263,7 +263,7 @@ def test_stream_errors_without_an_http_answer_are_unreachable(control_plane):
 
     from ddpdeploy.adapters.kube import Kube
     from ddpdeploy.errors import OperationError
-    from ddpdeploy.kubeopts import Interrupted
+    from ddpdeploy.signals import Interrupted
 
     kube = Kube(str(control_plane.kubeconfig))
     with pytest.raises(OperationError) as err, kube.errors("running ls in pod p"):

@@ -19,8 +19,8 @@ MANAGED = "app.kubernetes.io/managed-by"
 
 def rendered(ns: str, name: str, *flags: str) -> list[dict]:
     """What `up` would submit (our renderer, our saved spec), as dicts."""
-    from ddpdeploy.cluster.plan import with_saved_spec
-    from ddpdeploy.options import spec_from_flags as load_spec
+    from ddpdeploy.cluster.saved import with_saved_spec
+    from ddpdeploy.commands.options import spec_from_flags as load_spec
     from ddpdeploy.targets import render_objects
 
     pairs = {k: int(v) if v.isdigit() else v for k, v in zip(flags[::2], flags[1::2], strict=True)}

@@ -35,7 +35,7 @@ def up_built(control_plane, namespace, tmp_path: Path, monkeypatch):
     objects with the build's record and apply them, through the real apiserver."""
     from ddpdeploy.adapters.kube import Kube
     from ddpdeploy.cluster import apply as deploy
-    from ddpdeploy.options import spec_from_flags
+    from ddpdeploy.commands.options import spec_from_flags
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     file = tmp_path / "ddpdeploy.yaml"
@@ -47,7 +47,7 @@ def up_built(control_plane, namespace, tmp_path: Path, monkeypatch):
         kube = Kube(str(control_plane.kubeconfig))
         said: list[str] = []
         deploy.apply(
-            kube, deploy.plan_job(kube, spec, said.append, record=RECORD), False, said.append
+            kube, deploy.prepare(kube, spec, said.append, record=RECORD), False, said.append
         )
         assert not record_warnings(said), said
 

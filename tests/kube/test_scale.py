@@ -149,8 +149,8 @@ def test_status_and_down_cost_the_same_at_2_and_128_nodes(
 def test_list_of_200_jobs_is_one_list_call_per_kind(
     admin, namespace, cli, monkeypatch, tmp_path: Path
 ):
-    from ddpdeploy.cluster.plan import with_saved_spec
-    from ddpdeploy.options import spec_from_flags
+    from ddpdeploy.cluster.saved import with_saved_spec
+    from ddpdeploy.commands.options import spec_from_flags
     from ddpdeploy.targets import render_objects
 
     file = tmp_path / "ddpdeploy.yaml"
@@ -184,7 +184,7 @@ def test_a_missing_kind_costs_one_request_and_a_new_crd_is_still_found(
     from ddpdeploy.adapters.kube import Kube
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    Kube(str(control_plane.kubeconfig))  # writes the discovery cache
+    Kube(str(control_plane.kubeconfig)).has_kind("v1", "Pod")  # writes the discovery cache
     requests = Requests(monkeypatch)
     kube = Kube(str(control_plane.kubeconfig))
     with requests.during() as calls:

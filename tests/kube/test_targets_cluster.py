@@ -32,8 +32,8 @@ def create_for_old_apiserver(admin, ns: str, flags: list[str]) -> None:
 
 def kube_render(flags: list[str]) -> list[dict]:
     """What `up` submits, saved spec included (it marks the objects as ours)."""
-    from ddpdeploy.cluster.plan import with_saved_spec
-    from ddpdeploy.options import spec_from_flags as load_spec
+    from ddpdeploy.cluster.saved import with_saved_spec
+    from ddpdeploy.commands.options import spec_from_flags as load_spec
     from ddpdeploy.targets import render_objects
 
     values = dict(zip(flags[::2], flags[1::2], strict=True))

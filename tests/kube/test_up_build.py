@@ -1,8 +1,8 @@
 """`ddpdeploy up --build`: build the workspace, push it to a registry, run the pushed digest.
 
 Needs both a Docker engine (with the local test base image and the fake registry of
-tests/docker) and the real kube-apiserver of this folder's conftest. Each missing one skips,
-or fails under DDPDEPLOY_REQUIRE_DOCKER=1 / DDPDEPLOY_REQUIRE_KUBE=1 (CI).
+tests/docker: docker_fixtures.py) and the real kube-apiserver (kube_fixtures.py). Each missing
+one skips, or fails under DDPDEPLOY_REQUIRE_DOCKER=1 / DDPDEPLOY_REQUIRE_KUBE=1 (CI).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,35 +19,9 @@ from typing import Any
 import pytest
 from actors import get_job, set_job_conditions
 from cli_runner import run_cli
-
-# The docker helpers are plain modules beside the docker tests (as tests/docker/conftest.py
-# imports them); their conftest's fixtures do not reach this folder, so the two we need are
-# below, with the same skip-or-fail rule.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docker"))
-import base_images  # noqa: E402
-from fake_registry import FakeRegistry  # noqa: E402
+from fake_registry import FakeRegistry
 
 pytestmark = pytest.mark.docker
-
-
-@pytest.fixture(scope="module")
-def engine() -> Any:
-    import docker
-
-    try:
-        client = docker.from_env()
-        client.ping()
-    except docker.errors.DockerException as exc:
-        reason = f"no Docker engine ({exc}); run .ci/docker-setup.sh"
-        if os.environ.get("DDPDEPLOY_REQUIRE_DOCKER") == "1":
-            pytest.fail(f"DDPDEPLOY_REQUIRE_DOCKER=1 but {reason}", pytrace=False)
-        pytest.skip(reason)
-    return client
-
-
-@pytest.fixture(scope="module")
-def base_image(engine: Any) -> str:
-    return base_images.ensure_images(engine)["base"]
 
 
 @pytest.fixture

@@ -123,10 +123,7 @@ def test_default_window_is_50_steps_then_about_10_s(tmp_path: Path) -> None:
 
 
 def test_next_window_follows_the_step_time() -> None:
-    import sys
-
-    sys.path.insert(0, str(ROOT / "train"))
-    import ddpkit
+    import ddpkit  # train/, on pyproject.toml's pythonpath
 
     assert ddpkit.next_every(0.002) == 5000  # 10 s of 2 ms steps
     assert ddpkit.next_every(0.5) == 50  # never fewer than the first window

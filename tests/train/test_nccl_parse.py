@@ -3,16 +3,14 @@ SOURCES.md)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")  # ddpkit imports it; the parser itself is pure
+import ddpkit  # noqa: E402  (train/, on pyproject.toml's pythonpath)
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "train"))
-import ddpkit  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "nccl"
 

@@ -9,13 +9,11 @@ from pathlib import Path
 
 import pytest
 from cli_runner import run_cli
-from test_smoke_local import leftovers, marker
+from local_smoke import leftovers
 
 pytest.importorskip("torch")
 
 pytestmark = pytest.mark.slow  # torchrun agents, twice
-
-__all__ = ["marker"]  # the fixture, re-used from test_smoke_local
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "own-script.md"
 

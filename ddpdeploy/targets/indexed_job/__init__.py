@@ -2,11 +2,11 @@
 
 Pods are `<job>-<i>` (the Job controller's hostnames for an Indexed Job) in the subdomain of
 the headless Service `<job>`, so peers reach node i at `<job>-<i>.<job>`. Nothing injects
-the rendezvous env, so the pod carries it itself: the node rank from the completion index
-(downward API), the master at `<job>-0.<job>`, PET_NNODES, PET_NPROC_PER_NODE and
-PET_MASTER_PORT. Elastic rendezvous is refused: a Job's parallelism is fixed, and replacing
-or adding nodes between min and max is what the operator's elastic support is for. The
-objects themselves are built in objects.py.
+the rendezvous env, so the pod carries it itself: PET_NNODES, PET_NPROC_PER_NODE and either
+c10d's endpoint at `<job>-0.<job>` (the default) or, for a static job, the master there and
+the node rank from the completion index (downward API). Elastic rendezvous is refused: a
+Job's parallelism is fixed, and replacing or adding nodes between min and max is what the
+operator's elastic support is for. The objects themselves are built in objects.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ddpdeploy.contract import COMPLETION_INDEX, LaunchContract, Node
 from ddpdeploy.rules import TARGET_RULES
-from ddpdeploy.targets.base import Layout, gpus_of
+from ddpdeploy.targets.base import Layout, c10d_env, gpus_of
 from ddpdeploy.targets.indexed_job.objects import objects as job_objects
 
 if TYPE_CHECKING:
@@ -41,16 +41,18 @@ class IndexedJob(Layout):
         return [Node(h, f"{h}.{spec.name}", i, i) for i, h in enumerate(hosts)]
 
     def pod_env(self, contract: LaunchContract, rdzv: str) -> dict[str, str]:
-        return {
+        env = {
             "PYTHONUNBUFFERED": "1",
-            "PET_MASTER_ADDR": rdzv,
-            "PET_MASTER_PORT": str(contract.port),
             "PET_NNODES": str(contract.spec.nodes),
             "PET_NPROC_PER_NODE": str(contract.nproc_per_node),
         }
+        if contract.spec.c10d:
+            return env | c10d_env(contract, rdzv)
+        return env | {"PET_MASTER_ADDR": rdzv, "PET_MASTER_PORT": str(contract.port)}
 
     def field_env(self, spec: JobSpec) -> dict[str, str]:
-        return {"PET_NODE_RANK": COMPLETION_INDEX}
+        # c10d numbers the nodes itself; a static node's rank is its completion index.
+        return {} if spec.c10d else {"PET_NODE_RANK": COMPLETION_INDEX}
 
     def objects(self, spec: JobSpec, contract: LaunchContract) -> list[dict[str, Any]]:
         return job_objects(spec, contract)

@@ -6,9 +6,8 @@ targets/indexed_job/__init__.py), its node rank comes from the completion index.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ddpdeploy.contract import LaunchContract
+from ddpdeploy.obj import Obj
 from ddpdeploy.render.pod import (
     metadata,
     pod_template,
@@ -18,8 +17,6 @@ from ddpdeploy.render.pod import (
 )
 from ddpdeploy.render.policy import POD_GROUP_ANNOTATION, pod_group
 from ddpdeploy.spec import INT32_MAX, JobSpec
-
-Obj = dict[str, Any]
 
 # A node failure under static rendezvous usually fails every pod of the round, and each
 # failed pod counts against backoffLimit: the default allows about two retries of the job.

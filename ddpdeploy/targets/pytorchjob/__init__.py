@@ -8,9 +8,10 @@ no operator. The object itself is built in objects.py.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ddpdeploy.contract import LaunchContract, Node
+from ddpdeploy.obj import Obj
 from ddpdeploy.rules import TARGET_RULES
 from ddpdeploy.targets.base import Layout, gpus_of
 from ddpdeploy.targets.pytorchjob.objects import pytorchjob
@@ -18,7 +19,6 @@ from ddpdeploy.targets.pytorchjob.objects import pytorchjob
 if TYPE_CHECKING:
     from ddpdeploy.spec import JobSpec
 
-Obj = dict[str, Any]
 
 # Labels the training operator (v1.9) puts on each replica's pod.
 REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
@@ -47,7 +47,7 @@ class PyTorchJob(Layout):
     def rank0_hostname(self, obj: Obj) -> str | None:
         if "Master" in ((obj.get("spec") or {}).get("pytorchReplicaSpecs") or {}):
             return self.node_hostname(obj["metadata"]["name"], 0, "master")
-        return None  # elastic: c10d puts rank 0 on any pod
+        return None  # c10d (and elastic): the rendezvous puts rank 0 on any pod
 
     def logs_hostname(self, job_name: str, replica: str | None, index: int | None) -> str | None:
         if replica is None:
@@ -63,8 +63,9 @@ class PyTorchJob(Layout):
         return replica, int(index) if str(index).isdigit() else 0
 
     def replicas(self, spec: JobSpec) -> dict[str, int]:
-        if spec.elastic:
-            return {"Worker": spec.nodes}  # the operator requires Worker replicas for elastic
+        if spec.c10d:
+            # An elasticPolicy (c10d): the operator requires Worker replicas only.
+            return {"Worker": spec.nodes}
         # Static: global rank 0 lands on master-0, where torchrun's store runs.
         return {"Master": 1, **({"Worker": spec.nodes - 1} if spec.nodes > 1 else {})}
 
@@ -77,12 +78,12 @@ class PyTorchJob(Layout):
         return out
 
     def rdzv_address(self, spec: JobSpec) -> str:
-        return f"{spec.name}-worker-0" if spec.elastic else f"{spec.name}-master-0"
+        return f"{spec.name}-worker-0" if spec.c10d else f"{spec.name}-master-0"
 
     def platform_env(self, contract: LaunchContract, node: Node, rdzv: str) -> dict[str, str]:
         spec = contract.spec
         env = {"PYTHONUNBUFFERED": "1", "PET_NPROC_PER_NODE": str(contract.nproc_per_node)}
-        if not spec.elastic:
+        if not spec.c10d:
             port = str(contract.port)
             env |= {
                 "MASTER_ADDR": rdzv,
@@ -99,7 +100,7 @@ class PyTorchJob(Layout):
         env |= {
             "PET_RDZV_ENDPOINT": f"{rdzv}:{contract.port}",
             "PET_RDZV_BACKEND": "c10d",
-            "PET_NNODES": f"{rdzv_spec.min_nodes}:{rdzv_spec.max_nodes}",
+            "PET_NNODES": f"{spec.min_available}:{spec.max_nodes}",
             "PET_RDZV_ID": spec.name,
             "PET_RDZV_CONF": contract.rdzv_conf(),
         }
@@ -122,4 +123,5 @@ class PyTorchJob(Layout):
         policy = (obj.get("spec") or {}).get("elasticPolicy")
         if not policy:
             return None
-        return int(policy.get("minReplicas") or 1), int(policy.get("maxReplicas") or 1)
+        low, high = int(policy.get("minReplicas") or 1), int(policy.get("maxReplicas") or 1)
+        return (low, high) if low < high else None  # min = max: a c10d job of fixed size

@@ -6,13 +6,10 @@ the launch contract; the operator injects the per-pod rendezvous env.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ddpdeploy.contract import LaunchContract
+from ddpdeploy.obj import Obj
 from ddpdeploy.render.pod import pod_template, require_image, workload_metadata
 from ddpdeploy.spec import JobSpec
-
-Obj = dict[str, Any]
 
 
 def pytorchjob(spec: JobSpec, contract: LaunchContract, replicas: dict[str, int]) -> Obj:
@@ -25,13 +22,14 @@ def pytorchjob(spec: JobSpec, contract: LaunchContract, replicas: dict[str, int]
     }
     job_spec: Obj = {"nprocPerNode": str(contract.nproc_per_node)}
     rdzv = spec.rendezvous
-    if spec.elastic:
+    if spec.c10d:
+        # The operator's c10d rendezvous: elastic between min and max, or min = max (c10d).
         elastic: Obj = {
             "rdzvBackend": "c10d",
             "rdzvPort": contract.port,
             "rdzvId": spec.name,
-            "minReplicas": rdzv.min_nodes,
-            "maxReplicas": rdzv.max_nodes,
+            "minReplicas": spec.min_available,
+            "maxReplicas": spec.max_nodes,
             "rdzvConf": [{"key": k, "value": v} for k, v in contract.rdzv_conf_items().items()],
         }
         if rdzv.max_restarts is not None:

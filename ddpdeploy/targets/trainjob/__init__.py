@@ -4,8 +4,10 @@ A TrainJob runs as a JobSet from a ClusterTrainingRuntime (`torch-distributed` b
 one replicated Job `node` whose pods are `<job>-node-0-<i>` under a headless Service named
 `<job>`. Trainer's torch plugin injects PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK (the
 completion index), PET_MASTER_ADDR (`<job>-node-0-0.<job>`) and PET_MASTER_PORT (29400, the
-runtime's port); `platform_env` reproduces that for targets with no Trainer. Trainer v2 has
-no elastic training. The object itself is built in objects.py.
+runtime's port); `platform_env` reproduces that for targets with no Trainer. For a c10d job
+(the default) the trainer's env adds torchrun's c10d rendezvous at that master address,
+which torchrun then uses instead of the static master. Trainer v2 has no elastic training.
+The object itself is built in objects.py.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ddpdeploy.contract import LaunchContract, Node
 from ddpdeploy.rules import TARGET_RULES, TRAINER_PORT
-from ddpdeploy.targets.base import Layout, gpus_of
+from ddpdeploy.targets.base import Layout, c10d_env, env_values, gpus_of
 from ddpdeploy.targets.trainjob.objects import REPLICATED_JOB, trainjob
 
 if TYPE_CHECKING:
@@ -47,7 +49,8 @@ class TrainJob(Layout):
         return TRAINER_PORT
 
     def pod_env(self, contract: LaunchContract, rdzv: str) -> dict[str, str]:
-        return {"PYTHONUNBUFFERED": "1"}  # the operator's default, which Trainer does not set
+        env = {"PYTHONUNBUFFERED": "1"}  # the operator's default, which Trainer does not set
+        return env | c10d_env(contract, rdzv) if contract.spec.c10d else env
 
     def platform_env(self, contract: LaunchContract, node: Node, rdzv: str) -> dict[str, str]:
         return {
@@ -64,6 +67,10 @@ class TrainJob(Layout):
     def pod_templates(self, obj: dict[str, Any]) -> list[dict[str, Any]]:
         trainer = (obj.get("spec") or {}).get("trainer") or {}
         return [{"containers": [{"resources": trainer.get("resourcesPerNode") or {}}]}]
+
+    def env_of(self, obj: dict[str, Any]) -> dict[str, str]:
+        trainer = (obj.get("spec") or {}).get("trainer") or {}
+        return env_values(trainer.get("env"))
 
     def job_size(self, obj: dict[str, Any]) -> tuple[int, int]:
         trainer = (obj.get("spec") or {}).get("trainer") or {}

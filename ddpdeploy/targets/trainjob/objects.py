@@ -8,14 +8,11 @@ entry that patches the runtime's `node` Job. Trainer injects the rendezvous env 
 
 from __future__ import annotations
 
-from typing import Any
-
 from ddpdeploy.contract import LaunchContract
 from ddpdeploy.errors import UserError
+from ddpdeploy.obj import Obj
 from ddpdeploy.render.pod import pod_template, require_image, workload_metadata
 from ddpdeploy.spec import JobSpec
-
-Obj = dict[str, Any]
 
 REPLICATED_JOB = "node"  # the torch runtimes' replicated Job, and its training container
 

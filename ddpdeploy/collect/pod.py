@@ -1,0 +1,214 @@
+"""Reading a job's checkpoint volume on the cluster, for `collect --from cluster`.
+
+From a running pod of the job when there is one (the volume is mounted there), else from a
+short-lived helper pod (`collect_helper_pod`, below) that mounts the claim
+read-only and is deleted afterwards, on failure and Ctrl-C too. Entries are listed and files
+read by small POSIX `sh` programs through the exec API; the reader refuses anything but a
+regular file, and checksums are checked by ddpdeploy.collect like for any other source.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import posixpath
+import time
+from collections.abc import Iterator
+from typing import BinaryIO
+
+from ddpdeploy import fs
+from ddpdeploy.adapters.kube import Kube
+from ddpdeploy.cluster.labels import selector
+from ddpdeploy.collect.source import FILE, FOLDER, SPECIAL, SYMLINK, Unreadable, plain_name, shown
+from ddpdeploy.errors import OperationError, UserError
+from ddpdeploy.obj import Obj
+from ddpdeploy.render.pod import (
+    CHECKPOINT_VOLUME,
+    checkpoint_claim_name,
+    container_security,
+    metadata,
+    placement,
+    pod_security,
+    require_image,
+)
+from ddpdeploy.spec import JobSpec
+from ddpdeploy.targets import layout_of
+
+# `sh -c` programs, POSIX only (busybox runs them too). The listing tests each entry without
+# following symlinks; NUL-separated, so any name survives.
+LIST = r"""cd -- "$1" || exit 3
+for f in * .[!.]* ..?*; do
+  if [ -L "$f" ]; then k=l; elif [ -f "$f" ]; then k=f; elif [ -d "$f" ]; then k=d
+  elif [ -e "$f" ]; then k=o; else continue; fi
+  printf '%s %s\000' "$k" "$f"
+done"""
+# The reader refuses anything but a regular file. GNU dd opens with O_NOFOLLOW (and
+# O_NONBLOCK: a FIFO cannot hang it), so a symlink swapped in after the test is refused at
+# open time too; an image without that dd (busybox) gets the test just before `cat`. A second
+# argument N sends at most N MiB (collect --debug's bound), so a huge file never crosses.
+READ = r"""f=$1
+no() { echo "ddpdeploy-refused: $1" >&2; exit 3; }
+[ -L "$f" ] && no "a symlink, not a regular file"
+[ -e "$f" ] || no "vanished (no such file)"
+[ -f "$f" ] || no "not a regular file"
+if dd if=/dev/null of=/dev/null iflag=nofollow status=none 2>/dev/null; then
+  dd if="$f" iflag=nofollow,nonblock bs=1048576 ${2:+count=$2} status=none ||
+    no "not readable as a regular file"
+elif [ -n "$2" ]; then
+  dd if="$f" bs=1048576 count="$2" 2>/dev/null || no "not readable"
+else
+  cat -- "$f" || no "not readable"
+fi"""
+_REFUSED = "ddpdeploy-refused: "
+_KINDS = {"f": FILE, "l": SYMLINK, "d": FOLDER, "o": SPECIAL}
+
+
+COLLECT_CONTAINER = "reader"
+
+
+def collect_helper_pod(spec: JobSpec, image: str | None = None) -> Obj:
+    """The short-lived pod `collect --from cluster` reads the checkpoint volume through: it
+    mounts the job's claim read-only and idles until deleted. Hardened like the job's pods
+    (same securityContext, no service account token, no service links, resources) with a
+    read-only root always, as it writes nothing; the job's image unless ``image`` is given
+    (it needs `sh`, `cat` and `sleep`)."""
+    claim = checkpoint_claim_name(spec)
+    if spec.checkpoint is None or claim is None:
+        raise UserError(f"job {spec.name} has no checkpoint volume (checkpoint: in the spec)")
+    security = {**container_security(spec), "readOnlyRootFilesystem": True}
+    security["capabilities"] = {"drop": ["ALL"]}  # no IPC_LOCK: it does no RDMA
+    pod: Obj = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "restartPolicy": "Never",
+        "activeDeadlineSeconds": 3600,  # a safety net should the delete never come
+        "terminationGracePeriodSeconds": 1,  # `sleep` as PID 1 ignores SIGTERM
+        "securityContext": pod_security(spec),
+        "containers": [
+            {
+                "name": COLLECT_CONTAINER,
+                "image": image or require_image(spec),
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["sleep", "3600"],
+                "resources": {
+                    "requests": {"cpu": "100m", "memory": "64Mi"},
+                    "limits": {"memory": "256Mi"},
+                },
+                "securityContext": security,
+                "volumeMounts": [
+                    {
+                        "name": CHECKPOINT_VOLUME,
+                        "mountPath": spec.checkpoint.mount_path,
+                        "readOnly": True,
+                    }
+                ],
+            }
+        ],
+        "volumes": [
+            {
+                "name": CHECKPOINT_VOLUME,
+                "persistentVolumeClaim": {"claimName": claim, "readOnly": True},
+            }
+        ],
+    }
+    # Where the job's pods may run (and the claim can attach), the reader may too.
+    pod |= placement(spec)
+    meta = metadata(spec, f"{spec.name}-collect")
+    meta["labels"]["ddpdeploy.dev/role"] = "collect"
+    meta["annotations"] = {**meta.get("annotations", {}), "sidecar.istio.io/inject": "false"}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod}
+
+
+def _refusals_as_unreadable(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """The pod's chunks, with the reader's refusal (a non-regular file) as Unreadable."""
+    try:
+        yield from chunks
+    except OperationError as exc:
+        text = str(exc)
+        if _REFUSED not in text:
+            raise
+        raise Unreadable(text.split(_REFUSED, 1)[1].splitlines()[0][:100]) from None
+
+
+class PodSource:
+    """The checkpoint folder as seen from inside one pod."""
+
+    def __init__(self, kube: Kube, pod: str, namespace: str, container: str, folder: str):
+        self.kube, self.pod, self.namespace, self.container = kube, pod, namespace, container
+        self.folder = folder
+        self.where = f"pod {pod}:{folder}"
+
+    def entries(self) -> dict[str, str]:
+        out = b"".join(self._run(LIST, self.folder))
+        entries: dict[str, str] = {}
+        for record in out.split(b"\0"):
+            kind, _, name = record.decode(errors="surrogateescape").partition(" ")
+            if kind in _KINDS and plain_name(name):
+                entries[name] = _KINDS[kind]
+        return entries
+
+    def open(
+        self, name: str, limit: int | None = None
+    ) -> contextlib.AbstractContextManager[BinaryIO]:
+        if not plain_name(name):
+            raise Unreadable(f"{shown(name)} is not a plain file name")
+        path = posixpath.join(self.folder, name)
+        mib = [] if limit is None else [str(-(-limit // (1 << 20)))]  # whole MiB, rounded up
+        return fs.chunk_reader(_refusals_as_unreadable(self._run(READ, path, *mib)))
+
+    def _run(self, program: str, *args: str) -> Iterator[bytes]:
+        argv = ["sh", "-c", program, "sh", *args]
+        return self.kube.exec_stream(self.pod, self.namespace, self.container, argv)
+
+
+def _running_pod(kube: Kube, spec: JobSpec) -> str | None:
+    labels = selector(layout_of(spec.target).pod_selector(spec.name))
+    pods = kube.list("v1", "Pod", spec.namespace, labels=labels)
+    running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+    return min((p["metadata"]["name"] for p in running), default=None)
+
+
+@contextlib.contextmanager
+def pod_source(
+    kube: Kube, spec: JobSpec, timeout: float, image: str | None = None
+) -> Iterator[PodSource]:
+    """A source reading the job's checkpoint folder from a running or a helper pod (run
+    with ``image``, default the job's own)."""
+    if spec.checkpoint is None:
+        raise OperationError(f"job {spec.name} has no checkpoint volume (checkpoint: in the spec)")
+    folder = spec.checkpoint.mount_path
+    pod = _running_pod(kube, spec)
+    if pod is not None:
+        container = layout_of(spec.target).container  # the training container
+        yield PodSource(kube, pod, spec.namespace, container, folder)
+        return
+    if not (image or spec.image):
+        raise UserError(
+            f"--image: job {spec.name}'s saved spec names no image to read its volume with; "
+            "pass --image IMAGE (any image with sh, cat and sleep)"
+        )
+    body = collect_helper_pod(spec, image)
+    name = body["metadata"]["name"]
+    kube.create(body)
+    try:
+        _wait_running(kube, name, spec.namespace, timeout)
+        yield PodSource(kube, name, spec.namespace, COLLECT_CONTAINER, folder)
+    finally:
+        kube.delete("v1", "Pod", name, spec.namespace)
+
+
+def _wait_running(kube: Kube, name: str, namespace: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    phase = "Pending"
+    while time.monotonic() < deadline:
+        pod = kube.get("v1", "Pod", name, namespace)
+        phase = ((pod or {}).get("status") or {}).get("phase") or "Pending"
+        if phase == "Running":
+            return
+        if phase in ("Failed", "Succeeded"):
+            break
+        time.sleep(1)
+    raise OperationError(
+        f"the helper pod {name} that reads the checkpoint volume is {phase} after "
+        f"{timeout:g}s (a ReadWriteOnce volume attaches to one node at a time: are the job's "
+        "pods gone? `ddpdeploy down` removes them); it has been deleted"
+    )

@@ -1,0 +1,370 @@
+"""The CLI's flags, declared once: each spec flag's spelling, help, and where it goes in the
+spec (the spec itself knows no flag spellings); the cluster commands' flags; -o/--output.
+
+`spec_command` adds the spec flags (-f, --name, --image, --nodes, …) and the arguments after
+``--`` to a command's signature, loads the JobSpec from them, and passes it as ``spec``.
+Declaring them loads no spec model: `--help` and completion stay fast; the spec loads when a
+command runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
+
+import typer
+
+from ddpdeploy.errors import UserError
+from ddpdeploy.rules import TARGET_NAMES
+from ddpdeploy.text import show
+
+if TYPE_CHECKING:
+    from ddpdeploy.spec import JobSpec
+
+SPEC_PANEL = "Job spec (flags override ddpdeploy.yaml)"
+
+
+def parse_rdma(text: str) -> dict[str, Any]:
+    """``RESOURCE=N`` -> the network.rdma mapping."""
+    match = re.fullmatch(r"([^=\s]+)=([0-9]{1,100})", text)
+    if not match:
+        raise UserError(
+            f"--rdma: {show(text)} is not RESOURCE=N; use the device plugin's resource and a "
+            "count, e.g. rdma/hca_shared_devices_a=1"
+        )
+    return {"resource": match[1], "count": int(match[2])}
+
+
+def parse_elastic(text: str) -> dict[str, Any]:
+    """``MIN:MAX`` -> the rendezvous fields it sets."""
+    match = re.fullmatch(r"([0-9]{1,100}):([0-9]{1,100})", text)
+    if not match:
+        raise UserError(f"--elastic: {show(text)} is not MIN:MAX; use two node counts, e.g. 1:4")
+    return {"mode": "elastic", "minNodes": int(match[1]), "maxNodes": int(match[2])}
+
+
+@dataclass(frozen=True)
+class SpecFlag:
+    """One flag that overrides a spec field."""
+
+    param: str  # the command function's parameter
+    decls: tuple[str, ...]  # its spellings; the last long one names it in errors
+    kind: type
+    help: str
+    path: tuple[str, ...]  # where it goes in the spec document
+    metavar: str | None = None
+    convert: Callable[[Any], Any] | None = None  # when the value is not the field's as typed
+
+    @property
+    def flag(self) -> str:
+        return self.decls[-1].split("/")[0]
+
+    def annotation(self) -> Any:
+        option = typer.Option(
+            *self.decls, help=self.help, metavar=self.metavar, rich_help_panel=SPEC_PANEL
+        )
+        return Annotated[self.kind | None, option]
+
+
+# In the order errors name them when several flags touch one field.
+SPEC_FLAGS: tuple[SpecFlag, ...] = (
+    SpecFlag("name", ("--name",), str, "Job name (DNS-1035 label).", ("name",)),
+    SpecFlag(
+        "target",
+        ("--target",),
+        str,
+        "What runs the job: Kubeflow PyTorchJob (default), Trainer v2 TrainJob, or a "
+        "plain Indexed Job (no operator).",
+        ("target",),
+        metavar="|".join(TARGET_NAMES),
+    ),
+    SpecFlag(
+        "runtime",
+        ("--runtime",),
+        str,
+        "trainjob: the ClusterTrainingRuntime (default torch-distributed).",
+        ("runtime",),
+        metavar="NAME",
+    ),
+    SpecFlag(
+        "namespace",
+        ("-n", "--namespace"),
+        str,
+        "Kubernetes namespace (over the spec's; `up` with neither takes the kubeconfig "
+        "context's, else default).",
+        ("namespace",),
+    ),
+    SpecFlag("image", ("--image",), str, "Training image reference.", ("image",)),
+    SpecFlag("nodes", ("--nodes",), int, "Number of nodes (pods).", ("nodes",)),
+    SpecFlag("gpus", ("--gpus",), int, "GPUs per node; 0 runs on CPU with gloo.", ("gpus",)),
+    SpecFlag(
+        "procs", ("--procs",), int, "Processes per node (default: gpus, or 1 on CPU).", ("procs",)
+    ),
+    SpecFlag(
+        "max_restarts",
+        ("--max-restarts",),
+        int,
+        "torchrun restarts of the worker group.",
+        ("rendezvous", "maxRestarts"),
+    ),
+    SpecFlag(
+        "elastic",
+        ("--elastic",),
+        str,
+        "Elastic c10d rendezvous between MIN and MAX nodes.",
+        ("rendezvous",),
+        metavar="MIN:MAX",
+        convert=parse_elastic,
+    ),
+    SpecFlag(
+        "scheduler",
+        ("--scheduler",),
+        str,
+        "volcano: gang-schedule all nodes with Volcano.",
+        ("scheduling", "scheduler"),
+        metavar="default|volcano",
+    ),
+    SpecFlag(
+        "queue",
+        ("--queue",),
+        str,
+        "Kueue LocalQueue (the job starts suspended); with volcano, its queue.",
+        ("scheduling", "queue"),
+        metavar="NAME",
+    ),
+    SpecFlag(
+        "rdma",
+        ("--rdma",),
+        str,
+        "RDMA device plugin resource per node, e.g. rdma/hca_shared_devices_a=1.",
+        ("network", "rdma"),
+        metavar="RESOURCE=N",
+        convert=parse_rdma,
+    ),
+    SpecFlag(
+        "host_network",
+        ("--host-network",),
+        bool,
+        "Use the node's network namespace.",
+        ("network", "hostNetwork"),
+    ),
+    SpecFlag(
+        "nccl_debug",
+        ("--nccl-debug",),
+        str,
+        "NCCL_DEBUG: VERSION|WARN|INFO|TRACE.",
+        ("network", "ncclDebug"),
+        metavar="LEVEL",
+    ),
+    SpecFlag(
+        "network_policy",
+        ("--network-policy/--no-network-policy",),
+        bool,
+        "A NetworkPolicy admitting only the job's own pods (default on).",
+        ("network", "policy"),
+    ),
+    SpecFlag(
+        "no_probe",
+        ("--no-probe",),
+        bool,
+        "Skip ddpkit's collective probe at start-up.",
+        ("diagnostics", "probe"),
+        convert=lambda skip: not skip,
+    ),
+    SpecFlag(
+        "probe_min_busbw",
+        ("--probe-min-busbw",),
+        float,
+        "The probe's floor in GB/s (> 0): below it the run stops before step 1.",
+        ("diagnostics", "probeMinBusbw"),
+        metavar="GBPS",
+    ),
+    SpecFlag(
+        "hang_timeout",
+        ("--hang-timeout",),
+        float,
+        "Seconds without a finished step before the hang watchdog ends the run (0: off).",
+        ("diagnostics", "hangTimeoutSeconds"),
+        metavar="SECONDS",
+    ),
+    SpecFlag(
+        "ranks_every",
+        ("--ranks-every",),
+        int,
+        "Steps between two per-rank timing (`ranks`) events.",
+        ("diagnostics", "ranksEvery"),
+        metavar="N",
+    ),
+    SpecFlag(
+        "straggler_factor",
+        ("--straggler-factor",),
+        float,
+        "How much slower than the median (> 1) a straggler rank is.",
+        ("diagnostics", "stragglerFactor"),
+        metavar="F",
+    ),
+    SpecFlag(
+        "writable_rootfs",
+        ("--writable-rootfs",),
+        bool,
+        "Writable image file system, for code that writes into the image.",
+        ("security", "readOnlyRootFilesystem"),
+        convert=lambda writable: not writable,
+    ),
+)
+_BY_FLAG = {f.flag: f for f in SPEC_FLAGS}
+
+FileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "-f",
+        "--file",
+        help="Job spec file (default: ./ddpdeploy.yaml when present).",
+        rich_help_panel=SPEC_PANEL,
+    ),
+]
+TrainArgs = Annotated[
+    list[str] | None,
+    typer.Argument(
+        metavar="[-- TRAIN_ARGS...]",
+        help="Arguments appended to the training command.",
+        show_default=False,
+    ),
+]
+# The parameters spec_command adds: the file, every spec flag, the training arguments.
+_SPEC_PARAMS: list[tuple[str, Any]] = [
+    ("file", FileOpt),
+    *((f.param, f.annotation()) for f in SPEC_FLAGS),
+    ("train_args", TrainArgs),
+]
+
+
+def spec_from_flags(
+    path: Path | None = None,
+    flags: dict[str, Any] | None = None,
+    extra_args: list[str] | None = None,
+) -> JobSpec:
+    """The spec from ``path`` (or ./ddpdeploy.yaml) and ``flags`` by flag name (--nodes, …;
+    None means not given), then ``extra_args``; errors name the flag that set a field."""
+    from ddpdeploy.spec import Override, load_spec
+
+    given = {k: v for k, v in (flags or {}).items() if v is not None}
+    unknown = set(given) - set(_BY_FLAG)
+    if unknown:
+        raise KeyError(f"not a spec flag: {sorted(unknown)[0]}")
+    overrides = [
+        Override(f.flag, f.path, given[f.flag], f.convert) for f in SPEC_FLAGS if f.flag in given
+    ]
+    return load_spec(path, overrides, extra_args)
+
+
+def spec_from_params(values: dict[str, Any]) -> JobSpec:
+    flags = {f.flag: values.get(f.param) for f in SPEC_FLAGS}
+    return spec_from_flags(values.get("file"), flags, values.get("train_args") or None)
+
+
+def _hints_but_spec(fn: Callable[..., Any]) -> dict[str, Any]:
+    """``fn``'s parameter annotations, evaluated (they are postponed strings), all but
+    ``spec``'s: a command module imports JobSpec for type checking only."""
+    hints = {}
+    for name, annotation in fn.__annotations__.items():
+        if name not in ("spec", "return"):
+            is_text = isinstance(annotation, str)
+            hints[name] = eval(annotation, fn.__globals__) if is_text else annotation
+    return hints
+
+
+def spec_command(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Give ``fn(spec, ...)`` the spec flags; Typer reads the merged signature."""
+    hints = _hints_but_spec(fn)
+    own = [
+        p.replace(annotation=hints.get(p.name, p.annotation))
+        for p in inspect.signature(fn).parameters.values()
+        if p.name != "spec"
+    ]
+    extra = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ann)
+        for name, ann in _SPEC_PARAMS
+    ]
+
+    @functools.wraps(fn)
+    def wrapper(**kwargs: Any) -> Any:
+        values = {name: kwargs.pop(name) for name, _ in _SPEC_PARAMS}
+        return fn(spec=spec_from_params(values), **kwargs)
+
+    params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + extra
+    wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    return wrapper
+
+
+# --- the cluster commands' flags (kubectl's spellings) ---------------------------------
+
+CLUSTER_PANEL = "Cluster"
+
+KubeconfigOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--kubeconfig",
+        help="Kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or the pod's account).",
+        rich_help_panel=CLUSTER_PANEL,
+    ),
+]
+ContextOpt = Annotated[
+    str | None,
+    typer.Option("--context", help="Kubeconfig context to use.", rich_help_panel=CLUSTER_PANEL),
+]
+NamespaceOpt = Annotated[
+    str | None,
+    typer.Option(
+        "-n",
+        "--namespace",
+        help="Namespace (default: the kubeconfig context's, else default).",
+        rich_help_panel=CLUSTER_PANEL,
+    ),
+]
+
+
+def _job_name(value: str) -> str:
+    """NAME is checked like the spec's `name` (a DNS-1035 label): it becomes a label selector
+    and a folder name, so `../x` or `a,b=c` never reach either."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from ddpdeploy.spec import JobSpec
+
+    field = JobSpec.model_fields["name"]  # the field's own grammar, not the whole spec's rules
+    try:
+        grammar = (field.annotation, *field.metadata)  # Annotated[str, <its validators>]
+        TypeAdapter(cast(Any, Annotated[grammar])).validate_python(value)
+    except ValidationError as exc:
+        shown = repr(value) if len(value) <= 70 else f"{value[:60]!r}…({len(value)} characters)"
+        reason = exc.errors(include_url=False)[0]["msg"].removeprefix("Value error, ")
+        raise typer.BadParameter(f"{shown} {reason} (like the spec's name)") from None
+    return value
+
+
+NameArg = Annotated[
+    str,
+    typer.Argument(help="The job's name.", show_default=False, metavar="NAME", callback=_job_name),
+]
+
+# --- -o/--output: one flag; each command names the formats it has, Typer checks them --------
+
+_OUTPUT = ("-o", "--output")
+ObjectsOutput = Annotated[
+    Literal["yaml", "json"],
+    typer.Option(*_OUTPUT, case_sensitive=False, help="Output format."),
+]
+StatusOutput = Annotated[
+    Literal["table", "json", "yaml"],
+    typer.Option(*_OUTPUT, case_sensitive=False, help="Output format."),
+]
+ListOutput = Annotated[
+    Literal["table", "json"],
+    typer.Option(*_OUTPUT, case_sensitive=False, help="Output format."),
+]

@@ -1,0 +1,412 @@
+"""Reading torchrun's console, line by line: pure (no I/O), so any reader of torchrun's
+output (a smoke run, a pod's log) uses the same functions.
+
+Rank prefixes. With `contract.RANK_OUTPUT_ENV` in the agent's env, torchrun tees every worker line
+to the console prefixed with its global rank (`[rank3]:...`); `split_rank` takes it apart.
+Lines without the prefix are the agent's own (its warnings, its failure summary).
+
+The event protocol (optional). A job may print, from global rank 0 on stdout, one JSON
+object per line with an ``"event"`` key; the built-in trainer does, any script may (by hand
+or through the helpers). A job that prints none is still judged the same way: a smoke run
+succeeds when every node's agent exits 0. The events only add to the report:
+
+- ``{"event": "start", "total_steps": 100, "world_size": 4, "restart_count": 0,
+  "resumed": false, ...}``: the workers (re)started; ``total_steps`` sets the progress
+  bar's length. Shown as a note naming the node.
+- ``{"event": "step", "step": 10, "loss": 0.52}``: progress (``loss`` optional) and the
+  steps/s of the report; a ``--kill-at STEP`` run kills at this step.
+- ``{"event": "checkpoint", "step": 10, "path": "..."}``: a checkpoint is durable; shown as
+  a note; ``--kill-at checkpoint`` kills after the first one.
+- ``{"event": "done", "step": 100, "weights_sha256": "..."}``: the last step and the final
+  weights' checksum, which the report shows and ``--kill-at`` compares with a clean run.
+
+- ``probe``, ``ranks``, ``hang`` (ddpkit's diagnostics, docs/events.md): the start-up
+  all-reduce probe, the per-rank work times with any straggler, the hang watchdog's
+  finding; ``describe`` gives each its one report line.
+
+Any other fields are kept and ignored. Event lines are consumed as events: they are not
+echoed as the job's output. Anything else a rank prints (stdout or stderr) is the job's own
+output.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+from ddpdeploy.formats import ago, duration
+
+EVENTS = ("start", "step", "checkpoint", "done", "probe", "ranks", "hang")
+DIAGNOSTICS = ("probe", "ranks", "hang")
+
+_RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:")
+# torchrun's error summary, one block per failed worker ("rank : 3 (local_rank: 1)").
+_SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
+_SUMMARY_CODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+_ROOT_CAUSE = "Root Cause (first observed failure)"
+
+
+@dataclass(frozen=True)
+class Event:
+    """One protocol line: its kind (``start``, ``step``, ``checkpoint``, ``done``) and all
+    its fields (``event`` included)."""
+
+    kind: str
+    fields: dict[str, Any]
+
+    @property
+    def step(self) -> int | None:
+        value = self.fields.get("step")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def split_rank(text: str) -> tuple[int | None, str]:
+    """A console line as (global rank of the worker that wrote it or None, its text)."""
+    match = _RANK_PREFIX.match(text)
+    if match is None:
+        return None, text
+    return int(match[1]), text[match.end() :]
+
+
+def parse_event(text: str) -> Event | None:
+    """The protocol event on this line (rank prefix already split off), or None for any
+    other line (including JSON that is not one of the protocol's events)."""
+    if not text.startswith("{"):
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or value.get("event") not in EVENTS:
+        return None
+    return Event(value["event"], value)
+
+
+# ---- failures ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    node: str
+    rank: int
+    local_rank: int
+    code: int
+    root: bool  # torchrun's own pick ("Root Cause"), from 1 s timestamps
+
+
+def summary_failures(node: str, tail: list[str]) -> list[WorkerFailure]:
+    """The failed workers listed in torchrun's error summary in ``tail`` (agent lines only)."""
+    out: list[WorkerFailure] = []
+    pending: tuple[int, int] | None = None
+    root = False
+    for text in tail:
+        if _RANK_PREFIX.match(text):
+            continue  # a worker's line, not the agent's summary
+        if _ROOT_CAUSE in text:
+            root = True
+        elif match := _SUMMARY_RANK.match(text):
+            pending = (int(match[1]), int(match[2]))
+        elif pending and (match := _SUMMARY_CODE.match(text)):
+            out.append(WorkerFailure(node, *pending, int(match[1]), root))
+            pending = None
+    return out
+
+
+def root_cause(
+    failures: list[WorkerFailure], last_output: dict[tuple[str, int], float]
+) -> WorkerFailure:
+    """The worker that failed first. Its peers fail only after it exited (gloo: "connection
+    closed"), so their last output comes after its own; torchrun SIGTERMs the rest of a node
+    and lists those too, so they count only when nothing else failed.
+
+    ``last_output``: (node, local rank) -> wall-clock time of that worker's last output, where
+    known; finer than torchrun's 1 s stamps."""
+    own = [f for f in failures if f.code != -signal.SIGTERM] or failures
+    return min(
+        own, key=lambda f: (last_output.get((f.node, f.local_rank), float("inf")), not f.root)
+    )
+
+
+def agent_lines(tail: list[str]) -> list[str]:
+    """A node's console without torchrun's own traceback and summary, which follow the
+    workers' lines and only repeat the rank."""
+    cut = [
+        i
+        for i, t in enumerate(tail)
+        if t.startswith("Traceback (most recent call")
+        and any("ChildFailedError" in u for u in tail[i:])
+    ]
+    return tail[: cut[-1]] if cut else tail
+
+
+def code_text(code: int) -> str:
+    """An exit code as torchrun reports it: negative for a signal, named."""
+    if code < 0:
+        try:
+            return f"{code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return str(code)
+    return str(code)
+
+
+# ---- diagnostics: one line each -----------------------------------------------------------
+
+
+def describe(event: Event) -> str | None:
+    """The report line of a ``probe``, ``ranks`` or ``hang`` event; None for other kinds.
+    Fields a script left out are left out of the line (every field is optional)."""
+    f = event.fields
+    if event.kind == "probe":
+        return _probe_line(f)
+    if event.kind == "ranks":
+        return _ranks_line(f)
+    if event.kind == "hang":
+        return _hang_line(f)
+    return None
+
+
+def _who(value: Any) -> str:
+    if not isinstance(value, dict):
+        return "?"
+    return f"rank {value.get('rank', '?')} ({value.get('host', '?')})"
+
+
+def _probe_line(f: dict[str, Any]) -> str:
+    parts = [f"busbw {f.get('busbw_gbps', '?')} GB/s"]
+    sizes = f.get("sizes")
+    if isinstance(sizes, list) and sizes:
+        per = ", ".join(
+            f"{s.get('mb')} MB {s.get('busbw_gbps')}" for s in sizes if isinstance(s, dict)
+        )
+        parts.append(f"per size: {per}")
+    parts.append(f"world {f.get('world_size', '?')}, {f.get('backend', '?')}")
+    parts.append(f"transport {f.get('transport', '?')}")
+    if "slowest" in f:
+        parts.append(f"slowest {_who(f['slowest'])}")
+    if f.get("ok") is False:
+        parts.append(f"BELOW the floor {f.get('min_busbw_gbps')} GB/s")
+    line = "; ".join(parts)
+    for warning in f.get("warnings") or []:
+        line += f"\n  warning: {warning}"
+    return line
+
+
+def _ranks_line(f: dict[str, Any]) -> str:
+    def ms(value: Any) -> str:
+        return f"{value * 1e3:.1f} ms" if isinstance(value, int | float) else "?"
+
+    slowest, fastest = f.get("slowest") or {}, f.get("fastest") or {}
+    line = (
+        f"step {f.get('step', '?')}: work per step slowest {_who(slowest)} "
+        f"{ms(slowest.get('work_s'))}, fastest {_who(fastest)} {ms(fastest.get('work_s'))}, "
+        f"median {ms(f.get('median_work_s'))}"
+    )
+    stragglers = f.get("stragglers") or []
+    if stragglers:
+        named = ", ".join(
+            f"{_who(s)} {s.get('x_median', '?')}x" for s in stragglers if isinstance(s, dict)
+        )
+        return f"{line}; straggler: {named}"
+    return f"{line}; no straggler"
+
+
+def _hang_line(f: dict[str, Any]) -> str:
+    ranks = f.get("ranks") or []
+    hosts = f.get("hosts") or {}
+    named = ", ".join(f"{r} ({hosts.get(str(r), '?')})" for r in ranks) or "none named"
+    stacks = f.get("stacks") or []
+    where = f.get("dir") or (stacks[0].rsplit("/", 1)[0] if stacks else "?")
+    return (
+        f"hung at step {f.get('step', '?')} (no step for {f.get('idle_s', '?')} s): ranks "
+        f"that did not arrive: {named}; stacks of {len(stacks)} rank(s) in {where}"
+    )
+
+
+# Python's own error names the path; torch.save's C++ writer names only the cause, so the
+# user's own frame (the line that wrote) stands in for it.
+_READ_ONLY = "Read-only file system"
+_READ_ONLY_PATH = re.compile(r"Read-only file system: '((?:[^'\\]|\\.)*)'")
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)')
+_OWN_PREFIX = re.compile(r"^\[rank\d+\]: ?")
+_LIBRARIES = ("/site-packages/", "/dist-packages/", "/lib/python3")  # not the user's frame
+
+
+def read_only_write(lines: list[str]) -> str | None:
+    """One line naming what a worker wrote on the read-only root (a pod's, and compose's
+    since it runs with the pod's settings) and the fix; None when ``lines`` (the root-cause
+    rank's own) show no such error."""
+    # torch prefixes an uncaught exception's lines with the rank again ("[rank0]: ").
+    lines = [_OWN_PREFIX.sub("", t, count=1) for t in lines]
+    hits = [i for i, t in enumerate(lines) if _READ_ONLY in t]
+    if not hits:
+        return None
+    last = hits[-1]
+    match = _READ_ONLY_PATH.search(lines[last])
+    if match:
+        what = f"it wrote {match[1]}"
+    else:
+        what = "it wrote a file"
+        frames = [
+            (i, m)
+            for i, t in enumerate(lines[:last])
+            if (m := _FRAME.match(t)) and not any(lib in m[1] for lib in _LIBRARIES)
+        ]
+        if frames:
+            i, frame = frames[-1]
+            code = lines[i + 1].strip() if i + 1 < last else ""
+            what += f" ({frame[1]} line {frame[2]}{': ' + code if code else ''})"
+    return (
+        f"{what} on the read-only root file system, as the pod would refuse it; write under "
+        "$DDPDEPLOY_CHECKPOINT_DIR (or /tmp), or pass --writable-rootfs"
+    )
+
+
+# ---- a running job's progress, from rank 0's log ------------------------------------------
+
+
+def probe_line(line: str) -> str | None:
+    """The probe's report line when ``line`` (a pod's, rank prefix optional) is rank 0's
+    ``probe`` event; None for any other line."""
+    rank, text = split_rank(line.strip())
+    event = parse_event(text) if rank in (None, 0) else None
+    return describe(event) if event is not None and event.kind == "probe" else None
+
+
+# What the kubelet writes before each line when asked for timestamps (RFC 3339, up to ns).
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d) ")
+
+
+def split_timestamp(line: str) -> tuple[float | None, str]:
+    """A log line read with timestamps as (its time, epoch seconds, or None; its text)."""
+    from datetime import datetime
+
+    match = _STAMP.match(line)
+    if match is None:
+        return None, line
+    zone = "+00:00" if match[3] == "Z" else match[3]
+    when = datetime.fromisoformat(match[1] + zone).timestamp()
+    return when + float(f"0.{match[2] or 0}"), line[match.end() :]
+
+
+@dataclass(frozen=True)
+class Progress:
+    """The training itself as rank 0's latest events tell it; every field may be missing
+    (a script prints what it likes). Times are epoch seconds."""
+
+    events: int = 0  # protocol lines seen
+    step: int | None = None
+    total_steps: int | None = None
+    loss: float | None = None
+    samples_per_s: float | None = None
+    eta_s: float | None = None
+    checkpoint_step: int | None = None
+    checkpoint_age_s: float | None = None
+    done: bool = False
+    ranks: str | None = None  # describe() of the latest of each
+    hang: str | None = None
+    probe: str | None = None
+    run: str | None = None  # the run record's short form
+
+    def lines(self) -> list[str]:
+        """What `status` shows, one line each; the "no events" line when there were none."""
+        if not self.events:
+            return ["no training events in rank 0's log (a script without ddpkit.log)"]
+        out = [self._step_line()]
+        if self.checkpoint_step is not None:
+            age = "" if self.checkpoint_age_s is None else f", {ago(self.checkpoint_age_s)}"
+            out.append(f"last checkpoint: step {self.checkpoint_step}{age}")
+        out += [f"{k}: {v}" for k, v in (("probe", self.probe), ("ranks", self.ranks)) if v]
+        if self.hang:
+            out.append(self.hang)
+        if self.run:
+            out.append(f"run: {self.run}")
+        return out
+
+    def _step_line(self) -> str:
+        if self.step is None:
+            return "training: started, no step yet"
+        total = f"/{self.total_steps}" if self.total_steps is not None else ""
+        parts = [f"step {self.step}{total}" + (" (done)" if self.done else "")]
+        if self.eta_s is not None and not self.done:
+            parts.append(f"ETA {duration(self.eta_s)}")
+        if self.loss is not None:
+            parts.append(f"loss {self.loss:.4g}")
+        if self.samples_per_s is not None:
+            parts.append(f"{self.samples_per_s:.1f} samples/s")
+        return "training: " + ", ".join(parts)
+
+    def doc(self) -> dict[str, Any]:
+        """`status -o json|yaml`'s ``training``: the same data."""
+        from dataclasses import asdict
+
+        return {**asdict(self), "lines": self.lines()}
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def progress(lines: list[str], now: float | None = None) -> Progress:
+    """Rank 0's latest state from its log ``lines`` (oldest first; timestamps, as the
+    kubelet writes them, and rank prefixes optional): only rank 0's protocol lines count.
+    ``now`` (epoch seconds) dates the last checkpoint when lines carry their time."""
+    got: dict[str, Any] = {"events": 0}
+    steps: list[tuple[float, int]] = []  # (time, step) of timed step lines, for the ETA
+    step_s: float | None = None
+    for line in lines:
+        when, text = split_timestamp(line.rstrip("\r\n"))
+        rank, text = split_rank(text)
+        event = parse_event(text)
+        if event is None or rank not in (None, 0):
+            continue
+        got["events"] += 1
+        f = event.fields
+        if event.kind in ("start", "done") and isinstance(f.get("run"), dict):
+            got["run"] = run_short(f["run"])
+        if event.kind == "start":
+            if isinstance(f.get("total_steps"), int):
+                got["total_steps"] = f["total_steps"]
+            got["done"], steps = False, []  # a restart: the rate starts over
+        elif event.kind in ("step", "done") and event.step is not None:
+            got["step"], got["done"] = event.step, event.kind == "done"
+            got["loss"] = _number(f.get("loss")) if event.kind == "step" else got.get("loss")
+            if event.kind == "step":
+                got["samples_per_s"] = _number(f.get("samples_per_s"))
+            if when is not None:
+                steps.append((when, event.step))
+        elif event.kind == "checkpoint" and event.step is not None:
+            got["checkpoint_step"] = event.step
+            got["checkpoint_age_s"] = None if now is None or when is None else now - when
+        elif event.kind in DIAGNOSTICS:
+            got[event.kind] = describe(event)
+            step_s = _number(f.get("step_s")) if event.kind == "ranks" else step_s
+    if not got.get("done"):
+        got["eta_s"] = _eta(got.get("step"), got.get("total_steps"), steps, step_s)
+    return Progress(**got)
+
+
+def _eta(
+    step: int | None, total: int | None, steps: list[tuple[float, int]], step_s: float | None
+) -> float | None:
+    """Seconds left at the rate of the timed step lines seen (else the ranks event's)."""
+    if step is None or total is None:
+        return None
+    if len(steps) >= 2 and steps[-1][1] > steps[0][1] and steps[-1][0] > steps[0][0]:
+        step_s = (steps[-1][0] - steps[0][0]) / (steps[-1][1] - steps[0][1])
+    return max(0, total - step) * step_s if step_s is not None else None
+
+
+def run_short(run: dict[str, Any]) -> str:
+    """The record of what ran, short: image, spec sha256[:12], git commit[:12] (+dirty)."""
+    parts = []
+    if run.get("image"):
+        parts.append(f"image {run['image']}")
+    if run.get("spec_sha256"):
+        parts.append(f"spec {str(run['spec_sha256'])[:12]}")
+    if run.get("git_commit"):
+        dirty = " (dirty)" if run.get("git_dirty") else ""
+        parts.append(f"git {str(run['git_commit'])[:12]}{dirty}")
+    return ", ".join(parts) or "no image, spec or git recorded"

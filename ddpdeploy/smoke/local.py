@@ -1,0 +1,291 @@
+"""Local processes: one torchrun agent per node on this host, as a smoke target; and the
+run's checkpoint folder on this host.
+
+Cleanup does not rely on process groups: torchrun starts each worker in a session of its
+own, so signalling an agent's group misses its workers, and an agent that died (SIGKILL)
+leaves them orphaned. Every agent therefore gets a per-run marker in its env, which its
+workers inherit; `stop()` kills every process whose /proc/<pid>/environ carries it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddpdeploy.errors import OperationError
+from ddpdeploy.fs import write_atomic
+from ddpdeploy.paths import helpers_dir
+from ddpdeploy.smoke import workspace
+from ddpdeploy.smoke.backend import Line, Node, NoWorker, RunBackend
+from ddpdeploy.smoke.launch import HOLD_RELEASE_ENV, HOLD_STEP_ENV, LocalNode
+
+RUN_MARKER = "DDPDEPLOY_SMOKE_RUN"  # this run's id, in the env of its agents and workers
+NODE_MARKER = "DDPDEPLOY_SMOKE_NODE"  # the node (hostname) an agent or worker belongs to
+
+
+@dataclass
+class Agent:
+    node: LocalNode
+    proc: subprocess.Popen[str]
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=300))
+
+
+class LocalRun(RunBackend):
+    """The agents of one local run; use as a context manager so they always stop."""
+
+    def __init__(self, nodes: list[LocalNode], cwd: Path) -> None:
+        super().__init__()
+        self.marker = uuid.uuid4().hex
+        # torchrun writes each worker's output here too (PET_LOG_DIR), one folder per node.
+        self.log_dir = Path(tempfile.mkdtemp(prefix="ddpdeploy-smoke-"))
+        self.agents: dict[str, Agent] = {}
+        self.nodes = [Node(n.hostname, n.rank) for n in nodes]
+        # A chaos run's hold (ddpkit): the ranks wait at a step until this file grows a byte.
+        held = any(HOLD_STEP_ENV in n.env for n in nodes)
+        self.release = self.log_dir / "chaos-release" if held else None
+        self._stopped = False
+        try:
+            for node in nodes:
+                self._start(node, cwd)
+        except BaseException:  # Ctrl-C or SIGTERM between two starts: none may outlive us
+            self.stop()
+            raise
+
+    def _start(self, node: LocalNode, cwd: Path) -> None:
+        ours = {
+            "PET_LOG_DIR": str(self.log_dir / node.hostname),
+            RUN_MARKER: self.marker,
+            NODE_MARKER: node.hostname,
+        }
+        if self.release is not None:
+            ours[HOLD_RELEASE_ENV] = str(self.release)
+        env = {**os.environ, **node.env, **ours}
+        # `import ddpkit` works in a script as in the image (trainer's folder first on the path).
+        env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(helpers_dir()), env.get("PYTHONPATH")])
+        )
+        proc = subprocess.Popen(
+            node.argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+            start_new_session=True,  # Ctrl-C reaches the CLI only; stop() ends the rest
+        )
+        agent = Agent(node, proc)
+        self.agents[node.hostname] = agent
+        for stream in ("stdout", "stderr"):
+            self._read_in_background(self._read, agent, stream)
+
+    def _read(self, agent: Agent, stream: str) -> None:
+        for raw in getattr(agent.proc, stream):
+            text = raw.rstrip("\n")
+            agent.tail.append(text)
+            self._feed(Line(agent.node.hostname, stream, text))
+
+    def exit_codes(self) -> dict[str, int | None]:
+        return {name: agent.proc.poll() for name, agent in self.agents.items()}
+
+    def tail(self, node: str) -> list[str]:
+        return list(self.agents[node].tail)
+
+    def last_output_at(self, node: str) -> dict[int, float]:
+        """Per local rank, the mtime of its newest log file in the node's latest attempt."""
+        attempts = sorted(
+            (self.log_dir / node).glob("*/attempt_*"),
+            key=lambda p: int(p.name.split("_")[1]),
+        )
+        if not attempts:
+            return {}
+        out: dict[int, float] = {}
+        for rank_dir in attempts[-1].iterdir():
+            if rank_dir.name.isdigit():
+                stamps = [f.stat().st_mtime for f in rank_dir.glob("std*.log")]
+                if stamps:
+                    out[int(rank_dir.name)] = max(stamps)
+        return out
+
+    def kill_worker(self, node: str, local_rank: int | None = None) -> str:
+        """SIGKILL the live worker of ``node`` with ``local_rank`` (default: the highest);
+        then release the ranks that hold for it (a chaos run's hold: one more byte in the
+        release file), also when there was none to kill."""
+        try:
+            return self._kill_worker(node, local_rank)
+        finally:
+            if self.release is not None:
+                with self.release.open("ab") as f:
+                    f.write(b"\n")
+
+    def _kill_worker(self, node: str, want: int | None) -> str:
+        workers = [
+            (int(env["LOCAL_RANK"]), pid)
+            for pid, env in marked_processes(self.marker).items()
+            if env.get(NODE_MARKER) == node and env.get("LOCAL_RANK", "").isdigit()
+        ]
+        if want is not None:
+            workers = [w for w in workers if w[0] == want]
+        if not workers:
+            raise NoWorker(f"--kill-at: node {node} had no worker process to kill")
+        local_rank, pid = max(workers)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        return f"local rank {local_rank} (pid {pid})"
+
+    def stop(self, grace: float = 5.0) -> None:
+        """SIGTERM every agent (torchrun passes it on to its workers), SIGKILL what is left
+        after ``grace``, then every process of this run that is still alive."""
+        if self._stopped:
+            return
+        self._stopped = True
+        live = [a for a in self.agents.values() if a.proc.poll() is None]
+        for agent in live:
+            _signal_group(agent.proc, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for agent in live:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                agent.proc.wait(max(0.0, deadline - time.monotonic()))
+        for agent in self.agents.values():
+            _signal_group(agent.proc, signal.SIGKILL)
+            agent.proc.wait()
+        kill_marked(self.marker)
+        shutil.rmtree(self.log_dir, ignore_errors=True)
+
+
+def fresh_folder(path: Path, keep: bool) -> bool:
+    """Make ``path`` (a run's checkpoint folder) exist; empty it unless ``keep``. True when
+    it held something that was removed."""
+    emptied = False
+    if not keep and path.is_dir() and any(path.iterdir()):
+        shutil.rmtree(path)
+        emptied = True
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OperationError(f"cannot create checkpoint folder {path}: {exc.strerror}") from None
+    return emptied
+
+
+def workspace_listing(root: Path, ignored: frozenset[str]) -> dict[str, tuple[int, int]]:
+    """Every regular file under ``root`` as relative path -> (mtime in ns, size), skipping
+    folders named in ``ignored`` and never following symlinks."""
+    out: dict[str, tuple[int, int]] = {}
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in ignored]
+        for name in files:
+            path = Path(folder, name)
+            try:
+                stat = path.lstat()
+            except OSError:  # gone while we looked
+                continue
+            if not path.is_symlink():
+                out[str(path.relative_to(root))] = (stat.st_mtime_ns, stat.st_size)
+    return out
+
+
+def _signal_group(proc: subprocess.Popen[str], sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def marked_processes(marker: str) -> dict[int, dict[str, str]]:
+    """Live processes whose environment carries ``RUN_MARKER=marker``, with that env."""
+    needle = f"{RUN_MARKER}={marker}".encode()
+    found: dict[int, dict[str, str]] = {}
+    if not os.path.isdir("/proc"):  # not Linux: only the agents' own SIGTERM handling helps
+        return found
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = Path(entry.path, "environ").read_bytes()
+        except OSError:  # gone, or not ours to read
+            continue
+        items = raw.split(b"\0")
+        if needle in items:
+            pairs = (i.decode(errors="replace").partition("=") for i in items if b"=" in i)
+            found[int(entry.name)] = {k: v for k, _, v in pairs}
+    return found
+
+
+def kill_marked(marker: str, timeout: float = 10.0) -> None:
+    """SIGKILL every process of the run until none is left (restarts can fork new ones)."""
+    deadline = time.monotonic() + timeout
+    while (pids := marked_processes(marker)) and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
+
+
+class WorkspaceRuns:
+    """The files local runs write into the workspace (outside the checkpoint folder): what
+    each run wrote is recorded (workspace.RECORD), and before the next run, of this smoke
+    or a later one, those still unchanged are set aside (workspace.ASIDE)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.before: dict[str, tuple[int, int]] | None = None
+        self.wrote: set[str] = set()  # every run's, for the read-only root's warning
+
+    def begin(self, keep: bool) -> list[str]:
+        """Before a run: set aside what earlier runs wrote (unless ``keep``) and note the
+        workspace as the run starts; the files set aside."""
+        now = workspace_listing(self.root, workspace.IGNORED)
+        recorded = self._recorded()
+        if self.before is not None:
+            recorded |= {p: now[p] for p in workspace.written(self.before, now)}
+            self.wrote |= set(workspace.written(self.before, now))
+        moved = [] if keep else workspace.unchanged(recorded, now)
+        for rel in moved:
+            target = self.root / workspace.ASIDE / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(self.root / rel, target)
+        self._record({} if not keep else recorded)
+        self.before = workspace_listing(self.root, workspace.IGNORED) if moved else now
+        return moved
+
+    def end(self) -> list[str]:
+        """After the last run: what every run wrote (sorted); what the last one wrote is
+        recorded for the next smoke to set aside."""
+        if self.before is None:
+            return sorted(self.wrote)
+        now = workspace_listing(self.root, workspace.IGNORED)
+        last = workspace.written(self.before, now)
+        self.wrote |= set(last)
+        self._record({**self._recorded(), **{p: now[p] for p in last}})
+        return sorted(self.wrote)
+
+    def _recorded(self) -> dict[str, tuple[int, int]]:
+        try:
+            doc = json.loads((self.root / workspace.RECORD).read_text())
+        except (OSError, ValueError):
+            return {}  # none yet, or not ours to trust: nothing is set aside for it
+        if not isinstance(doc, dict):
+            return {}
+        return {
+            str(p): (int(s[0]), int(s[1]))
+            for p, s in doc.items()
+            if isinstance(s, list)
+            and len(s) == 2
+            and all(isinstance(x, int) for x in s)
+            and workspace.inside(str(p))
+        }
+
+    def _record(self, files: Mapping[str, tuple[int, int]]) -> None:
+        (self.root / workspace.RECORD).parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps({p: list(s) for p, s in sorted(files.items())}, indent=1) + "\n"
+        write_atomic(self.root / workspace.RECORD, text.encode(), "smoke")

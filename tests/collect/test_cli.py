@@ -1,0 +1,66 @@
+"""`ddpdeploy collect` as users run it: the source is chosen explicitly (a local run's
+folder is taken and said; without one and without --from, never the cluster), and NAME is
+validated on every job verb before anything is read or asked. What each room does behind
+it: test_checkpoint.py, test_plain.py, test_debug.py, test_destination.py, test_source.py,
+test_pod.py, test_volume.py."""
+
+from __future__ import annotations
+
+import pytest
+from cli_runner import run_cli
+
+JOB_VERBS = [
+    ["collect", "--to", "out", "--from", "local"],
+    ["status"],
+    ["logs"],
+    ["down"],
+    ["scale", "--nodes", "2"],
+    ["resume"],
+]
+
+
+def one_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("verb", JOB_VERBS, ids=[v[0] for v in JOB_VERBS])
+@pytest.mark.parametrize("name", ["../../../other", "a,b=c", "UPPER", "x" * 64, ""])
+def test_name_is_validated_on_every_job_verb(tmp_path, monkeypatch, capsys, verb, name):
+    from ddpdeploy.cli import main  # in-process: 30 cases, each stops at parsing
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        main([verb[0], name, *verb[1:]])
+    assert stop.value.code == 2
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith("error: Invalid value for 'NAME': ") and "DNS-1035 label" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_bad_name_is_refused_before_any_cluster_call(tmp_path):
+    out = run_cli("down", "a,b=c", env={"KUBECONFIG": str(tmp_path / "none")})
+    assert out.returncode == 2
+    assert one_line(out.stderr).startswith("error: Invalid value for 'NAME': 'a,b=c' must be")
+
+
+def test_a_local_run_folder_is_taken_and_said(local_run, tmp_path):
+    out = run_cli("collect", "j", "--to", str(tmp_path / "out"), cwd=local_run)
+    assert out.returncode == 0, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert lines == [
+        "collect: reading the local run's folder .ddpdeploy/checkpoints/j (--from local)",
+        "collected ddpdeploy checkpoint step 2 from .ddpdeploy/checkpoints/j into "
+        f"{tmp_path / 'out'}",
+    ]
+
+
+def test_no_local_folder_and_no_from_never_turns_to_the_cluster(tmp_path):
+    env = {"KUBECONFIG": str(tmp_path / "would-be-read")}
+    out = run_cli("collect", "j", "--to", str(tmp_path / "out"), cwd=tmp_path, env=env)
+    assert out.returncode == 2
+    line = one_line(out.stderr)
+    assert "no local run's folder .ddpdeploy/checkpoints/j" in line
+    assert "--from cluster" in line and "--from compose --volume" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

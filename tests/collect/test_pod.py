@@ -1,0 +1,297 @@
+"""`collect --from cluster` (collect.pod): the helper pod (built by the pod renderer,
+hardened like the job's pods) and the pod source's `sh` programs, run here on real folders
+through a stand-in for the exec API; and against a real kube-apiserver, the helper pod it
+creates is accepted and gone afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from actors import res
+from checkov_scan import allowlist, checkov_path
+from reports import Recorded
+
+from ddpdeploy.collect.checkpoint import collect, payload_name
+from ddpdeploy.collect.debug import MAX_DEBUG
+from ddpdeploy.collect.plain import SUMS
+from ddpdeploy.collect.pod import READ, PodSource, collect_helper_pod
+from ddpdeploy.errors import UserError
+from ddpdeploy.spec import JobSpec
+
+from .folders import CUT_NOTE, ExecHere, check_collected, put_checkpoint, put_diagnostics
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+JOB = {
+    "name": "llm",
+    "namespace": "team-a",
+    "image": "ghcr.io/team/train:v1",
+    "checkpoint": {"size": "10Gi", "mountPath": "/ckpt"},
+    "network": {"rdma": {"resource": "rdma/hca"}},
+    "imagePullSecrets": ["regcred"],
+    "nodeSelector": {"pool": "gpu"},
+}
+
+
+def test_the_helper_pod_is_hardened_like_the_jobs_pods():
+    pod = collect_helper_pod(JobSpec.model_validate(JOB))
+    spec = pod["spec"]
+    (box,) = spec["containers"]
+    assert box["image"] == "ghcr.io/team/train:v1"  # the job's own image, no busybox
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["enableServiceLinks"] is False
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert box["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},  # no IPC_LOCK, though the job has RDMA
+        "privileged": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+    }
+    assert box["resources"]["limits"]["memory"] and box["resources"]["requests"]["cpu"]
+    assert box["volumeMounts"] == [{"name": "checkpoints", "mountPath": "/ckpt", "readOnly": True}]
+    assert spec["volumes"][0]["persistentVolumeClaim"] == {
+        "claimName": "llm-checkpoints",
+        "readOnly": True,
+    }
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+    assert spec["nodeSelector"] == {"pool": "gpu"}
+    assert pod["metadata"]["namespace"] == "team-a"
+    assert pod["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "ddpdeploy"
+    assert pod["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
+    loosened = JobSpec.model_validate({**JOB, "security": {"readOnlyRootFilesystem": False}})
+    other = collect_helper_pod(loosened, "registry.example/tools:1")
+    assert other["spec"]["containers"][0]["image"] == "registry.example/tools:1"
+    assert other["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+    assert "busybox" not in yaml.safe_dump(pod)
+
+
+def test_no_image_and_no_checkpoint_are_one_line_errors():
+    with pytest.raises(UserError, match="image"):
+        collect_helper_pod(JobSpec.model_validate({**JOB, "image": None}))
+    with pytest.raises(UserError, match="no checkpoint volume"):
+        collect_helper_pod(JobSpec.model_validate({**JOB, "checkpoint": None}))
+
+
+@pytest.mark.slow  # starts the scanner, as tests/test_checkov.py does
+def test_checkov_passes_the_helper_pod(tmp_path):
+    from ddpdeploy.targets import render_objects
+
+    checkov = checkov_path()
+    spec = JobSpec(**JOB)
+    (tmp_path / "pod.yaml").write_text(yaml.safe_dump(collect_helper_pod(spec)))
+    # The job's NetworkPolicy, which `up` creates beside the job, covers the reader too.
+    policy = [o for o in render_objects(spec) if o["kind"] == "NetworkPolicy"]
+    assert len(policy) == 1
+    (tmp_path / "policy.yaml").write_text(yaml.safe_dump(policy[0]))
+    res = subprocess.run(
+        [checkov, "-d", str(tmp_path), "--framework", "kubernetes", "--quiet", "--compact"]
+        + ["-o", "json", "--skip-download"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "BC_SKIP_MAPPING": "TRUE"},
+    )
+    assert res.returncode in (0, 1), res.stderr[-3000:]
+    report = json.loads(res.stdout)
+    failed = {
+        c["check_id"]
+        for r in (report if isinstance(report, list) else [report])
+        for c in r.get("results", {}).get("failed_checks", [])
+    }
+    everywhere = {check for check, e in allowlist().items() if e["cases"] == "all"}
+    assert failed <= everywhere, f"checkov fails {sorted(failed - everywhere)} on the helper pod"
+
+
+# -- the pod source: the reader's `sh` programs on a real folder ------------------------
+
+
+def test_the_pod_source_refuses_symlinks_and_falls_back_past_a_vanished_payload(tmp_path):
+    vol = tmp_path / "vol"
+    vol.mkdir()
+    put_checkpoint(vol, 1, os.urandom(70_000))
+    put_checkpoint(vol, 2, b"two")
+    put_checkpoint(vol, 3, b"three")
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"two")  # matches step 2's sha256
+    (vol / payload_name(2)).unlink()
+    (vol / payload_name(2)).symlink_to(secret)
+    os.mkfifo(vol / "pipe")
+    (vol / "odd\nname").write_bytes(b"x")
+
+    def delete_step_3(path: str) -> None:
+        if path.endswith(payload_name(3)):
+            os.unlink(path)  # deleted between the listing and the read
+
+    source = PodSource(ExecHere(delete_step_3), "j-collect", "ns", "reader", str(vol))
+    entries = source.entries()
+    assert entries[payload_name(2)] == "symlink" and entries["pipe"] == "special file"
+    assert entries["odd\nname"] == "regular file"
+    said = Recorded()
+    warnings = said.warnings
+    got = collect(source, tmp_path / "out", report=said)
+    assert got.step == 1
+    assert (tmp_path / "out" / payload_name(1)).read_bytes() == (vol / payload_name(1)).read_bytes()
+    text = "\n".join(warnings)
+    assert "step 3" in text and "vanished" in text
+    assert "step 2" in text and "a symlink, not a regular file" in text
+    assert "skipping pipe" in text
+
+
+def test_the_pod_source_collects_plain_files(tmp_path):
+    vol = tmp_path / "vol"
+    vol.mkdir()
+    (vol / "snapshot.pt").write_bytes(os.urandom(50_000))
+    (vol / "lost+found").mkdir()
+    (vol / "link").symlink_to("/etc/passwd")
+    source = PodSource(ExecHere(), "j-master-0", "ns", "pytorch", str(vol))
+    got = collect(source, tmp_path / "out")
+    assert got.files == ["snapshot.pt"]
+    assert (tmp_path / "out" / "snapshot.pt").read_bytes() == (vol / "snapshot.pt").read_bytes()
+    check = subprocess.run(["sha256sum", "-c", SUMS], cwd=tmp_path / "out", capture_output=True)
+    assert check.returncode == 0
+
+
+def test_pod_source_reads_through_exec_chunks(tmp_path):
+    folder = tmp_path / "vol"
+    folder.mkdir()
+    for step in (3, 5):
+        payload = bytes(range(256)) * (step * 10)
+        put_checkpoint(folder, step, payload, meta={"file": payload_name(step)})
+    (folder / "ckpt-step-000000007.pt").write_bytes(b"no sidecar: not a checkpoint")
+    source = PodSource(ExecHere(), "j-worker-0", "ns", "pytorch", str(folder))
+    said = Recorded()
+    assert collect(source, tmp_path / "out", report=said).step == 5
+    assert said.warnings == []
+    check_collected(tmp_path / "out", 5)
+
+
+class LyingExec(ExecHere):
+    """The exec stand-in, with a file that grows between collect's two reads of it; its
+    chunks uneven and some large (it hands back tens of MiB)."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(chunks=(7, 65_537))
+        self.folder, self.reads, self.sent = folder, 0, 0
+
+    def exec_stream(self, pod, namespace, container, argv):
+        if "ddpdeploy-refused" in argv[2] and argv[4].endswith("hang-rank1.txt"):
+            self.reads += 1
+            if self.reads == 2:
+                with open(self.folder / "hang-rank1.txt", "ab") as f:
+                    f.write(b"more\n")
+        for chunk in super().exec_stream(pod, namespace, container, argv):
+            self.sent += len(chunk)
+            yield chunk
+
+
+def test_the_pod_source_brings_the_diagnostics_and_sends_no_more_than_the_bound(tmp_path):
+    vol = tmp_path / "vol"
+    vol.mkdir()
+    files = put_diagnostics(vol)
+    with open(vol / "hang-rank2.txt", "wb") as f:
+        f.truncate(2 << 30)  # 2 GB: the pod's reader stops at 33 MiB
+    (vol / "hang-rank3.txt").symlink_to("/etc/passwd")
+    exec_ = LyingExec(vol)
+    said = Recorded()
+    warnings = said.warnings
+    source = PodSource(exec_, "j-master-0", "ns", "pytorch", str(vol))
+    got = collect(source, tmp_path / "out", report=said, debug=True)
+    assert got.no_checkpoint and got.step is None
+    assert sorted(f.name for f in got.debug or []) == [
+        "ddpkit-nccl.node-1.4242.log",
+        "hang-rank0.txt",
+        "hang-rank2.txt",
+        "nccl_trace_rank_0",
+    ]
+    assert got.debug_summary() == "2 hang stacks, 1 flight recorder dump, 1 NCCL debug log"
+    text = "\n".join(warnings)
+    assert "skipping hang-rank1.txt in pod j-master-0" in text and "changed between" in text
+    assert "skipping hang-rank3.txt in pod j-master-0" in text and "a symlink" in text
+    assert exec_.sent < 3 * 34 << 20  # the 2 GB file was read three times at most 33 MiB
+    out = tmp_path / "out" / "debug"
+    assert (out / "nccl_trace_rank_0").read_bytes() == files["nccl_trace_rank_0"]
+    assert (out / "hang-rank2.txt").stat().st_size == MAX_DEBUG + len(CUT_NOTE)
+    assert not (out / "hang-rank1.txt").exists()
+
+
+def test_the_pod_reader_without_gnu_dd_bounds_too(tmp_path):
+    """The busybox branch of the reader (no `dd iflag=nofollow`) with a bound."""
+    big = tmp_path / "big"
+    with open(big, "wb") as f:
+        f.truncate(5 << 20)
+    program = READ.replace("iflag=nofollow status=none 2>/dev/null", "iflag=no-such-flag 2>&-")
+    assert program != READ  # the probe for GNU dd now fails: the other branch runs
+    res = subprocess.run(["sh", "-c", program, "sh", str(big), "2"], capture_output=True)
+    assert res.returncode == 0 and len(res.stdout) == 2 << 20
+
+
+# -- against a real kube-apiserver (kube_fixtures.py) -------------------------------------
+
+IMAGE = "registry.invalid/train:v1"
+
+
+@pytest.mark.kube
+@pytest.mark.slow
+def test_the_apiserver_accepts_the_helper_pod(admin, namespace):
+    spec = JobSpec.model_validate(
+        {"name": "j", "namespace": namespace, "image": IMAGE, "checkpoint": {"size": "1Gi"}}
+    )
+    body = collect_helper_pod(spec)
+    created = res(admin, "v1", "Pod").create(namespace=namespace, body=body).to_dict()
+    pod = created["spec"]
+    assert pod["automountServiceAccountToken"] is False and pod["enableServiceLinks"] is False
+    box = pod["containers"][0]
+    assert box["securityContext"]["readOnlyRootFilesystem"] is True
+    assert box["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert box["resources"]["limits"]["memory"] == "256Mi"
+    # No token volume was injected: the service account admission honours the opt-out.
+    assert [v["name"] for v in pod["volumes"]] == ["checkpoints"]
+
+
+@pytest.mark.kube
+@pytest.mark.slow
+def test_collect_creates_the_rendered_helper_pod_and_removes_it(
+    kube_cli, admin, namespace, tmp_path
+):
+    spec = tmp_path / "ddpdeploy.yaml"
+    spec.write_text("checkpoint: {size: 1Gi}\n")
+    up = kube_cli(
+        "up", "--image", IMAGE, "--name", "j", "-n", namespace, "-f", str(spec), "--no-wait"
+    )
+    assert up.returncode == 0, up.stderr
+    env = kube_cli.keywords["env"]
+    dest = tmp_path / "out"
+    args = ["collect", "j", "--from", "cluster", "--to", str(dest), "-n", namespace]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddpdeploy", *args, "--timeout", "8"],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen = None
+    deadline = time.monotonic() + 30
+    while seen is None and proc.poll() is None and time.monotonic() < deadline:
+        items = res(admin, "v1", "Pod").get(namespace=namespace).to_dict()["items"]
+        seen = next((p for p in items if p["metadata"]["name"] == "j-collect"), None)
+        time.sleep(0.2)
+    _, stderr = proc.communicate(timeout=60)
+    assert seen is not None, stderr
+    box = seen["spec"]["containers"][0]
+    assert box["image"] == IMAGE  # the job's own image
+    assert box["securityContext"]["runAsNonRoot"] is True
+    assert seen["spec"]["automountServiceAccountToken"] is False
+    assert proc.returncode == 1 and "helper pod j-collect" in stderr
+    assert len(stderr.strip().splitlines()) == 1
+    assert res(admin, "v1", "Pod").get(namespace=namespace).to_dict()["items"] == []
+    assert not dest.exists()

@@ -1,0 +1,138 @@
+"""What `smoke` concludes about scripts nobody here wrote (issue 24 §2): a run that trained
+nothing is not green, two nodes saving one checkpoint are flagged, a run never starts from a
+file an earlier run left in the workspace, a failure names its cause first and shows a
+rank's lines in the order it printed them, and `--kill-at` says what happened apart from
+whether the weights match, telling an inexact resume from a script that is not
+deterministic. Real torchrun agents on 127.0.0.1 (the scripts live in tests/scripts)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections import deque
+from pathlib import Path
+
+import pytest
+
+from ddpdeploy.smoke.runner import _as_printed
+
+SCRIPTS = Path(__file__).parent / "scripts"
+TRAIN = Path(__file__).resolve().parents[1] / "train"
+
+
+def test_a_ranks_traceback_comes_after_what_it_printed_before():
+    # torchrun tails stdout and stderr apart: the crash's traceback can arrive first.
+    tail = deque(
+        [
+            ("stdout", "epoch 1"),
+            ("stderr", "Traceback (most recent call last):"),
+            ("stderr", '  File "t.py", line 3, in <module>'),
+            ("stdout", "saving epoch 2"),
+            ("stderr", "RuntimeError: boom"),
+        ]
+    )
+    assert _as_printed(tail) == [
+        "epoch 1",
+        "saving epoch 2",
+        "Traceback (most recent call last):",
+        '  File "t.py", line 3, in <module>',
+        "RuntimeError: boom",
+    ]
+    plain = deque([("stdout", "a"), ("stderr", "b")])
+    assert _as_printed(plain) == ["a", "b"]
+
+
+def workspace(tmp_path: Path, spec: str) -> Path:
+    ws = tmp_path / "ws"
+    shutil.copytree(SCRIPTS, ws)
+    (ws / "ddpdeploy.yaml").write_text(spec)
+    return ws
+
+
+def smoke(ws: Path, *args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(TRAIN)}  # `import ddpkit`, as in the image
+    return subprocess.run(
+        [sys.executable, "-m", "ddpdeploy", "smoke", "--local", *args],
+        cwd=ws,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+@pytest.mark.slow
+def test_a_script_that_exits_0_without_training_fails(tmp_path):
+    ws = workspace(tmp_path, "nodes: 2\nprocs: 1\ncommand: {script: no_group.py}\n")
+    res = smoke(ws)
+    assert res.returncode == 1, res.stderr
+    last = res.stderr.split("error: ", 1)[1]
+    assert last.startswith("every node exited 0, but no rank joined a process group")
+    assert "Unable to locate sufficient GPUs" in last  # the rank's own words
+    assert "PYTORCH_API_USAGE" not in res.stderr + res.stdout  # torch's lines are ours only
+
+
+@pytest.mark.slow
+def test_two_nodes_saving_the_same_checkpoint_are_flagged(tmp_path):
+    ws = workspace(
+        tmp_path,
+        "nodes: 2\nprocs: 2\ncommand: {script: local_rank_save.py}\ncheckpoint: {size: 1Gi}\n",
+    )
+    res = smoke(ws)
+    assert res.returncode == 0, res.stderr
+    (line,) = [t for t in res.stderr.splitlines() if "called torch.save" in t]
+    assert line.startswith("smoke: warning: ranks 0, 2 on 2 nodes")
+    assert "save on global rank 0 only (RANK == 0, not LOCAL_RANK == 0)" in line
+
+
+@pytest.mark.slow
+def test_a_run_does_not_start_from_a_file_an_earlier_run_left(tmp_path):
+    ws = workspace(tmp_path, "nodes: 1\nprocs: 2\ncommand: {script: workspace_snapshot.py}\n")
+    first = smoke(ws)
+    assert first.returncode == 0, first.stderr
+    assert "starting at iteration 0" in first.stderr and (ws / "snapshot.pt").is_file()
+    second = smoke(ws)
+    assert second.returncode == 0, second.stderr
+    assert "set aside snapshot.pt, written in the workspace by an earlier run" in second.stderr
+    assert "starting at iteration 0" in second.stderr  # not 3: it started fresh
+    assert (ws / ".ddpdeploy" / "smoke" / "previous" / "snapshot.pt").is_file()
+    # --resume keeps it, as it keeps the checkpoint folder.
+    kept = smoke(ws, "--resume")
+    assert kept.returncode == 0, kept.stderr
+    assert "set aside" not in kept.stderr and "starting at iteration 3" in kept.stderr
+    # A file the user changed since is theirs again: left where it is.
+    (ws / "snapshot.pt").write_bytes((ws / "snapshot.pt").read_bytes() + b"")
+    os.utime(ws / "snapshot.pt", ns=(1, 1))
+    mine = smoke(ws)
+    assert "set aside" not in mine.stderr and "starting at iteration 3" in mine.stderr
+
+
+@pytest.mark.slow
+def test_below_the_probes_floor_the_reason_comes_first(tmp_path):
+    ws = workspace(tmp_path, "nodes: 2\nprocs: 1\n")
+    res = smoke(ws, "--steps", "5", "--probe-min-busbw", "100000")
+    assert res.returncode == 1, res.stderr
+    error = res.stderr.split("error: ", 1)[1]
+    assert error.startswith("probe: bus bandwidth "), error
+    assert "is below the floor 100000" in error.splitlines()[0]
+
+
+@pytest.mark.slow
+def test_kill_at_on_a_script_that_is_not_deterministic_says_so(tmp_path):
+    ws = workspace(
+        tmp_path,
+        "nodes: 2\nprocs: 1\ncommand: {script: unseeded.py}\ncheckpoint: {size: 1Gi}\n",
+    )
+    res = smoke(ws, "--kill-at", "10", timeout=600)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert re.search(r"^killed +local rank 0 \(pid \d+\) of \S+ at step 10$", out, re.M), out
+    assert re.search(r"^restarted +[\d.]+ s after the kill; it resumed from step 8$", out, re.M)
+    assert re.search(r"^finished +every node exited 0 after the kill, at step 24$", out, re.M)
+    assert re.search(
+        r"^clean again +[0-9a-f]{64}: two clean runs differ, so the script is not", out, re.M
+    )
+    assert "the resume after the kill was not exact" not in res.stderr
