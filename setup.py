@@ -20,6 +20,10 @@ SHIPPED = ("train", "docker")
 
 class BuildPyWithData(build_py):
     def run(self) -> None:
+        if not self.editable_mode:
+            # build/lib outlives a build: a module deleted or moved since the last one would
+            # otherwise ship again in this wheel (setuptools only adds and overwrites).
+            shutil.rmtree(Path(self.build_lib, "ddpdeploy"), ignore_errors=True)
         super().run()
         if self.editable_mode:
             return

@@ -95,7 +95,8 @@ def test_wheel_ships_trainer_and_dockerfile_but_no_tests_or_caches(wheels) -> No
 
 
 def test_sdist_builds_the_same_wheel(wheels) -> None:
-    # A difference here can also be a stale build/ folder in the checkout: rm -rf build.
+    # The checkout may hold a build/ folder from an older tree: setup.py's build_py clears
+    # the package from it, so deleted modules do not ship.
     assert contents(wheels["sdist"]) == contents(wheels["tree"])
 
 
