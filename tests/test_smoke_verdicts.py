@@ -88,6 +88,42 @@ def test_two_nodes_saving_the_same_checkpoint_are_flagged(tmp_path):
     assert "save on global rank 0 only (RANK == 0, not LOCAL_RANK == 0)" in line
 
 
+def test_only_files_a_run_created_are_set_aside(tmp_path):
+    """A file that was there before the run and changed beside it (an editor, a shell's
+    `2> log`) is the user's: never moved, even while unchanged since."""
+    from ddpdeploy.smoke.local import WorkspaceRuns
+
+    (tmp_path / "notes.txt").write_text("mine")
+    runs = WorkspaceRuns(tmp_path)
+    assert runs.begin(keep=False) == []
+    (tmp_path / "notes.txt").write_text("mine, edited during the run")
+    (tmp_path / "snapshot.pt").write_bytes(b"the run's")
+    assert runs.end() == ["notes.txt", "snapshot.pt"]  # both would meet a read-only root
+    again = WorkspaceRuns(tmp_path)
+    assert again.begin(keep=False) == ["snapshot.pt"]
+    assert (tmp_path / "notes.txt").read_text() == "mine, edited during the run"
+    assert (tmp_path / ".ddpdeploy" / "smoke" / "previous" / "snapshot.pt").is_file()
+
+
+def test_smokes_own_output_redirected_into_the_workspace_is_left_alone(tmp_path):
+    # `ddpdeploy smoke ... > out.txt 2> err.txt` in the workspace: the files grow during the
+    # run; they are neither "written by the run" nor set aside before the next one.
+    code = (
+        "import sys; from pathlib import Path; from ddpdeploy.smoke.local import WorkspaceRuns\n"
+        "for _ in range(2):\n"
+        "    runs = WorkspaceRuns(Path.cwd()); moved = runs.begin(keep=False)\n"
+        "    print('x' * 100, flush=True); print('y' * 100, file=sys.stderr, flush=True)\n"
+        "    Path('made.txt').write_text('z'); wrote = runs.end()\n"
+        "    print(moved, wrote, file=sys.stderr, flush=True)\n"
+    )
+    with open(tmp_path / "out.txt", "w") as out, open(tmp_path / "err.txt", "w") as err:
+        subprocess.run([sys.executable, "-c", code], cwd=tmp_path, stdout=out, stderr=err,
+                       check=True)  # fmt: skip
+    lines = (tmp_path / "err.txt").read_text().splitlines()
+    assert lines[1] == "[] ['made.txt']" and lines[3] == "['made.txt'] ['made.txt']", lines
+    assert (tmp_path / "out.txt").stat().st_size == 202
+
+
 @pytest.mark.slow
 def test_a_run_does_not_start_from_a_file_an_earlier_run_left(tmp_path):
     ws = workspace(tmp_path, "nodes: 1\nprocs: 2\ncommand: {script: workspace_snapshot.py}\n")

@@ -196,6 +196,19 @@ def workspace_listing(root: Path, ignored: frozenset[str]) -> dict[str, tuple[in
     return out
 
 
+def _own_streams(root: Path) -> frozenset[str]:
+    """This process's stdout and stderr, where they are files in ``root`` (a shell's
+    `> out.txt`): relative paths. They change during every run, and are not the job's."""
+    out = set()
+    for fd in (1, 2):
+        try:
+            path = Path(os.readlink(f"/proc/self/fd/{fd}"))  # Linux; elsewhere: none known
+            out.add(str(path.relative_to(root.resolve())))
+        except (OSError, ValueError):
+            continue
+    return frozenset(out)
+
+
 def _signal_group(proc: subprocess.Popen[str], sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
@@ -233,21 +246,23 @@ def kill_marked(marker: str, timeout: float = 10.0) -> None:
 
 class WorkspaceRuns:
     """The files local runs write into the workspace (outside the checkpoint folder): what
-    each run wrote is recorded (workspace.RECORD), and before the next run, of this smoke
-    or a later one, those still unchanged are set aside (workspace.ASIDE)."""
+    each run created is recorded (workspace.RECORD), and before the next run, of this smoke
+    or a later one, those still unchanged are set aside (workspace.ASIDE). Our own stdout
+    and stderr, when redirected to a file in the workspace, are neither."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.before: dict[str, tuple[int, int]] | None = None
         self.wrote: set[str] = set()  # every run's, for the read-only root's warning
+        self.own = _own_streams(root)
 
     def begin(self, keep: bool) -> list[str]:
         """Before a run: set aside what earlier runs wrote (unless ``keep``) and note the
         workspace as the run starts; the files set aside."""
-        now = workspace_listing(self.root, workspace.IGNORED)
+        now = self._listing()
         recorded = self._recorded()
         if self.before is not None:
-            recorded |= {p: now[p] for p in workspace.written(self.before, now)}
+            recorded |= {p: now[p] for p in workspace.created(self.before, now, recorded)}
             self.wrote |= set(workspace.written(self.before, now))
         moved = [] if keep else workspace.unchanged(recorded, now)
         for rel in moved:
@@ -255,7 +270,7 @@ class WorkspaceRuns:
             target.parent.mkdir(parents=True, exist_ok=True)
             os.replace(self.root / rel, target)
         self._record({} if not keep else recorded)
-        self.before = workspace_listing(self.root, workspace.IGNORED) if moved else now
+        self.before = self._listing() if moved else now
         return moved
 
     def end(self) -> list[str]:
@@ -263,11 +278,16 @@ class WorkspaceRuns:
         recorded for the next smoke to set aside."""
         if self.before is None:
             return sorted(self.wrote)
-        now = workspace_listing(self.root, workspace.IGNORED)
-        last = workspace.written(self.before, now)
-        self.wrote |= set(last)
-        self._record({**self._recorded(), **{p: now[p] for p in last}})
+        now = self._listing()
+        self.wrote |= set(workspace.written(self.before, now))
+        recorded = self._recorded()
+        made = workspace.created(self.before, now, recorded)
+        self._record({**recorded, **{p: now[p] for p in made}})
         return sorted(self.wrote)
+
+    def _listing(self) -> dict[str, tuple[int, int]]:
+        listing = workspace_listing(self.root, workspace.IGNORED)
+        return {p: s for p, s in listing.items() if p not in self.own}
 
     def _recorded(self) -> dict[str, tuple[int, int]]:
         try:

@@ -5,8 +5,10 @@ and files a later run must not start from.
 the workspace (path -> mtime and size, taken by the local backend) before and after a run
 and names the files that are new or changed. A pod starts from its image, so a run must not
 find what an earlier run wrote (a tutorial's `snapshot.pt` in the working folder would be
-resumed from): those files, while unchanged, are set aside before the next run. Pure:
-listings in, names and lines out; the local backend moves the files.
+resumed from): the files a run created, while unchanged, are set aside before the next run.
+Only created ones: a file that was there before the run may have changed beside it (the
+user's editor, a shell's `2> log` being written), and is never moved. Pure: listings in,
+names and lines out; the local backend moves the files.
 """
 
 from __future__ import annotations
@@ -28,6 +30,14 @@ ASIDE = ".ddpdeploy/smoke/previous"
 def written(before: Listing, after: Listing) -> list[str]:
     """Files that are new in ``after`` or whose mtime or size changed, sorted."""
     return sorted(p for p, stamp in after.items() if before.get(p) != stamp)
+
+
+def created(before: Listing, after: Listing, known: Listing) -> list[str]:
+    """Files a run made its own: new in ``after``, or changed ones ``known`` already held
+    (an earlier run's, rewritten by a --resume run), sorted."""
+    return sorted(
+        p for p, stamp in after.items() if p not in before or (p in known and before[p] != stamp)
+    )
 
 
 def warning(files: list[str]) -> str | None:
