@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ddpdeploy.adapters.kube import Kube
-from ddpdeploy.cluster.labels import ours
+from ddpdeploy.cluster.find import made_for
 from ddpdeploy.cluster.watch import JobWatch, container_of, rank0_pod
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.events import Progress, parse_event, progress, split_rank, split_timestamp
@@ -186,27 +186,11 @@ def run_of(pod: Obj, container: str) -> Run | None:
     return Run((pod.get("metadata") or {}).get("uid", ""), int(st.get("restartCount") or 0))
 
 
-def made_for(pod: Obj, job: Obj) -> bool:
-    """A pod that appears while following is ours when its labels say ddpdeploy made it for
-    this job (the controllers copy them from our pod template) and a controller of the
-    job's kind that it names is this job (by uid): a look-alike is never read."""
-
-    meta = pod.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    if any(labels.get(k) != v for k, v in ours(job["metadata"]["name"]).items()):
-        return False
-    for owner in meta.get("ownerReferences") or []:
-        same_kind = (owner.get("apiVersion"), owner.get("kind")) == (job["apiVersion"], job["kind"])
-        if owner.get("controller") and same_kind:
-            return bool(owner.get("uid") == job["metadata"].get("uid"))
-    return True
-
-
 @dataclass
 class Followed:
     """What the follow has read: the run of each pod read (or being read), the pods with a
-    stream open now, and the uids of the pods it started with (trusted as `logs` trusts
-    them; a newcomer must be ``made_for`` the job)."""
+    stream open now, and the uids of the pods it started with (``made_for`` the job, as
+    every pod `snapshot_of` gives; a newcomer is checked by the same rule)."""
 
     shown: dict[str, Run]
     open: set[str]
