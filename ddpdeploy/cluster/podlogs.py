@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ddpdeploy.adapters.kube import Kube
 from ddpdeploy.cluster.find import made_for
+from ddpdeploy.cluster.saved import saved_spec
 from ddpdeploy.cluster.watch import JobWatch, container_of, rank0_pod
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.events import Progress, parse_event, progress, split_rank, split_timestamp
@@ -99,6 +100,58 @@ def sources(layout: Layout, pods: list[Obj], select: Select) -> list[Source]:
     named = [(p["metadata"]["name"], _restarts(p)) for p in chosen]
     previous = [Source(pod, numbers[pod], True) for pod, restarts in named if restarts > 0]
     return [*previous, *(Source(pod, numbers[pod]) for pod, _ in named)]
+
+
+def world_size(job: Obj) -> int | None:
+    """The most global ranks the job can have: its saved spec's (most) nodes times the
+    processes per node; None when it has no saved spec that reads."""
+    try:
+        spec = saved_spec(job)
+    except UserError:
+        return None
+    return None if spec is None else spec.max_nodes * spec.procs_per_node
+
+
+def check_ranks(job: Obj, select: Select) -> None:
+    """`--rank R` beyond the job's world is refused, as `--node` beyond its pods is."""
+    world = world_size(job)
+    beyond = sorted(r for r in select.ranks or () if world is not None and r >= world)
+    if world is not None and beyond:
+        raise UserError(
+            f"--rank: the job has no rank {beyond[0]}; its global ranks are 0-{world - 1} "
+            f"(world size {world})"
+        )
+
+
+def _phase(pod: Obj, container: str) -> str:
+    """``Pending``, ``Pending (ContainerCreating)``, ``Running``: a pod as `logs` names it
+    when it has nothing to show."""
+    status = pod.get("status") or {}
+    phase = str(status.get("phase") or "Pending")
+    for st in status.get("containerStatuses") or []:
+        if isinstance(st, dict) and st.get("name") == container:
+            waiting = (st.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason"):
+                return f"{phase} ({waiting['reason']})"
+    return phase
+
+
+def nothing_shown(pods: list[Obj], select: Select, container: str) -> str:
+    """The one line `logs` says when it read every pod and found no line to show: why, as
+    far as the pods tell (their phases), so that an empty answer is never silent."""
+    named = [f"{(p.get('metadata') or {}).get('name')} {_phase(p, container)}" for p in pods]
+    listed = ", ".join(named[:8]) + (f" and {len(named) - 8} more" if len(named) > 8 else "")
+    started = [p for p in pods if run_of(p, container) is not None]
+    if not started:
+        why = "no container has started yet"
+    elif select.ranks is not None:
+        ranks = ",".join(map(str, sorted(select.ranks)))
+        why = f"no line of rank {ranks}" + (" in that time" if select.since_s else "")
+    elif select.since_s is not None:
+        why = "no line in that time"
+    else:
+        why = "the logs are empty"
+    return f"no log lines: {why} (pods: {listed})"
 
 
 def attribute(raw: str, source: Source) -> Line:

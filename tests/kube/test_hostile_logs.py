@@ -64,3 +64,40 @@ def test_a_look_alike_owned_by_another_job_is_never_read(kube_cli, admin, namesp
     assert status.returncode == 0, status.stderr
     assert "j-worker-1" not in status.stdout and "forged" not in status.stdout
     assert not any("/j-worker-1/" in r for r in kubelet.requests)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--since", "99999999999999999999h"), "--since: '99999999999999999999h' is longer"),
+        (("--tail", "99999999999999999999"), "--tail: 99999999999999999999 lines is more"),
+        (("--rank", str(10**30)), "is not a rank"),
+        (("--rank", "4"), "--rank: the job has no rank 4; its global ranks are 0-3"),
+        (("--rank", "1,7"), "--rank: the job has no rank 7"),
+    ],
+)
+def test_flags_the_api_cannot_take_are_one_line(
+    kube_cli, admin, namespace, kubelet, job, flags, message
+):
+    for pod in job:
+        set_running(admin, namespace, pod, IMAGE)
+    kubelet.requests.clear()
+    out = kube_cli("logs", "j", "-n", namespace, *flags)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], lines
+    assert "Traceback" not in out.stderr
+    assert kubelet.requests == []  # refused before any pod was read
+
+
+def test_pending_pods_say_why_nothing_is_shown(kube_cli, admin, namespace, kubelet):
+    args = ["up", "--image", IMAGE, "--name", "j", "-n", namespace, "--nodes", "2"]
+    assert kube_cli(*args, "--no-wait").returncode == 0
+    master, worker = create_pods(admin, get_job(admin, namespace, "j"))  # no node: Pending
+    out = kube_cli("logs", "j", "-n", namespace)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == ""
+    assert out.stderr.strip().splitlines() == [
+        f"no log lines: no container has started yet (pods: {master} Pending, {worker} Pending)"
+    ]
