@@ -332,6 +332,33 @@ def split_timestamp(line: str) -> tuple[float | None, str]:
     return when + float(f"0.{match[2] or 0}"), line[match.end() :]
 
 
+NO_EVENTS = "no training events in rank 0's log (a script without ddpkit.log)"
+
+
+def worker_lines(lines: list[str]) -> list[tuple[int, str]]:
+    """The workers' own lines in a node's log (timestamps optional): (rank, text). torchrun
+    starts the workers once every node has joined the rendezvous, so none means none has
+    started."""
+    out = []
+    for line in lines:
+        rank, text = split_rank(split_timestamp(line.rstrip("\r\n"))[1])
+        if rank is not None:
+            out.append((rank, text))
+    return out
+
+
+def last_error(lines: list[str]) -> str | None:
+    """The line a run that failed ended with, from its node's log: the last line a worker
+    wrote (an exception's message, a flag error), torchrun's own traceback and summary
+    aside; else the last line the agent or our launcher wrote (a DNS wait that gave up)."""
+    texts = [split_timestamp(t.rstrip("\r\n"))[1] for t in lines]
+    texts = [t for t in agent_lines(texts) if t.strip()]
+    own = [t for t in texts if split_rank(t)[0] is not None]
+    if own:
+        return _OWN_PREFIX.sub("", split_rank(own[-1])[1], count=1).strip() or None
+    return texts[-1].strip() if texts else None
+
+
 @dataclass(frozen=True)
 class Progress:
     """The training itself as rank 0's latest events tell it; every field may be missing
@@ -350,11 +377,13 @@ class Progress:
     hang: str | None = None
     probe: str | None = None
     run: str | None = None  # the run record's short form
+    quiet: str | None = None  # with no event: what the pod and its log tell instead
 
     def lines(self) -> list[str]:
-        """What `status` shows, one line each; the "no events" line when there were none."""
+        """What `status` shows, one line each; with no event, what is known instead (the
+        ``quiet`` line), else the "no events" line."""
         if not self.events:
-            return ["no training events in rank 0's log (a script without ddpkit.log)"]
+            return [self.quiet or NO_EVENTS]
         out = [self._step_line()]
         if self.checkpoint_step is not None:
             age = "" if self.checkpoint_age_s is None else f", {ago(self.checkpoint_age_s)}"

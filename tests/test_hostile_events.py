@@ -9,6 +9,7 @@ import contextlib
 import io
 import json
 import math
+from pathlib import Path
 
 import pytest
 import yaml
@@ -16,8 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ddpdeploy.cluster.jobstate import job_state
+from ddpdeploy.cluster.podlogs import quiet_line
 from ddpdeploy.commands import views
-from ddpdeploy.events import EVENTS, Event, describe, parse_event, progress
+from ddpdeploy.events import EVENTS, NO_EVENTS, Event, describe, last_error, parse_event, progress
 from ddpdeploy.render.output import to_yaml
 
 FIELDS = (
@@ -140,3 +142,40 @@ def test_a_nan_loss_is_said_in_the_lines_and_null_in_json(capsys):
 def test_deep_nesting_is_no_event():
     assert parse_event("{" * 100_000) is None
     assert parse_event('{"event": "step", "step": ' + "[" * 100_000) is None
+
+
+# ---- with no event: what is known instead (quiet_line) -------------------------------------
+
+FLAG_ERROR = (Path(__file__).parent / "kube" / "fixtures" / "flagerror-node0.log").read_text()
+
+
+def pod(state: dict, restarts: int = 0, last: dict | None = None) -> dict:
+    st = {"name": "pytorch", "state": state, "restartCount": restarts}
+    if last:
+        st["lastState"] = last
+    return {"metadata": {"name": "j-master-0"}, "status": {"containerStatuses": [st]}}
+
+
+def test_last_error_is_the_workers_last_line_not_torchruns_summary():
+    assert last_error(FLAG_ERROR.splitlines()) == (
+        "ddptrain: error: unrecognized arguments: --bogus-flag 3"
+    )
+    assert last_error(["ddpdeploy: j-master-0 did not resolve within 300s"]) == (
+        "ddpdeploy: j-master-0 did not resolve within 300s"
+    )
+    assert last_error([]) is None
+
+
+def test_quiet_line_says_what_the_pod_and_log_tell():
+    running = pod({"running": {"startedAt": "2026-01-01T00:00:00Z"}})
+    now = 1767225600.0 + 65  # 2026-01-01T00:01:05Z
+    assert quiet_line(running, "pytorch", [], [], now) == (
+        "training: waiting for peers since 2026-01-01T00:00:00Z (1m05s ago) (rendezvous): "
+        "no worker has started; torchrun starts them once every node has joined"
+    )
+    looping = pod({"waiting": {"reason": "CrashLoopBackOff"}}, 2, {"terminated": {"exitCode": 1}})
+    assert quiet_line(looping, "pytorch", [], FLAG_ERROR.splitlines(), now) == (
+        "training: restarting (restart 2; the last run ended with exit code 1): "
+        "ddptrain: error: unrecognized arguments: --bogus-flag 3"
+    )
+    assert quiet_line(running, "pytorch", ["[rank0]:epoch 1"], [], now) == NO_EVENTS

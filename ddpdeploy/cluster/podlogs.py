@@ -24,7 +24,17 @@ from ddpdeploy.cluster.find import made_for
 from ddpdeploy.cluster.saved import saved_spec
 from ddpdeploy.cluster.watch import JobWatch, container_of, rank0_pod
 from ddpdeploy.errors import OperationError, UserError
-from ddpdeploy.events import Progress, parse_event, progress, split_rank, split_timestamp
+from ddpdeploy.events import (
+    NO_EVENTS,
+    Progress,
+    last_error,
+    parse_event,
+    progress,
+    split_rank,
+    split_timestamp,
+    worker_lines,
+)
+from ddpdeploy.formats import ago
 from ddpdeploy.obj import Obj
 from ddpdeploy.targets import Layout
 
@@ -392,13 +402,15 @@ HEAD_BYTES = 64 * 1024  # ...and, when they hold no `start`, the log's head for 
 
 
 def rank0_progress(kube: Kube, job: Obj, pods: list[Obj], now: float) -> Progress | str:
-    """Rank 0's latest events through the log endpoint (nothing runs in the pod); one line
-    saying why when its log cannot be read (no pod yet, no kubelet, forbidden)."""
+    """Rank 0's latest events through the log endpoint (nothing runs in the pod); with
+    none, what its pod and log tell instead (``quiet_line``); one line saying why when its
+    log cannot be read (no pod yet, no kubelet, forbidden)."""
 
     namespace = job["metadata"]["namespace"]
     try:
         pod = rank0_pod(kube, job, pods)
-        if pod is None or not any((p.get("metadata") or {}).get("name") == pod for p in pods):
+        obj = next((p for p in pods if (p.get("metadata") or {}).get("name") == pod), None)
+        if pod is None or obj is None:
             return "training: no pod has logged rank 0's start yet"
         container = container_of(job)
         tail = list(kube.logs(pod, namespace, container, tail=TAIL, timestamps=True))
@@ -407,7 +419,67 @@ def rank0_progress(kube: Kube, job: Obj, pods: list[Obj], now: float) -> Progres
             tail = [line for line in head if _kind(line) in ("start", "probe")] + tail
     except OperationError as exc:
         return f"training: cannot read rank 0's log: {exc}"
-    return progress(tail, now)
+    got = progress(tail, now)
+    if got.events:
+        return got
+    previous: list[str] = []
+    if _last_exit(obj, container) is not None:
+        try:  # the run before: how it ended
+            previous = list(
+                kube.logs(pod, namespace, container, tail=TAIL, previous=True, timestamps=True)
+            )
+        except OperationError:
+            previous = []
+    return replace(got, quiet=quiet_line(obj, container, tail, previous, now))
+
+
+def _status(pod: Obj, container: str) -> Obj:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    found = next((s for s in statuses if isinstance(s, dict) and s.get("name") == container), None)
+    return found or {}
+
+
+def _last_exit(pod: Obj, container: str) -> Obj | None:
+    """The container's last run that ended (lastState.terminated), when it restarted."""
+    st = _status(pod, container)
+    last = (st.get("lastState") or {}).get("terminated")
+    return last if isinstance(last, dict) and int(st.get("restartCount") or 0) > 0 else None
+
+
+def _when(stamp: Any, now: float) -> str:
+    """``2026-01-02T03:04:05Z (3m07s ago)`` from the cluster's RFC 3339 time."""
+    from datetime import datetime
+
+    try:
+        then = datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return "?"
+    return f"{stamp} ({ago(now - then)})"
+
+
+def quiet_line(pod: Obj, container: str, tail: list[str], previous: list[str], now: float) -> str:
+    """What `status` says when rank 0 logged no event: what is known, never a guess about
+    the script. A container that restarted: the restart and the line its last run ended
+    with (the previous log, else the current one). No worker line yet: torchrun starts
+    the workers once every node has joined the rendezvous, so it waits for its peers
+    (since the container started). Else the workers run and print no event."""
+    st = _status(pod, container)
+    last = _last_exit(pod, container)
+    if last is not None:
+        code = last.get("exitCode")
+        why = f"exit code {code}" + (f", {last['reason']}" if last.get("reason") else "")
+        error = last_error(previous) or last_error(tail) or str(last.get("message") or "")
+        count = int(st.get("restartCount") or 0)
+        line = f"training: restarting (restart {count}; the last run ended with {why})"
+        return f"{line}: {error}" if error else line
+    if not worker_lines(tail):
+        started = ((st.get("state") or {}).get("running") or {}).get("startedAt")
+        since = f" since {_when(started, now)}" if started else ""
+        return (
+            f"training: waiting for peers{since} (rendezvous): no worker has started; torchrun "
+            "starts them once every node has joined"
+        )
+    return NO_EVENTS
 
 
 def _kind(line: str) -> str | None:
