@@ -29,6 +29,7 @@ from ddpdeploy.cluster.labels import ours_selector
 from ddpdeploy.cluster.saved import saved_record, saved_spec, with_saved_spec
 from ddpdeploy.contract import RunRecord
 from ddpdeploy.errors import OperationError, UserError
+from ddpdeploy.formats import duration
 from ddpdeploy.obj import Obj
 from ddpdeploy.render.pod import checkpoint_claim_name
 from ddpdeploy.report import Say
@@ -38,6 +39,7 @@ from ddpdeploy.targets import Layout, layout_of, render_objects
 
 DEFAULT_CLASS = "storageclass.kubernetes.io/is-default-class"
 NETWORK_POLICY = ("networking.k8s.io/v1", "NetworkPolicy")
+DELETE_TIMEOUT = 120.0  # seconds `up --replace` waits for the old job to go (--timeout)
 
 
 @dataclass
@@ -320,15 +322,34 @@ class _Run:
 
 
 def apply(
-    kube: Kube, checked: Checked, replace: bool, say: Say, *, in_place: bool = False
+    kube: Kube,
+    checked: Checked,
+    replace: bool,
+    say: Say,
+    *,
+    in_place: bool = False,
+    delete_timeout: float = DELETE_TIMEOUT,
 ) -> list[Obj]:
     """Create (or, when ours already, apply) the PVC and companions, then the job; a
-    replace deletes the old job and creates the new one with signals held off; ``in_place``
-    (`scale`) server-side applies the existing job, as the same field manager, so that only
-    what the spec changed changes. Returns the objects this run created."""
+    replace deletes the old job and creates the new one with signals held off, waiting at
+    most ``delete_timeout`` seconds for the old one to go (an old job being deleted already
+    is waited for first, before anything changes); ``in_place`` (`scale`) server-side
+    applies the existing job, as the same field manager, so that only what the spec
+    changed changes. Returns the objects this run created."""
     spec = checked.spec
     layout = layout_of(spec.target)
     _refuse_existing(checked, replace, in_place)
+    if checked.existing_job is not None and _terminating(checked.existing_job) and not in_place:
+        # Being deleted already (a finalizer holds it): wait for it before changing anything,
+        # so that a wait that ends in a timeout or a Ctrl-C has changed nothing.
+        try:
+            _wait_deleted(kube, checked.existing_job, delete_timeout, say, "nothing was changed")
+        except KeyboardInterrupt as exc:
+            ref = _ref(checked.existing_job)
+            raise interrupted(
+                exc, f"stopped waiting for {ref} to go; nothing was changed"
+            ) from None
+        checked.existing_job = None  # gone: the new job is a plain create
     run = _Run(kube, checked)
     job = next(o for o in checked.objects if o["kind"] == layout.kind)
     ref = _ref(job)
@@ -348,7 +369,7 @@ def apply(
             run.job_applied = True
             say(f"applied {ref}")
         elif checked.existing_job is not None:
-            _replace(kube, checked, run, job, layout, say)
+            _replace(kube, checked, run, job, layout, say, delete_timeout)
         else:
             try:
                 _create(kube, run, job)
@@ -426,10 +447,12 @@ class _ReplaceLost(OperationError):
     """The old job is gone and the new one could not be created."""
 
 
-def _replace(kube: Kube, checked: Checked, run: _Run, job: Obj, layout: Layout, say: Say) -> None:
+def _replace(
+    kube: Kube, checked: Checked, run: _Run, job: Obj, layout: Layout, say: Say, timeout: float
+) -> None:
     spec, ref = checked.spec, _ref(job)
     with held_signals():  # from here the new job is created even if interrupted
-        delete_job_and_wait(kube, spec.name, spec.namespace, layout)
+        delete_job_and_wait(kube, spec.name, spec.namespace, layout, timeout, say)
         try:
             kube.create_as_applier(job)
         except OperationError as exc:
@@ -470,19 +493,59 @@ def _check_still_there(kube: Kube, checked: Checked) -> None:
             )
 
 
+_POLL = 0.5
+
+
 def delete_job_and_wait(
-    kube: Kube, name: str, namespace: str, layout: Layout, timeout: float = 120
+    kube: Kube,
+    name: str,
+    namespace: str,
+    layout: Layout,
+    timeout: float = DELETE_TIMEOUT,
+    say: Say | None = None,
 ) -> None:
     api, kind = layout.api_version, layout.kind
     kube.delete(api, kind, name, namespace)
+    got = kube.get(api, kind, name, namespace)
+    if got is not None:
+        what = "the new one is created once it is gone, even after Ctrl-C"
+        _wait_deleted(kube, got, timeout, say, "the new job was not created", what)
+
+
+def _wait_deleted(
+    kube: Kube, obj: Obj, timeout: float, say: Say | None, left: str, meanwhile: str = ""
+) -> None:
+    """Wait until ``obj`` (being deleted) is gone, at most ``timeout`` seconds, saying once
+    what it waits for (the finalizers that hold it); ``left``: what a timeout leaves, for
+    its line."""
+    meta = obj["metadata"]
+    api, kind, name, ns = obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace")
     deadline = time.monotonic() + timeout
-    while kube.get(api, kind, name, namespace) is not None:
-        if time.monotonic() > deadline:
+
+    def holding(got: Obj) -> str:
+        m = got.get("metadata") or {}
+        since = f"Terminating since {m['deletionTimestamp']}" if m.get("deletionTimestamp") else ""
+        finalizers = ", ".join(str(f) for f in m.get("finalizers") or [])
+        held = f"finalizers: {finalizers}" if finalizers else ""
+        return "; ".join(p for p in (since, held) if p) or "being deleted"
+
+    if say is not None:
+        also = f"; {meanwhile}" if meanwhile else ""
+        say(
+            f"waiting for {_ref(obj)} to be deleted ({holding(obj)}), at most "
+            f"{duration(timeout)} (--timeout){also}"
+        )
+    got: Obj | None = obj
+    while got is not None:
+        if time.monotonic() >= deadline:
             raise OperationError(
-                f"{kind} {namespace}/{name} is still being deleted after {timeout:.0f}s "
-                "(a finalizer?); try again later"
+                f"{kind} {ns}/{name} is still being deleted after {duration(timeout)} "
+                f"({holding(got)}: whoever set them must remove them, or wait longer with "
+                f"--timeout); {left}; run `ddpdeploy up --replace` again once it is gone "
+                f"(kubectl get {kind.lower()} -n {ns} {name})"
             )
-        time.sleep(0.5)
+        time.sleep(min(_POLL, max(0.0, deadline - time.monotonic())))
+        got = kube.get(api, kind, name, ns)
 
 
 # --- the saved spec --------------------------------------------------------------------

@@ -55,7 +55,12 @@ def up(
         typer.Option("--wait/--no-wait", help="Watch the job to its end (default on a terminal)."),
     ] = None,
     timeout: Annotated[
-        str | None, typer.Option("--timeout", help="Give up waiting after this long (90s, 15m).")
+        str | None,
+        typer.Option(
+            "--timeout",
+            help="Give up waiting after this long (90s, 15m): for the job's end, and with "
+            "--replace for the old job to be deleted (default 2m).",
+        ),
     ] = None,
     follow: Annotated[
         bool, typer.Option("--follow", help="Stream the logs of the pod hosting global rank 0.")
@@ -92,7 +97,8 @@ def up(
         if dry_run:
             deploy.dry_run(kube, checked, replace, _say)
             return
-    deploy.apply(kube, checked, replace, _say)  # says itself what an interrupt left
+    bound = deploy.DELETE_TIMEOUT if seconds is None else seconds
+    deploy.apply(kube, checked, replace, _say, delete_timeout=bound)  # says what an interrupt left
     if wait is None:
         wait = sys.stdout.isatty()
     if not (wait or follow):
