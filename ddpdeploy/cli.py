@@ -18,7 +18,8 @@ from typer.core import TyperCommand, TyperGroup
 
 from ddpdeploy import __version__
 from ddpdeploy.errors import DdpdeployError
-from ddpdeploy.signals import catch_signals
+from ddpdeploy.signals import aborted, catch_signals
+from ddpdeploy.signals import untold as untold_interrupt
 
 SUMMARY = "Take a PyTorch DDP job from a laptop smoke test to N GPU nodes on Kubernetes."
 
@@ -166,9 +167,15 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(getattr(exc, "exit_code", 2))
     except (typer.Abort, KeyboardInterrupt) as exc:
         # SIGTERM arrives as signals.Interrupted: exit 143, not 130.
-        name = getattr(exc, "name", None)
-        typer.echo(f"aborted ({name}); nothing more was done" if name else "aborted", err=True)
-        sys.exit(getattr(exc, "exit_code", 130))
+        line, exit_code = aborted(exc)
+        typer.echo(line, err=True)
+        sys.exit(exit_code)
+    if code == 130 and (untold := untold_interrupt()) is not None:
+        # Typer made an interrupt that escaped the command (during its import, its flags'
+        # parsing) a silent exit 130: say it, with its own code (143 for SIGTERM).
+        line, exit_code = aborted(untold)
+        typer.echo(line, err=True)
+        sys.exit(exit_code)
     sys.exit(code if isinstance(code, int) else 0)
 
 
