@@ -12,22 +12,32 @@ from typing import Any
 from ddpdeploy.contract import CONTAINER_NAME, PORT_NAME, LaunchContract
 from ddpdeploy.errors import UserError
 from ddpdeploy.obj import Obj
-from ddpdeploy.spec import HOME_DIR, NCCL_FIELDS, TMP_DIR, JobSpec
+from ddpdeploy.spec import (
+    HOME_DIR,
+    INSTANCE_LABEL,
+    ISTIO_INJECT_ANNOTATION,
+    KUEUE_QUEUE_LABEL,
+    MANAGED_BY_LABEL,
+    NAME_LABEL,
+    NCCL_FIELDS,
+    TMP_DIR,
+    JobSpec,
+)
 
 MANAGED_BY = "ddpdeploy"
 SHM_VOLUME = "dshm"
 CHECKPOINT_VOLUME = "checkpoints"
 TMP_VOLUME = "tmp"
 HOME_VOLUME = "home"
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+__all__ = ["KUEUE_QUEUE_LABEL"]  # its home is the spec's (a key a spec may not set)
 
 
 def labels(spec: JobSpec) -> dict[str, str]:
     return {
         **spec.labels,
-        "app.kubernetes.io/name": spec.name,
-        "app.kubernetes.io/instance": spec.name,
-        "app.kubernetes.io/managed-by": MANAGED_BY,
+        NAME_LABEL: spec.name,
+        INSTANCE_LABEL: spec.name,
+        MANAGED_BY_LABEL: MANAGED_BY,
     }
 
 
@@ -47,7 +57,7 @@ def metadata(spec: JobSpec, name: str) -> Obj:
 
 def selector_labels(spec: JobSpec) -> dict[str, str]:
     """The labels that pick out this job's pods (NetworkPolicy, PodGroup, Services)."""
-    return {"app.kubernetes.io/instance": spec.name, "app.kubernetes.io/managed-by": MANAGED_BY}
+    return {INSTANCE_LABEL: spec.name, MANAGED_BY_LABEL: MANAGED_BY}
 
 
 def workload_metadata(spec: JobSpec, name: str) -> Obj:
@@ -207,7 +217,7 @@ def pod_template(spec: JobSpec, contract: LaunchContract) -> Obj:
     annotations = {
         **spec.annotations,
         # An injected sidecar never exits, so the pod (and the job) would never complete.
-        "sidecar.istio.io/inject": "false",
+        ISTIO_INJECT_ANNOTATION: "false",
     }
     return {"metadata": {"labels": labels(spec), "annotations": annotations}, "spec": pod}
 
