@@ -112,3 +112,56 @@ def test_a_forged_saved_spec_is_one_line_exit_2_nothing_written(tmp_path: Path):
     (line,) = out.stderr.strip().splitlines()
     assert line.startswith(f"error: {spec}: annotations: 'ddpdeploy.dev/spec' is under ")
     assert "remove it from annotations, or use a prefix of your own" in line
+
+
+# ---- command.script: one rule on every target ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("script", "why"),
+    [
+        ("../../../etc/passwd", "leaves the workspace ('..')"),
+        ("src/../../x.py", "leaves the workspace ('..')"),
+        ("/etc/passwd", "is absolute"),
+        ("-m", "starts with '-'"),
+        ("--help", "starts with '-'"),
+        (".", "names no file"),
+        ("src/", "names no file"),
+        ("a\\b.py", "contains '\\'"),
+        ("a\x1b[2Jb.py", "contains a control character"),
+    ],
+)
+def test_a_script_outside_the_workspace_is_refused_by_the_spec(script, why):
+    with pytest.raises(ValidationError) as err:
+        spec_of(command={"script": script})
+    (error,) = err.value.errors()
+    assert error["loc"] == ("command", "script")
+    assert why in error["msg"] and "relative to the workspace" in error["msg"]
+
+
+@pytest.mark.parametrize("script", ["train.py", "./train.py", "src/train.py", "a..b.py"])
+def test_a_workspace_script_is_taken(script):
+    assert spec_of(command={"script": script}).command.script == script
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("render",),
+        ("up", "--no-wait"),
+        ("compose",),
+        ("smoke", "--local"),
+        ("smoke", "--docker"),
+    ],
+)
+def test_every_target_refuses_it_alike(tmp_path, command):
+    spec = tmp_path / "ddpdeploy.yaml"
+    spec.write_text("command: {script: ../../../etc/passwd}\n")
+    env = {"KUBECONFIG": str(tmp_path / "none"), "DOCKER_HOST": "unix:///nonexistent"}
+    out = run_cli(*command, "-f", str(spec), "--image", IMAGE, cwd=tmp_path, env=env)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"error: {spec}: command.script: '../../../etc/passwd' leaves the workspace ('..'); "
+        "give the script's path relative to the workspace (the folder you run ddpdeploy in, "
+        "which the image copies), e.g. train.py or src/train.py"
+    )

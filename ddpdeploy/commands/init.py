@@ -114,8 +114,6 @@ def starter(script: str | None = None, module: str | None = None) -> str:
     except ValidationError as exc:
         reason = exc.errors()[0]["msg"].removeprefix("Value error, ")
         raise UserError(f"--{key}: {reason}") from None
-    if key == "script" and (entry.startswith("/") or ".." in Path(str(entry)).parts):
-        raise UserError(f"--script: {entry} must be a path inside this workspace, relative")
     value = json.dumps(entry)  # a YAML string whatever the characters
     what = "script, in this workspace" if key == "script" else "module"
     pad = " " * max(1, 25 - len(key) - len(value) - 2)

@@ -304,6 +304,29 @@ def _annotations(annotations: dict[str, str]) -> dict[str, str]:
     return annotations
 
 
+def script_path(value: str) -> str:
+    """command.script: a file of the workspace, by a relative path inside it, on every
+    target alike (the image holds the workspace as its working directory; a local run
+    starts in it)."""
+    parts = value.split("/")
+    if value.startswith("/") or "\\" in value:
+        why = "is absolute" if value.startswith("/") else "contains '\\'"
+    elif ".." in parts:
+        why = "leaves the workspace ('..')"
+    elif value.startswith("-"):
+        why = "starts with '-', which torchrun would read as its own option"
+    elif any(ord(c) < 32 or ord(c) == 127 for c in value):
+        why = "contains a control character"
+    elif all(p in ("", ".") for p in parts) or value.endswith("/"):
+        why = "names no file"
+    else:
+        return value
+    raise ValueError(
+        f"{show(value)} {why}; give the script's path relative to the workspace "
+        "(the folder you run ddpdeploy in, which the image copies), e.g. train.py or src/train.py"
+    )
+
+
 def mount_path(value: str) -> str:
     parts = value.split("/")
     if not value.startswith("/") or ".." in parts or any(ord(c) < 32 for c in value):

@@ -9,7 +9,7 @@ import posixpath
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from ddpdeploy.rules import (
@@ -44,6 +44,7 @@ from ddpdeploy.spec.fields import (
     mount_path,
     no_expansion,
     qualified_name,
+    script_path,
     secret_key,
 )
 from ddpdeploy.text import show
@@ -79,6 +80,11 @@ class Command(Model):
         description="Arguments passed to the script, module or built-in trainer, as written; "
         "`ddpdeploy render -- ARGS` appends more.",
     )
+
+    @field_validator("script")
+    @classmethod
+    def _in_the_workspace(cls, value: str | None) -> str | None:
+        return None if value is None else script_path(value)
 
     @model_validator(mode="after")
     def _one_entry(self) -> Command:
