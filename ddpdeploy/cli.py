@@ -20,6 +20,7 @@ from ddpdeploy import __version__
 from ddpdeploy.errors import DdpdeployError
 from ddpdeploy.signals import aborted, catch_signals
 from ddpdeploy.signals import untold as untold_interrupt
+from ddpdeploy.text import plain_lines
 
 SUMMARY = "Take a PyTorch DDP job from a laptop smoke test to N GPU nodes on Kubernetes."
 
@@ -73,7 +74,8 @@ def _one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except DdpdeployError as exc:
-            typer.echo(f"error: {exc}", err=True)
+            # Its text may quote the outside (a job's last lines): plain, line by line.
+            typer.echo(f"error: {plain_lines(str(exc))}", err=True)
             raise typer.Exit(exc.exit_code) from None
 
     return wrapper

@@ -415,7 +415,7 @@ class Progress:
         return {**asdict(self), "lines": self.lines()}
 
 
-def _number(value: Any) -> float | None:
+def number(value: Any) -> float | None:
     """A JSON number as a float (a loss may be nan or inf: shown as it is); None for
     anything else, or an int too large for a float."""
     if not isinstance(value, int | float) or isinstance(value, bool):
@@ -428,8 +428,8 @@ def _number(value: Any) -> float | None:
 
 def finite(value: Any) -> float | None:
     """A JSON number as a finite float (rates and times: what an ETA is computed from)."""
-    number = _number(value)
-    return number if number is not None and math.isfinite(number) else None
+    got = number(value)
+    return got if got is not None and math.isfinite(got) else None
 
 
 def _count(value: Any) -> int | None:
@@ -461,7 +461,7 @@ def progress(lines: list[str], now: float | None = None) -> Progress:
             got["done"], steps = False, []  # a restart: the rate starts over
         elif event.kind in ("step", "done") and event.step is not None:
             got["step"], got["done"] = event.step, event.kind == "done"
-            got["loss"] = _number(f.get("loss")) if event.kind == "step" else got.get("loss")
+            got["loss"] = number(f.get("loss")) if event.kind == "step" else got.get("loss")
             if event.kind == "step":
                 got["samples_per_s"] = finite(f.get("samples_per_s"))
             if when is not None:

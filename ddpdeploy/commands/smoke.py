@@ -16,6 +16,7 @@ import typer
 from ddpdeploy.commands.options import spec_command
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.signals import interrupted
+from ddpdeploy.text import plain_lines
 
 if TYPE_CHECKING:
     from ddpdeploy.image.build import BuiltImage
@@ -227,8 +228,8 @@ def _workspace_writes(spec: JobSpec) -> Iterator[None]:
     finally:
         after = workspace_listing(root, workspace.IGNORED)
         line = workspace.warning(workspace.written(before, after))
-        if line:
-            typer.echo(f"smoke: {line}", err=True)
+        if line:  # the names of files the job wrote: plain text
+            typer.echo(f"smoke: {plain_lines(line)}", err=True)
 
 
 def _free_port() -> int:
@@ -321,21 +322,28 @@ def _build_image(spec: JobSpec, base_image: str | None) -> BuiltImage:
 # ---- the report -------------------------------------------------------------------------
 
 
+def _echo_plain(text: str) -> None:
+    """A report line on stdout; what in it came from the job (a weights checksum, a
+    diagnostics line) cannot reach the terminal as an escape."""
+    typer.echo(plain_lines(text))
+
+
 def _report(outcomes: dict[str, Outcome]) -> None:
     """The last run's report on stdout; with --kill-at, the kill and the comparison."""
     outcome = outcomes.get("run") or outcomes["kill"]
-    typer.echo(f"wall time       {outcome.wall:.1f} s")
+    echo = _echo_plain
+    echo(f"wall time       {outcome.wall:.1f} s")
     if outcome.steps is not None:
-        typer.echo(f"steps           {outcome.steps}")
+        echo(f"steps           {outcome.steps}")
     if outcome.steps_per_s is not None:
-        typer.echo(f"steps/s         {outcome.steps_per_s:.1f}")
+        echo(f"steps/s         {outcome.steps_per_s:.1f}")
     if outcome.weights_sha256 is not None:
-        typer.echo(f"weights_sha256  {outcome.weights_sha256}")
+        echo(f"weights_sha256  {outcome.weights_sha256}")
     for kind, label in (("probe", "probe"), ("ranks", "rank times")):  # ddpkit's, if any
         if kind in outcome.diagnostics:
-            typer.echo(f"{label:<16}{outcome.diagnostics[kind]}")
+            echo(f"{label:<16}{outcome.diagnostics[kind]}")
     for node, code in outcome.exit_codes.items():
-        typer.echo(f"exit code       {code}  {node}")
+        echo(f"exit code       {code}  {node}")
     kill, clean = outcome.kill, outcomes.get("clean")
     if kill is not None and clean is not None:
         _report_kill(outcome, kill, clean)
@@ -345,19 +353,20 @@ def _report_kill(outcome: Outcome, kill: Kill, clean: Outcome) -> None:
     """The kill, the recovery, and the weights compared with the clean run's."""
     from ddpdeploy.smoke.runner import same_weights
 
-    typer.echo(f"killed          {kill.what} of {kill.node} at {kill.at_}")
+    echo = _echo_plain
+    echo(f"killed          {kill.what} of {kill.node} at {kill.at_}")
     if kill.recovered_at is None:
-        typer.echo("recovery        not observed (no step event after a restart of the workers)")
+        echo("recovery        not observed (no step event after a restart of the workers)")
     else:
-        typer.echo(
+        echo(
             f"recovery        {kill.recovered_at - kill.at:.1f} s "
             f"(kill -> step {kill.recovered_step} after torchrun restarted the workers)"
         )
     same = same_weights(outcome, clean)
     if same is None:
-        typer.echo("clean run       not compared (the job prints no `done` weights_sha256)")
+        echo("clean run       not compared (the job prints no `done` weights_sha256)")
         return
-    typer.echo(f"clean run       {clean.weights_sha256}{' (same)' if same else ''}")
+    echo(f"clean run       {clean.weights_sha256}{' (same)' if same else ''}")
     if not same:
         raise OperationError(
             "--kill-at: the weights differ from a clean run of the same job: the resume "
