@@ -66,3 +66,10 @@ def test_the_starter_for_any_script_is_a_valid_spec(tmp_path_factory, script):
     doc = specfile.resolve(specfile.parse(text), JobSpec)
     spec = JobSpec.model_validate(doc)
     assert spec.command.script == script and spec.checkpoint is not None
+
+
+def test_smoke_help_shows_a_scripts_arguments_after_the_double_dash():
+    res = run_cli("smoke", "--help")
+    assert res.returncode == 0
+    assert "Example: ddpdeploy smoke --local" in res.stdout
+    assert "ddpdeploy smoke --local --nodes 2 -- --epochs 1 --lr 0.1" in res.stdout

@@ -88,6 +88,10 @@ def smoke(
     agent exits 0; the job's own output (rank 0's by default) is shown as it comes.
 
     Example: ddpdeploy smoke --local --nodes 2 --procs 2 --steps 20
+
+    \b
+    Your own script (`ddpdeploy init --script train.py`): its arguments after `--`
+      ddpdeploy smoke --local --nodes 2 -- --epochs 1 --lr 0.1
     """
     from ddpdeploy.commands.console import ConsoleReport
     from ddpdeploy.smoke import runner
