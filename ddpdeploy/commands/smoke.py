@@ -251,13 +251,15 @@ def _local_target(
 ) -> Callable[[bool], RunBackend]:
     """Start the job's agents on a fresh port, each run in a fresh checkpoint folder unless
     ``resume``; the chaos run's with the hold at its --kill-at step."""
-    from ddpdeploy.paths import trainer_script
+    from ddpdeploy.fs import own_folder
+    from ddpdeploy.paths import OWN_DIR, trainer_script
     from ddpdeploy.smoke.launch import hold_env, local_nodes
     from ddpdeploy.smoke.local import LocalRun, fresh_folder
 
     def start(kill: bool = False) -> LocalRun:
         checkpoint_dir = None
         if folder is not None:
+            own_folder(Path.cwd() / OWN_DIR)  # ignored by the user's git from inside
             if fresh_folder(folder, keep=resume):
                 typer.echo(f"smoke: emptied {folder} (--resume keeps it)", err=True)
             checkpoint_dir = str(folder)
