@@ -126,12 +126,14 @@ def test_trainjob_carries_the_pod_through_trainer_and_runtime_patch():
     env = {e["name"]: e["value"] for e in trainer["env"]}
     assert env["DDPDEPLOY_RDZV_HOST"] == "llm-node-0-0.llm"  # Trainer's PET_MASTER_ADDR
     # Trainer injects the topology (and refuses PET_NNODES, ..._NPROC_PER_NODE, ..._NODE_RANK,
-    # ..._MASTER_ADDR, ..._MASTER_PORT in trainer.env); PET_TEE is the contract's rank prefix.
-    assert not [n for n in env if n.startswith("PET_") and n != "PET_TEE"]
+    # ..._MASTER_ADDR, ..._MASTER_PORT in trainer.env); PET_TEE is the contract's rank prefix,
+    # PET_LOG_DIR the pod's bounded log volume for it.
+    assert not [n for n in env if n.startswith("PET_") and n not in ("PET_TEE", "PET_LOG_DIR")]
     assert spec["activeDeadlineSeconds"] == 86400
     pod = trainjob_pod_template(job)["template"]
     assert pod["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
-    assert {v["name"] for v in pod["spec"]["volumes"]} == {"dshm", "checkpoints", "tmp", "home"}
+    volumes = {v["name"] for v in pod["spec"]["volumes"]}
+    assert volumes == {"dshm", "checkpoints", "tmp", "home", "torchrun-logs"}
     (container,) = pod["spec"]["containers"]
     assert {"/dev/shm", "/ckpt", "/tmp"} <= {m["mountPath"] for m in container["volumeMounts"]}
     # The hardened pod's settings reach the pod Trainer runs.

@@ -17,6 +17,7 @@ from ddpdeploy.spec import (
     INSTANCE_LABEL,
     ISTIO_INJECT_ANNOTATION,
     KUEUE_QUEUE_LABEL,
+    LOG_DIR,
     MANAGED_BY_LABEL,
     NAME_LABEL,
     NCCL_FIELDS,
@@ -28,6 +29,7 @@ MANAGED_BY = "ddpdeploy"
 SHM_VOLUME = "dshm"
 CHECKPOINT_VOLUME = "checkpoints"
 TMP_VOLUME = "tmp"
+LOG_VOLUME = "torchrun-logs"
 HOME_VOLUME = "home"
 __all__ = ["KUEUE_QUEUE_LABEL"]  # its home is the spec's (a key a spec may not set)
 
@@ -111,8 +113,9 @@ def nccl_env(spec: JobSpec) -> dict[str, str]:
 
 def pod_only_env(spec: JobSpec) -> dict[str, str]:
     """Env of the pod's own (its file system and network), not of the launch: targets that
-    run outside a pod (local processes) do without it."""
-    return {**hardening_env(spec), **nccl_env(spec)}
+    run outside a pod (local processes) do without it. PET_LOG_DIR: torchrun's tee files go
+    to the pod's bounded log volume."""
+    return {**hardening_env(spec), **nccl_env(spec), "PET_LOG_DIR": LOG_DIR}
 
 
 def env_list(contract: LaunchContract) -> list[Obj]:
@@ -167,6 +170,12 @@ def _mounts_and_volumes(spec: JobSpec) -> tuple[list[Obj], list[Obj]]:
         for name, path in ((TMP_VOLUME, TMP_DIR), (HOME_VOLUME, HOME_DIR)):
             mounts.append({"name": name, "mountPath": path})
             volumes.append({"name": name, "emptyDir": {}})
+    # torchrun's copies of the workers' output, bounded: past sizeLimit the pod is evicted
+    # rather than the node's disk filled (and every pod on it evicted).
+    mounts.append({"name": LOG_VOLUME, "mountPath": LOG_DIR})
+    volumes.append(
+        {"name": LOG_VOLUME, "emptyDir": {"sizeLimit": spec.log_size} if spec.log_size else {}}
+    )
     claim = checkpoint_claim_name(spec)
     if spec.checkpoint and claim:
         mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.mount_path})

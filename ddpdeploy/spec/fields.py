@@ -36,6 +36,10 @@ SHM_PATH = "/dev/shm"
 TMP_DIR = "/tmp"
 HOME_DIR = "/home/ddp"  # the image user's home in docker/Dockerfile
 WRITABLE_DIRS = (TMP_DIR, HOME_DIR)
+# Where torchrun keeps the copy of every worker's stdout and stderr that it tees to the
+# console with the rank prefix (PET_LOG_DIR): a volume of its own, bounded (logSize), on
+# every pod whatever the root file system; /tmp's emptyDir is the job's own.
+LOG_DIR = "/var/log/torchrun"
 
 
 def is_reserved_env(name: str) -> bool:
