@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 
 from ddpdeploy.adapters.kube import Conflict, Forbidden, Kube
 from ddpdeploy.cluster.capacity import gpu_nodes, gpu_nodes_free
-from ddpdeploy.cluster.find import Found, no_job, not_ours, owner_of, require_ours
+from ddpdeploy.cluster.find import Found, labelled_ours, no_job, not_ours, owner_of, require_ours
 from ddpdeploy.cluster.find import ref as _ref
 from ddpdeploy.cluster.jobstate import job_state
 from ddpdeploy.cluster.labels import ours_selector
-from ddpdeploy.cluster.saved import saved_record, saved_spec, with_saved_spec
+from ddpdeploy.cluster.saved import SPEC_ANNOTATION, saved_record, saved_spec, with_saved_spec
 from ddpdeploy.contract import RunRecord
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.formats import duration
@@ -53,6 +53,7 @@ class Checked:
     existing_job: Obj | None = None
     existing: dict[tuple[str, str], Obj] = field(default_factory=dict)  # (kind, name) -> ours
     warnings: list[str] = field(default_factory=list)
+    record: RunRecord | None = None  # saved beside the spec (on an adopted claim too)
 
 
 def _terminating(obj: Obj) -> bool:
@@ -100,6 +101,7 @@ def prepare(
 
     objects = with_saved_spec(render_objects(spec, record), spec, record)
     checked = preflight(kube, spec, objects, create_namespace)
+    checked.record = record
     for warning in checked.warnings:
         say(f"warning: {warning}")
     return checked
@@ -189,7 +191,7 @@ def adopt_pvc(kube: Kube, spec: JobSpec, say: Say) -> JobSpec:
         raise OperationError(f"--adopt-pvc: {_ref(got)} is being deleted (Terminating)")
     say(
         f"using {_ref(got)} as is (--adopt-pvc; its owner: {owner_of(got)}); ddpdeploy never "
-        "changes or deletes it"
+        "relabels or deletes it, and keeps the job's saved spec on it in annotations of its own"
     )
     adopted = ckpt.model_dump(mode="json", by_alias=True, exclude={"size", "storage_class"})
     return spec_with(spec, checkpoint={**adopted, "claimName": name})
@@ -388,7 +390,7 @@ def apply(
                 kube.apply(obj)
                 say(f"applied {_ref(obj)}")
         _check_still_there(kube, checked)
-        return list(run.created)
+        created = list(run.created)
     except _ReplaceLost:
         raise
     except KeyboardInterrupt as exc:
@@ -409,6 +411,81 @@ def apply(
         if not (run.job_created and checked.existing_job is not None):
             run.take_back()
         raise
+    with held_signals():  # one request; the job is there either way
+        _save_on_adopted_claim(kube, checked, say)
+    return created
+
+
+# --- a claim the job mounts that ddpdeploy did not make ----------------------------------
+
+
+def _adopted_with_spec(kube: Kube, name: str, namespace: str) -> Obj | None:
+    """The adopted claim when it carries a saved spec of job ``name`` (`down` names it,
+    and with --purge takes that spec off); a spec there that does not read is not ours to
+    touch."""
+    claim = adopted_claim(kube, name, namespace)
+    if claim is None or not ((claim["metadata"].get("annotations") or {}).get(SPEC_ANNOTATION)):
+        return None
+    try:
+        spec = saved_spec(claim)
+    except UserError:
+        return None
+    return claim if spec is not None and spec.name == name else None
+
+
+def adopted_claim(kube: Kube, name: str, namespace: str) -> Obj | None:
+    """The claim named as job ``name``'s own (<name>-checkpoints) when ddpdeploy did not
+    make it (no labels of ours): one adopted with --adopt-pvc, or named so as
+    checkpoint.claimName. Never relabelled or deleted; it carries the job's saved spec and
+    run record as annotations of ours, so that `resume` finds them after `down`."""
+    claim = kube.get("v1", "PersistentVolumeClaim", f"{name}-checkpoints", namespace)
+    if claim is None or labelled_ours(claim):
+        return None
+    return claim
+
+
+def _save_on_adopted_claim(kube: Kube, checked: Checked, say: Say) -> None:
+    """The spec (and run record) as annotations of ours on the adopted claim the job mounts,
+    through a server-side apply that holds those annotations only (the claim's labels, spec
+    and other annotations stay as they are); a refusal is a warning: the job is there."""
+    spec = checked.spec
+    ckpt = spec.checkpoint
+    if ckpt is None or ckpt.claim_name != f"{spec.name}-checkpoints":
+        return
+    claim = adopted_claim(kube, spec.name, spec.namespace)
+    if claim is None:
+        return
+    bare: Obj = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": ckpt.claim_name, "namespace": spec.namespace},
+    }
+    (noted,) = with_saved_spec([bare], spec, checked.record)
+    try:
+        kube.apply(noted)
+    except OperationError as exc:
+        say(
+            f"warning: could not save the spec on {_ref(claim)} ({exc}); `ddpdeploy resume` "
+            "after `down` will not find it"
+        )
+        return
+    say(
+        f"saved the spec on {_ref(claim)} (annotations of ddpdeploy's; the claim is not "
+        "ours and is otherwise untouched), for `ddpdeploy resume` after `down`"
+    )
+
+
+def _forget_on_adopted_claim(kube: Kube, claim: Obj) -> None:
+    """Our annotations off the adopted claim (`down --purge`): an apply that holds none of
+    them removes those this field manager set, and nothing else."""
+    meta = claim["metadata"]
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+        }
+    )
 
 
 def _put(kube: Kube, checked: Checked, run: _Run, obj: Obj, say: Say) -> None:
@@ -589,8 +666,9 @@ def _saved(found: Found) -> tuple[JobSpec, Obj]:
     if spec is not None and found.job is not None:
         return spec, found.job
     claims = found.kube.list("v1", "PersistentVolumeClaim", namespace, labels=ours_selector(name))
-    for claim in claims:
-        spec = saved_spec(claim)
+    adopted = adopted_claim(found.kube, name, namespace)
+    for claim in [*claims, *([adopted] if adopted is not None else [])]:
+        spec = saved_spec(claim)  # strict: it must name this job, namespace and claim
         if spec is not None and spec.name == name:
             return spec, claim
     raise OperationError(
@@ -622,7 +700,8 @@ def delete(found: Found, purge: bool, say: Say) -> None:
         if purge:
             for claim in claims:
                 require_ours(claim, name, "deleted")
-        if job is None and not gone_with_job and not (purge and claims):
+        adopted = _adopted_with_spec(kube, name, ns)
+        if job is None and not gone_with_job and not (purge and claims) and adopted is None:
             raise OperationError(no_job(name, ns) + "; nothing deleted")
         if job is not None and kube.delete(layout.api_version, layout.kind, name, ns):
             done.append(f"deleted {layout.kind} {ns}/{name}")
@@ -642,6 +721,15 @@ def delete(found: Found, purge: bool, say: Say) -> None:
                     f"kept PersistentVolumeClaim {ns}/{pvc} (checkpoints; `ddpdeploy resume "
                     f"{name}` restarts from them, --purge deletes them)"
                 )
+        if adopted is not None and purge:
+            _forget_on_adopted_claim(kube, adopted)
+            done.append(f"removed the saved spec from {_ref(adopted)}")
+            say(f"kept {_ref(adopted)} (adopted: never deleted); removed ddpdeploy's saved spec")
+        elif adopted is not None:
+            say(
+                f"kept {_ref(adopted)} (adopted: never deleted; `ddpdeploy resume {name}` "
+                "restarts from it, its saved spec; --purge removes that)"
+            )
     except KeyboardInterrupt as exc:
         what = "; ".join(done) if done else "nothing was deleted"
         raise interrupted(exc, f"{what}; run `ddpdeploy down {name} -n {ns}` again") from None

@@ -42,7 +42,8 @@ def up(
         typer.Option(
             "--adopt-pvc",
             help="Use an existing PVC <name>-checkpoints that ddpdeploy did not create, as is "
-            "(never relabelled or deleted; like naming it as checkpoint.claimName).",
+            "(never relabelled or deleted; like naming it as checkpoint.claimName); the job's "
+            "saved spec goes on it as annotations of ours, for `resume` after `down`.",
             rich_help_panel=CLUSTER_PANEL,
         ),
     ] = False,
