@@ -53,7 +53,7 @@ def test_the_rendered_file_is_read_whole_dependencies_first() -> None:
         # A static job's node is not restarted.
         assert service.host["restart_policy"] == {"Name": "no", "MaximumRetryCount": 0}
         assert service.host["group_add"] == ["2000"]
-        assert set(service.host["tmpfs"]) == {"/tmp", "/home/ddp"}
+        assert set(service.host["tmpfs"]) == {"/tmp", "/home/ddp", "/var/log/torchrun"}
 
 
 def test_an_elastic_node_restarts_on_failure_within_the_backoff_limit() -> None:
