@@ -53,6 +53,8 @@ rendezvous:
 #   mountPath: /checkpoints
 
 shmSize: 2Gi               # /dev/shm as a memory emptyDir; null = no mount (64 MB default)
+logSize: 4Gi               # bound on torchrun's copies of every worker's output; past it
+                           # the pod is evicted (null = no bound)
 terminationGracePeriodSeconds: 120  # SIGTERM -> checkpoint -> exit; torchrun alone takes 30 s
 env: {}                    # e.g. {OMP_NUM_THREADS: "4"}
 secretEnv: {}              # by reference only, e.g. {HF_TOKEN: {secret: hf, key: token}}
