@@ -1,3 +1,24 @@
-from ddpdeploy.cli import main
+"""`python -m ddpdeploy` and the `ddpdeploy` console script: SIGINT and SIGTERM are turned
+into one line before anything heavy is imported (typer alone takes a while to import, and
+Ctrl-C meanwhile was a traceback), then the CLI runs."""
 
-main()
+from __future__ import annotations
+
+import sys
+
+from ddpdeploy.signals import aborted, catch_signals
+
+
+def run() -> None:
+    catch_signals()
+    try:
+        from ddpdeploy.cli import main
+    except KeyboardInterrupt as exc:
+        line, code = aborted(exc)
+        print(line, file=sys.stderr, flush=True)
+        sys.exit(code)
+    main()
+
+
+if __name__ == "__main__":
+    run()

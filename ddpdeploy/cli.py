@@ -18,7 +18,9 @@ from typer.core import TyperCommand, TyperGroup
 
 from ddpdeploy import __version__
 from ddpdeploy.errors import DdpdeployError
-from ddpdeploy.signals import catch_signals
+from ddpdeploy.signals import aborted, catch_signals
+from ddpdeploy.signals import untold as untold_interrupt
+from ddpdeploy.text import plain_lines
 
 SUMMARY = "Take a PyTorch DDP job from a laptop smoke test to N GPU nodes on Kubernetes."
 
@@ -72,7 +74,8 @@ def _one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except DdpdeployError as exc:
-            typer.echo(f"error: {exc}", err=True)
+            # Its text may quote the outside (a job's last lines): plain, line by line.
+            typer.echo(f"error: {plain_lines(str(exc))}", err=True)
             raise typer.Exit(exc.exit_code) from None
 
     return wrapper
@@ -166,9 +169,15 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(getattr(exc, "exit_code", 2))
     except (typer.Abort, KeyboardInterrupt) as exc:
         # SIGTERM arrives as signals.Interrupted: exit 143, not 130.
-        name = getattr(exc, "name", None)
-        typer.echo(f"aborted ({name}); nothing more was done" if name else "aborted", err=True)
-        sys.exit(getattr(exc, "exit_code", 130))
+        line, exit_code = aborted(exc)
+        typer.echo(line, err=True)
+        sys.exit(exit_code)
+    if code == 130 and (untold := untold_interrupt()) is not None:
+        # Typer made an interrupt that escaped the command (during its import, its flags'
+        # parsing) a silent exit 130: say it, with its own code (143 for SIGTERM).
+        line, exit_code = aborted(untold)
+        typer.echo(line, err=True)
+        sys.exit(exit_code)
     sys.exit(code if isinstance(code, int) else 0)
 
 

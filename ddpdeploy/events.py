@@ -32,6 +32,7 @@ output.
 from __future__ import annotations
 
 import json
+import math
 import re
 import signal
 from dataclasses import dataclass
@@ -60,7 +61,8 @@ class Event:
     @property
     def step(self) -> int | None:
         value = self.fields.get("step")
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
+        ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+        return value if ok else None
 
 
 def split_rank(text: str) -> tuple[int | None, str]:
@@ -73,12 +75,13 @@ def split_rank(text: str) -> tuple[int | None, str]:
 
 def parse_event(text: str) -> Event | None:
     """The protocol event on this line (rank prefix already split off), or None for any
-    other line (including JSON that is not one of the protocol's events)."""
+    other line (including JSON that is not one of the protocol's events, and JSON nested
+    deeper than the parser goes)."""
     if not text.startswith("{"):
         return None
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(value, dict) or value.get("event") not in EVENTS:
         return None
@@ -157,7 +160,8 @@ def code_text(code: int) -> str:
 
 def describe(event: Event) -> str | None:
     """The report line of a ``probe``, ``ranks`` or ``hang`` event; None for other kinds.
-    Fields a script left out are left out of the line (every field is optional)."""
+    Fields a script left out, or wrote as something else than the protocol's type, are
+    shown as ``?``: any JSON a log holds makes a line, never an error."""
     f = event.fields
     if event.kind == "probe":
         return _probe_line(f)
@@ -168,60 +172,94 @@ def describe(event: Event) -> str | None:
     return None
 
 
+# A field as a line shows it: a number or a short text; anything else (a list where a number
+# belongs, an int too long to print) is "?". Text is made plain where it is printed.
+MAX_FIELD = 200
+_BIG = 10**18
+
+
+def field_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value) if -_BIG < value < _BIG else "?"
+    if isinstance(value, float):
+        return str(value)
+    if isinstance(value, str):
+        return value if len(value) <= MAX_FIELD else value[:MAX_FIELD] + "…"
+    return "?"
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def _who(value: Any) -> str:
     if not isinstance(value, dict):
         return "?"
-    return f"rank {value.get('rank', '?')} ({value.get('host', '?')})"
+    return f"rank {field_text(value.get('rank', '?'))} ({field_text(value.get('host', '?'))})"
 
 
 def _probe_line(f: dict[str, Any]) -> str:
-    parts = [f"busbw {f.get('busbw_gbps', '?')} GB/s"]
-    sizes = f.get("sizes")
-    if isinstance(sizes, list) and sizes:
+    parts = [f"busbw {field_text(f.get('busbw_gbps', '?'))} GB/s"]
+    sizes = _list(f.get("sizes"))
+    if sizes:
         per = ", ".join(
-            f"{s.get('mb')} MB {s.get('busbw_gbps')}" for s in sizes if isinstance(s, dict)
+            f"{field_text(s.get('mb'))} MB {field_text(s.get('busbw_gbps'))}"
+            for s in sizes
+            if isinstance(s, dict)
         )
         parts.append(f"per size: {per}")
-    parts.append(f"world {f.get('world_size', '?')}, {f.get('backend', '?')}")
-    parts.append(f"transport {f.get('transport', '?')}")
+    parts.append(
+        f"world {field_text(f.get('world_size', '?'))}, {field_text(f.get('backend', '?'))}"
+    )
+    parts.append(f"transport {field_text(f.get('transport', '?'))}")
     if "slowest" in f:
         parts.append(f"slowest {_who(f['slowest'])}")
     if f.get("ok") is False:
-        parts.append(f"BELOW the floor {f.get('min_busbw_gbps')} GB/s")
+        parts.append(f"BELOW the floor {field_text(f.get('min_busbw_gbps'))} GB/s")
     line = "; ".join(parts)
-    for warning in f.get("warnings") or []:
-        line += f"\n  warning: {warning}"
+    for warning in _list(f.get("warnings")):
+        line += f"\n  warning: {field_text(warning)}"
     return line
 
 
 def _ranks_line(f: dict[str, Any]) -> str:
     def ms(value: Any) -> str:
-        return f"{value * 1e3:.1f} ms" if isinstance(value, int | float) else "?"
+        seconds = finite(value)
+        return "?" if seconds is None else f"{seconds * 1e3:.1f} ms"
 
-    slowest, fastest = f.get("slowest") or {}, f.get("fastest") or {}
+    slowest, fastest = _dict(f.get("slowest")), _dict(f.get("fastest"))
     line = (
-        f"step {f.get('step', '?')}: work per step slowest {_who(slowest)} "
+        f"step {field_text(f.get('step', '?'))}: work per step slowest {_who(slowest)} "
         f"{ms(slowest.get('work_s'))}, fastest {_who(fastest)} {ms(fastest.get('work_s'))}, "
         f"median {ms(f.get('median_work_s'))}"
     )
-    stragglers = f.get("stragglers") or []
+    stragglers = [s for s in _list(f.get("stragglers")) if isinstance(s, dict)]
     if stragglers:
-        named = ", ".join(
-            f"{_who(s)} {s.get('x_median', '?')}x" for s in stragglers if isinstance(s, dict)
-        )
+        named = ", ".join(f"{_who(s)} {field_text(s.get('x_median', '?'))}x" for s in stragglers)
         return f"{line}; straggler: {named}"
     return f"{line}; no straggler"
 
 
 def _hang_line(f: dict[str, Any]) -> str:
-    ranks = f.get("ranks") or []
-    hosts = f.get("hosts") or {}
-    named = ", ".join(f"{r} ({hosts.get(str(r), '?')})" for r in ranks) or "none named"
-    stacks = f.get("stacks") or []
-    where = f.get("dir") or (stacks[0].rsplit("/", 1)[0] if stacks else "?")
+    ranks = _list(f.get("ranks"))
+    hosts = _dict(f.get("hosts"))
+    named = ", ".join(
+        f"{field_text(r)} ({field_text(hosts.get(field_text(r), '?'))})" for r in ranks
+    )
+    stacks = _list(f.get("stacks"))
+    where = f.get("dir") or (
+        stacks[0].rsplit("/", 1)[0] if stacks and isinstance(stacks[0], str) else "?"
+    )
     return (
-        f"hung at step {f.get('step', '?')} (no step for {f.get('idle_s', '?')} s): ranks "
-        f"that did not arrive: {named}; stacks of {len(stacks)} rank(s) in {where}"
+        f"hung at step {field_text(f.get('step', '?'))} (no step for "
+        f"{field_text(f.get('idle_s', '?'))} s): ranks that did not arrive: "
+        f"{named or 'none named'}; stacks of {len(stacks)} rank(s) in {field_text(where)}"
     )
 
 
@@ -287,8 +325,38 @@ def split_timestamp(line: str) -> tuple[float | None, str]:
     if match is None:
         return None, line
     zone = "+00:00" if match[3] == "Z" else match[3]
-    when = datetime.fromisoformat(match[1] + zone).timestamp()
+    try:
+        when = datetime.fromisoformat(match[1] + zone).timestamp()
+    except (ValueError, OverflowError):  # the shape of a stamp, not a date (month 13)
+        return None, line
     return when + float(f"0.{match[2] or 0}"), line[match.end() :]
+
+
+NO_EVENTS = "no training events in rank 0's log (a script without ddpkit.log)"
+
+
+def worker_lines(lines: list[str]) -> list[tuple[int, str]]:
+    """The workers' own lines in a node's log (timestamps optional): (rank, text). torchrun
+    starts the workers once every node has joined the rendezvous, so none means none has
+    started."""
+    out = []
+    for line in lines:
+        rank, text = split_rank(split_timestamp(line.rstrip("\r\n"))[1])
+        if rank is not None:
+            out.append((rank, text))
+    return out
+
+
+def last_error(lines: list[str]) -> str | None:
+    """The line a run that failed ended with, from its node's log: the last line a worker
+    wrote (an exception's message, a flag error), torchrun's own traceback and summary
+    aside; else the last line the agent or our launcher wrote (a DNS wait that gave up)."""
+    texts = [split_timestamp(t.rstrip("\r\n"))[1] for t in lines]
+    texts = [t for t in agent_lines(texts) if t.strip()]
+    own = [t for t in texts if split_rank(t)[0] is not None]
+    if own:
+        return _OWN_PREFIX.sub("", split_rank(own[-1])[1], count=1).strip() or None
+    return texts[-1].strip() if texts else None
 
 
 @dataclass(frozen=True)
@@ -309,11 +377,13 @@ class Progress:
     hang: str | None = None
     probe: str | None = None
     run: str | None = None  # the run record's short form
+    quiet: str | None = None  # with no event: what the pod and its log tell instead
 
     def lines(self) -> list[str]:
-        """What `status` shows, one line each; the "no events" line when there were none."""
+        """What `status` shows, one line each; with no event, what is known instead (the
+        ``quiet`` line), else the "no events" line."""
         if not self.events:
-            return ["no training events in rank 0's log (a script without ddpkit.log)"]
+            return [self.quiet or NO_EVENTS]
         out = [self._step_line()]
         if self.checkpoint_step is not None:
             age = "" if self.checkpoint_age_s is None else f", {ago(self.checkpoint_age_s)}"
@@ -345,8 +415,27 @@ class Progress:
         return {**asdict(self), "lines": self.lines()}
 
 
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+def number(value: Any) -> float | None:
+    """A JSON number as a float (a loss may be nan or inf: shown as it is); None for
+    anything else, or an int too large for a float."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return None
+
+
+def finite(value: Any) -> float | None:
+    """A JSON number as a finite float (rates and times: what an ETA is computed from)."""
+    got = number(value)
+    return got if got is not None and math.isfinite(got) else None
+
+
+def _count(value: Any) -> int | None:
+    """A step or a step count: an int within int64 (a longer one is no step)."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+    return value if ok else None
 
 
 def progress(lines: list[str], now: float | None = None) -> Progress:
@@ -367,14 +456,14 @@ def progress(lines: list[str], now: float | None = None) -> Progress:
         if event.kind in ("start", "done") and isinstance(f.get("run"), dict):
             got["run"] = run_short(f["run"])
         if event.kind == "start":
-            if isinstance(f.get("total_steps"), int):
+            if _count(f.get("total_steps")) is not None:
                 got["total_steps"] = f["total_steps"]
             got["done"], steps = False, []  # a restart: the rate starts over
         elif event.kind in ("step", "done") and event.step is not None:
             got["step"], got["done"] = event.step, event.kind == "done"
-            got["loss"] = _number(f.get("loss")) if event.kind == "step" else got.get("loss")
+            got["loss"] = number(f.get("loss")) if event.kind == "step" else got.get("loss")
             if event.kind == "step":
-                got["samples_per_s"] = _number(f.get("samples_per_s"))
+                got["samples_per_s"] = finite(f.get("samples_per_s"))
             if when is not None:
                 steps.append((when, event.step))
         elif event.kind == "checkpoint" and event.step is not None:
@@ -382,7 +471,7 @@ def progress(lines: list[str], now: float | None = None) -> Progress:
             got["checkpoint_age_s"] = None if now is None or when is None else now - when
         elif event.kind in DIAGNOSTICS:
             got[event.kind] = describe(event)
-            step_s = _number(f.get("step_s")) if event.kind == "ranks" else step_s
+            step_s = finite(f.get("step_s")) if event.kind == "ranks" else step_s
     if not got.get("done"):
         got["eta_s"] = _eta(got.get("step"), got.get("total_steps"), steps, step_s)
     return Progress(**got)
@@ -396,17 +485,23 @@ def _eta(
         return None
     if len(steps) >= 2 and steps[-1][1] > steps[0][1] and steps[-1][0] > steps[0][0]:
         step_s = (steps[-1][0] - steps[0][0]) / (steps[-1][1] - steps[0][1])
-    return max(0, total - step) * step_s if step_s is not None else None
+    if step_s is None:
+        return None
+    try:
+        eta = max(0, total - step) * step_s
+    except OverflowError:  # a step count no float holds
+        return None
+    return eta if math.isfinite(eta) and eta < 100 * 365 * 86400 else None
 
 
 def run_short(run: dict[str, Any]) -> str:
     """The record of what ran, short: image, spec sha256[:12], git commit[:12] (+dirty)."""
     parts = []
     if run.get("image"):
-        parts.append(f"image {run['image']}")
+        parts.append(f"image {field_text(run['image'])}")
     if run.get("spec_sha256"):
-        parts.append(f"spec {str(run['spec_sha256'])[:12]}")
+        parts.append(f"spec {field_text(run['spec_sha256'])[:12]}")
     if run.get("git_commit"):
         dirty = " (dirty)" if run.get("git_dirty") else ""
-        parts.append(f"git {str(run['git_commit'])[:12]}{dirty}")
+        parts.append(f"git {field_text(run['git_commit'])[:12]}{dirty}")
     return ", ".join(parts) or "no image, spec or git recorded"

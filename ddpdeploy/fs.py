@@ -206,6 +206,24 @@ def write_atomic(
         out.commit()
 
 
+OWN_GITIGNORE = b"*\n"
+
+
+def own_folder(folder: Path) -> Path:
+    """ddpdeploy's own folder in the user's workspace (paths.OWN_DIR), made when missing,
+    with a ``.gitignore`` of ``*`` inside, so that the user's `git status` never shows it
+    (nor the .gitignore itself): written atomically, and again if it went missing. The one
+    way the folder is made; returns ``folder``."""
+    try:
+        folder.mkdir(exist_ok=True)
+        ignore = folder / ".gitignore"
+        if not os.path.lexists(ignore):
+            write_atomic(ignore, OWN_GITIGNORE)
+    except OSError as exc:
+        raise write_error(folder, exc, verb="create") from None
+    return folder
+
+
 def fsync_folder(folder: Path | str) -> None:
     """Make a rename in ``folder`` survive a power cut."""
     fd = os.open(folder or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

@@ -16,6 +16,7 @@ from ddpdeploy.errors import UserError
 
 DEFAULT_FILE = "ddpdeploy.yaml"  # the job spec a command reads when -f names none
 SCHEMA_FILE = ".ddpdeploy.schema.json"  # written by `ddpdeploy init` beside the spec file
+OWN_DIR = ".ddpdeploy"  # ddpdeploy's own folder in the workspace (fs.own_folder makes it)
 
 
 def _shipped(name: str, marker: str) -> Path:
@@ -53,7 +54,7 @@ def docker_dir() -> Path:
 def local_checkpoints(name: str) -> Path:
     """Where `smoke --local` keeps job ``name``'s checkpoints and `collect --from local`
     reads them, relative to the workspace (this folder)."""
-    return Path(".ddpdeploy", "checkpoints", name)
+    return Path(OWN_DIR, "checkpoints", name)
 
 
 def package_file(*parts: str) -> Path:

@@ -24,11 +24,19 @@ class Interrupted(KeyboardInterrupt):
         self.exit_code = 128 + signum
 
 
+# The interrupt raised that no line has told of yet: typer turns a KeyboardInterrupt that
+# escapes a command (one during its module's import, its flags' parsing) into a silent
+# exit 130, SIGTERM's too; the entry point tells of it (``untold``).
+_untold: list[Interrupted] = []
+
+
 def _raise(signum: int, _frame: FrameType | None) -> None:
     # The teardown or take-back this starts must not itself be cut short by a second one.
     for sig in _SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
-    raise Interrupted(signum)
+    exc = Interrupted(signum)
+    _untold[:] = [exc]
+    raise exc
 
 
 def catch_signals() -> None:
@@ -40,8 +48,23 @@ def catch_signals() -> None:
 
 def interrupted(exc: KeyboardInterrupt, what: str) -> OperationError:
     """The one line an interrupted command ends with: ``what`` was and was not done."""
+    _untold.clear()
     name = getattr(exc, "name", "SIGINT")
     return OperationError(f"interrupted ({name}): {what}", getattr(exc, "exit_code", 130))
+
+
+def untold() -> Interrupted | None:
+    """The interrupt raised that no `interrupted` line has told of (None: none)."""
+    return _untold[-1] if _untold else None
+
+
+def aborted(exc: BaseException | None) -> tuple[str, int]:
+    """The line and exit code of a command stopped before it did anything of its own (while
+    Python imports it, while its flags are read): nothing more was done."""
+    _untold.clear()
+    name = getattr(exc, "name", None)
+    line = f"aborted ({name}); nothing more was done" if name else "aborted"
+    return line, getattr(exc, "exit_code", 130)
 
 
 @contextlib.contextmanager

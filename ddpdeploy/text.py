@@ -49,6 +49,15 @@ def plain(text: object) -> str:
     return "".join(_safe(ch) for ch in value)
 
 
+def plain_lines(text: object) -> str:
+    """``text`` as plain lines: each line made ``plain``, the line breaks between them kept
+    (a failure summary, a note of several lines); a lone carriage return is a break too."""
+    value = text if isinstance(text, str) else str(text)
+    if value.isprintable() or "\n" not in value:
+        return plain(value)
+    return "\n".join(plain(line) for line in value.replace("\r\n", "\n").split("\n"))
+
+
 def show(value: Any) -> str:
     """repr for one-line messages, cut short: a value can be a megabyte long."""
     try:

@@ -168,9 +168,14 @@ def test_an_interrupt_between_write_and_rename_keeps_the_old_file(
     real_replace = os.replace
     monkeypatch.setattr(os, "fsync", fsync_then_sigint)
     monkeypatch.setattr(os, "replace", lambda *a: renamed.append("!") or real_replace(*a))
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    with pytest.raises(KeyboardInterrupt):
-        fs.write_atomic(target, b"new\n" * 1000)
+    # Python's own handler, whatever this process inherited (pytest started with SIGINT
+    # ignored, from a script in the background, keeps it ignored); restored afterwards.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            fs.write_atomic(target, b"new\n" * 1000)
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     assert renamed == []
     assert target.read_text() == "old\n" and leftovers(tmp_path) == []
 

@@ -37,7 +37,7 @@ def test_init_for_a_script_or_module(tmp_path, flag, value, field):
     [
         (["--script", "a.py", "--module", "b"], "error: --script/--module: give one of them"),
         (["--module", "a b"], "error: --module: module 'a b' is not a dotted Python module"),
-        (["--script", "../up.py"], "error: --script: ../up.py must be a path inside"),
+        (["--script", "../up.py"], "error: --script: '../up.py' leaves the workspace"),
     ],
 )
 def test_bad_entries_are_one_line_and_write_nothing(tmp_path, args, message):

@@ -319,7 +319,8 @@ def test_every_node_runs_with_the_pods_security_settings(writable):
         assert svc["security_opt"] == ["no-new-privileges:true"]
         assert svc.get("read_only", False) is ctx["readOnlyRootFilesystem"] is (not writable)
         tmpfs = sorted(t.split(":")[0] for t in svc.get("tmpfs", []))
-        assert tmpfs == emptydirs == ([] if writable else ["/home/ddp", "/tmp"])
+        logs = ["/var/log/torchrun"]  # torchrun's tee copies: on every pod
+        assert tmpfs == emptydirs == (logs if writable else ["/home/ddp", "/tmp", *logs])
         # The pod's env where its emptyDirs are, the checkpoint mount, and the image's WORKDIR.
         pod_env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
         for name in ("HOME", "TMPDIR", "XDG_CACHE_HOME", "DDPDEPLOY_CHECKPOINT_DIR"):

@@ -88,7 +88,7 @@ def test_loosening_each_setting_by_name():
     (c,) = pod["containers"]
     assert c["securityContext"]["readOnlyRootFilesystem"] is False
     assert pod["automountServiceAccountToken"] is True
-    assert {m["name"] for m in c["volumeMounts"]} == {"dshm", "checkpoints"}
+    assert {m["name"] for m in c["volumeMounts"]} == {"dshm", "checkpoints", "torchrun-logs"}
     assert not {"TMPDIR", "HOME"} & set(env_of(c))
 
 

@@ -127,16 +127,20 @@ def test_trainjob_carries_the_pod_through_trainer_and_runtime_patch():
     assert env["DDPDEPLOY_RDZV_HOST"] == "llm-node-0-0.llm"  # Trainer's PET_MASTER_ADDR
     # Trainer injects the topology (and refuses PET_NNODES, ..._NPROC_PER_NODE, ..._NODE_RANK,
     # ..._MASTER_ADDR, ..._MASTER_PORT in trainer.env); PET_TEE is the contract's rank prefix,
-    # and c10d (the default) meets at that master address, a fresh round after a restart.
+    # PET_LOG_DIR the pod's bounded log volume for it, and c10d (the default) meets at that
+    # master address, a fresh round after a restart.
     c10d = {"PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_ID", "PET_RDZV_CONF"}
-    assert {n for n in env if n.startswith("PET_")} == {"PET_TEE", "PET_LOCAL_ADDR", *c10d}
+    ours = {"PET_TEE", "PET_LOG_DIR", "PET_LOCAL_ADDR", *c10d}
+    assert {n for n in env if n.startswith("PET_")} == ours
     assert env["PET_RDZV_ENDPOINT"] == "llm-node-0-0.llm:29400"
     static = render_one({**doc, "rendezvous": {"mode": "static"}}, "TrainJob")["spec"]["trainer"]
-    assert not [e for e in static["env"] if e["name"].startswith("PET_") and e["name"] != "PET_TEE"]
+    own = ("PET_TEE", "PET_LOG_DIR")
+    assert not [e for e in static["env"] if e["name"].startswith("PET_") and e["name"] not in own]
     assert spec["activeDeadlineSeconds"] == 86400
     pod = trainjob_pod_template(job)["template"]
     assert pod["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
-    assert {v["name"] for v in pod["spec"]["volumes"]} == {"dshm", "checkpoints", "tmp", "home"}
+    volumes = {v["name"] for v in pod["spec"]["volumes"]}
+    assert volumes == {"dshm", "checkpoints", "tmp", "home", "torchrun-logs"}
     (container,) = pod["spec"]["containers"]
     assert {"/dev/shm", "/ckpt", "/tmp"} <= {m["mountPath"] for m in container["volumeMounts"]}
     # The hardened pod's settings reach the pod Trainer runs.

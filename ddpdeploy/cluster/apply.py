@@ -22,13 +22,14 @@ from dataclasses import dataclass, field
 
 from ddpdeploy.adapters.kube import Conflict, Forbidden, Kube
 from ddpdeploy.cluster.capacity import gpu_nodes, gpu_nodes_free
-from ddpdeploy.cluster.find import Found, no_job, not_ours, owner_of, require_ours
+from ddpdeploy.cluster.find import Found, labelled_ours, no_job, not_ours, owner_of, require_ours
 from ddpdeploy.cluster.find import ref as _ref
 from ddpdeploy.cluster.jobstate import job_state
 from ddpdeploy.cluster.labels import ours_selector
-from ddpdeploy.cluster.saved import saved_record, saved_spec, with_saved_spec
+from ddpdeploy.cluster.saved import SPEC_ANNOTATION, saved_record, saved_spec, with_saved_spec
 from ddpdeploy.contract import RunRecord
 from ddpdeploy.errors import OperationError, UserError
+from ddpdeploy.formats import duration
 from ddpdeploy.obj import Obj
 from ddpdeploy.render.pod import checkpoint_claim_name
 from ddpdeploy.report import Say
@@ -38,6 +39,7 @@ from ddpdeploy.targets import Layout, layout_of, render_objects
 
 DEFAULT_CLASS = "storageclass.kubernetes.io/is-default-class"
 NETWORK_POLICY = ("networking.k8s.io/v1", "NetworkPolicy")
+DELETE_TIMEOUT = 120.0  # seconds `up --replace` waits for the old job to go (--timeout)
 
 
 @dataclass
@@ -51,6 +53,7 @@ class Checked:
     existing_job: Obj | None = None
     existing: dict[tuple[str, str], Obj] = field(default_factory=dict)  # (kind, name) -> ours
     warnings: list[str] = field(default_factory=list)
+    record: RunRecord | None = None  # saved beside the spec (on an adopted claim too)
 
 
 def _terminating(obj: Obj) -> bool:
@@ -98,6 +101,7 @@ def prepare(
 
     objects = with_saved_spec(render_objects(spec, record), spec, record)
     checked = preflight(kube, spec, objects, create_namespace)
+    checked.record = record
     for warning in checked.warnings:
         say(f"warning: {warning}")
     return checked
@@ -187,7 +191,7 @@ def adopt_pvc(kube: Kube, spec: JobSpec, say: Say) -> JobSpec:
         raise OperationError(f"--adopt-pvc: {_ref(got)} is being deleted (Terminating)")
     say(
         f"using {_ref(got)} as is (--adopt-pvc; its owner: {owner_of(got)}); ddpdeploy never "
-        "changes or deletes it"
+        "relabels or deletes it, and keeps the job's saved spec on it in annotations of its own"
     )
     adopted = ckpt.model_dump(mode="json", by_alias=True, exclude={"size", "storage_class"})
     return spec_with(spec, checkpoint={**adopted, "claimName": name})
@@ -320,15 +324,34 @@ class _Run:
 
 
 def apply(
-    kube: Kube, checked: Checked, replace: bool, say: Say, *, in_place: bool = False
+    kube: Kube,
+    checked: Checked,
+    replace: bool,
+    say: Say,
+    *,
+    in_place: bool = False,
+    delete_timeout: float = DELETE_TIMEOUT,
 ) -> list[Obj]:
     """Create (or, when ours already, apply) the PVC and companions, then the job; a
-    replace deletes the old job and creates the new one with signals held off; ``in_place``
-    (`scale`) server-side applies the existing job, as the same field manager, so that only
-    what the spec changed changes. Returns the objects this run created."""
+    replace deletes the old job and creates the new one with signals held off, waiting at
+    most ``delete_timeout`` seconds for the old one to go (an old job being deleted already
+    is waited for first, before anything changes); ``in_place`` (`scale`) server-side
+    applies the existing job, as the same field manager, so that only what the spec
+    changed changes. Returns the objects this run created."""
     spec = checked.spec
     layout = layout_of(spec.target)
     _refuse_existing(checked, replace, in_place)
+    if checked.existing_job is not None and _terminating(checked.existing_job) and not in_place:
+        # Being deleted already (a finalizer holds it): wait for it before changing anything,
+        # so that a wait that ends in a timeout or a Ctrl-C has changed nothing.
+        try:
+            _wait_deleted(kube, checked.existing_job, delete_timeout, say, "nothing was changed")
+        except KeyboardInterrupt as exc:
+            ref = _ref(checked.existing_job)
+            raise interrupted(
+                exc, f"stopped waiting for {ref} to go; nothing was changed"
+            ) from None
+        checked.existing_job = None  # gone: the new job is a plain create
     run = _Run(kube, checked)
     job = next(o for o in checked.objects if o["kind"] == layout.kind)
     ref = _ref(job)
@@ -348,7 +371,7 @@ def apply(
             run.job_applied = True
             say(f"applied {ref}")
         elif checked.existing_job is not None:
-            _replace(kube, checked, run, job, layout, say)
+            _replace(kube, checked, run, job, layout, say, delete_timeout)
         else:
             try:
                 _create(kube, run, job)
@@ -367,7 +390,7 @@ def apply(
                 kube.apply(obj)
                 say(f"applied {_ref(obj)}")
         _check_still_there(kube, checked)
-        return list(run.created)
+        created = list(run.created)
     except _ReplaceLost:
         raise
     except KeyboardInterrupt as exc:
@@ -388,6 +411,81 @@ def apply(
         if not (run.job_created and checked.existing_job is not None):
             run.take_back()
         raise
+    with held_signals():  # one request; the job is there either way
+        _save_on_adopted_claim(kube, checked, say)
+    return created
+
+
+# --- a claim the job mounts that ddpdeploy did not make ----------------------------------
+
+
+def _adopted_with_spec(kube: Kube, name: str, namespace: str) -> Obj | None:
+    """The adopted claim when it carries a saved spec of job ``name`` (`down` names it,
+    and with --purge takes that spec off); a spec there that does not read is not ours to
+    touch."""
+    claim = adopted_claim(kube, name, namespace)
+    if claim is None or not ((claim["metadata"].get("annotations") or {}).get(SPEC_ANNOTATION)):
+        return None
+    try:
+        spec = saved_spec(claim)
+    except UserError:
+        return None
+    return claim if spec is not None and spec.name == name else None
+
+
+def adopted_claim(kube: Kube, name: str, namespace: str) -> Obj | None:
+    """The claim named as job ``name``'s own (<name>-checkpoints) when ddpdeploy did not
+    make it (no labels of ours): one adopted with --adopt-pvc, or named so as
+    checkpoint.claimName. Never relabelled or deleted; it carries the job's saved spec and
+    run record as annotations of ours, so that `resume` finds them after `down`."""
+    claim = kube.get("v1", "PersistentVolumeClaim", f"{name}-checkpoints", namespace)
+    if claim is None or labelled_ours(claim):
+        return None
+    return claim
+
+
+def _save_on_adopted_claim(kube: Kube, checked: Checked, say: Say) -> None:
+    """The spec (and run record) as annotations of ours on the adopted claim the job mounts,
+    through a server-side apply that holds those annotations only (the claim's labels, spec
+    and other annotations stay as they are); a refusal is a warning: the job is there."""
+    spec = checked.spec
+    ckpt = spec.checkpoint
+    if ckpt is None or ckpt.claim_name != f"{spec.name}-checkpoints":
+        return
+    claim = adopted_claim(kube, spec.name, spec.namespace)
+    if claim is None:
+        return
+    bare: Obj = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": ckpt.claim_name, "namespace": spec.namespace},
+    }
+    (noted,) = with_saved_spec([bare], spec, checked.record)
+    try:
+        kube.apply(noted)
+    except OperationError as exc:
+        say(
+            f"warning: could not save the spec on {_ref(claim)} ({exc}); `ddpdeploy resume` "
+            "after `down` will not find it"
+        )
+        return
+    say(
+        f"saved the spec on {_ref(claim)} (annotations of ddpdeploy's; the claim is not "
+        "ours and is otherwise untouched), for `ddpdeploy resume` after `down`"
+    )
+
+
+def _forget_on_adopted_claim(kube: Kube, claim: Obj) -> None:
+    """Our annotations off the adopted claim (`down --purge`): an apply that holds none of
+    them removes those this field manager set, and nothing else."""
+    meta = claim["metadata"]
+    kube.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+        }
+    )
 
 
 def _put(kube: Kube, checked: Checked, run: _Run, obj: Obj, say: Say) -> None:
@@ -426,10 +524,12 @@ class _ReplaceLost(OperationError):
     """The old job is gone and the new one could not be created."""
 
 
-def _replace(kube: Kube, checked: Checked, run: _Run, job: Obj, layout: Layout, say: Say) -> None:
+def _replace(
+    kube: Kube, checked: Checked, run: _Run, job: Obj, layout: Layout, say: Say, timeout: float
+) -> None:
     spec, ref = checked.spec, _ref(job)
     with held_signals():  # from here the new job is created even if interrupted
-        delete_job_and_wait(kube, spec.name, spec.namespace, layout)
+        delete_job_and_wait(kube, spec.name, spec.namespace, layout, timeout, say)
         try:
             kube.create_as_applier(job)
         except OperationError as exc:
@@ -470,19 +570,59 @@ def _check_still_there(kube: Kube, checked: Checked) -> None:
             )
 
 
+_POLL = 0.5
+
+
 def delete_job_and_wait(
-    kube: Kube, name: str, namespace: str, layout: Layout, timeout: float = 120
+    kube: Kube,
+    name: str,
+    namespace: str,
+    layout: Layout,
+    timeout: float = DELETE_TIMEOUT,
+    say: Say | None = None,
 ) -> None:
     api, kind = layout.api_version, layout.kind
     kube.delete(api, kind, name, namespace)
+    got = kube.get(api, kind, name, namespace)
+    if got is not None:
+        what = "the new one is created once it is gone, even after Ctrl-C"
+        _wait_deleted(kube, got, timeout, say, "the new job was not created", what)
+
+
+def _wait_deleted(
+    kube: Kube, obj: Obj, timeout: float, say: Say | None, left: str, meanwhile: str = ""
+) -> None:
+    """Wait until ``obj`` (being deleted) is gone, at most ``timeout`` seconds, saying once
+    what it waits for (the finalizers that hold it); ``left``: what a timeout leaves, for
+    its line."""
+    meta = obj["metadata"]
+    api, kind, name, ns = obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace")
     deadline = time.monotonic() + timeout
-    while kube.get(api, kind, name, namespace) is not None:
-        if time.monotonic() > deadline:
+
+    def holding(got: Obj) -> str:
+        m = got.get("metadata") or {}
+        since = f"Terminating since {m['deletionTimestamp']}" if m.get("deletionTimestamp") else ""
+        finalizers = ", ".join(str(f) for f in m.get("finalizers") or [])
+        held = f"finalizers: {finalizers}" if finalizers else ""
+        return "; ".join(p for p in (since, held) if p) or "being deleted"
+
+    if say is not None:
+        also = f"; {meanwhile}" if meanwhile else ""
+        say(
+            f"waiting for {_ref(obj)} to be deleted ({holding(obj)}), at most "
+            f"{duration(timeout)} (--timeout){also}"
+        )
+    got: Obj | None = obj
+    while got is not None:
+        if time.monotonic() >= deadline:
             raise OperationError(
-                f"{kind} {namespace}/{name} is still being deleted after {timeout:.0f}s "
-                "(a finalizer?); try again later"
+                f"{kind} {ns}/{name} is still being deleted after {duration(timeout)} "
+                f"({holding(got)}: whoever set them must remove them, or wait longer with "
+                f"--timeout); {left}; run `ddpdeploy up --replace` again once it is gone "
+                f"(kubectl get {kind.lower()} -n {ns} {name})"
             )
-        time.sleep(0.5)
+        time.sleep(min(_POLL, max(0.0, deadline - time.monotonic())))
+        got = kube.get(api, kind, name, ns)
 
 
 # --- the saved spec --------------------------------------------------------------------
@@ -526,8 +666,9 @@ def _saved(found: Found) -> tuple[JobSpec, Obj]:
     if spec is not None and found.job is not None:
         return spec, found.job
     claims = found.kube.list("v1", "PersistentVolumeClaim", namespace, labels=ours_selector(name))
-    for claim in claims:
-        spec = saved_spec(claim)
+    adopted = adopted_claim(found.kube, name, namespace)
+    for claim in [*claims, *([adopted] if adopted is not None else [])]:
+        spec = saved_spec(claim)  # strict: it must name this job, namespace and claim
         if spec is not None and spec.name == name:
             return spec, claim
     raise OperationError(
@@ -559,7 +700,8 @@ def delete(found: Found, purge: bool, say: Say) -> None:
         if purge:
             for claim in claims:
                 require_ours(claim, name, "deleted")
-        if job is None and not gone_with_job and not (purge and claims):
+        adopted = _adopted_with_spec(kube, name, ns)
+        if job is None and not gone_with_job and not (purge and claims) and adopted is None:
             raise OperationError(no_job(name, ns) + "; nothing deleted")
         if job is not None and kube.delete(layout.api_version, layout.kind, name, ns):
             done.append(f"deleted {layout.kind} {ns}/{name}")
@@ -579,6 +721,15 @@ def delete(found: Found, purge: bool, say: Say) -> None:
                     f"kept PersistentVolumeClaim {ns}/{pvc} (checkpoints; `ddpdeploy resume "
                     f"{name}` restarts from them, --purge deletes them)"
                 )
+        if adopted is not None and purge:
+            _forget_on_adopted_claim(kube, adopted)
+            done.append(f"removed the saved spec from {_ref(adopted)}")
+            say(f"kept {_ref(adopted)} (adopted: never deleted); removed ddpdeploy's saved spec")
+        elif adopted is not None:
+            say(
+                f"kept {_ref(adopted)} (adopted: never deleted; `ddpdeploy resume {name}` "
+                "restarts from it, its saved spec; --purge removes that)"
+            )
     except KeyboardInterrupt as exc:
         what = "; ".join(done) if done else "nothing was deleted"
         raise interrupted(exc, f"{what}; run `ddpdeploy down {name} -n {ns}` again") from None

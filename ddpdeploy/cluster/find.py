@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ddpdeploy.adapters.kube import Kube
-from ddpdeploy.cluster.labels import INSTANCE_LABEL, MANAGED_BY_LABEL
+from ddpdeploy.cluster.labels import INSTANCE_LABEL, MANAGED_BY_LABEL, ours
 from ddpdeploy.cluster.saved import saved_spec
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.obj import Obj
@@ -67,6 +67,30 @@ def labelled_ours(obj: Obj) -> bool:
     """Labelled as ddpdeploy's: what a reading verb (status, logs, a wait) counts as ours."""
 
     return ((obj.get("metadata") or {}).get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGED_BY
+
+
+def made_for(pod: Obj, job: Obj) -> bool:
+    """Whether ``pod`` is one of ``job``'s, the one rule every reader of a job's pods
+    (`status`, `logs`, `logs -f`, a wait) keeps: its labels say ddpdeploy made it for this
+    job (the controllers copy them from our pod template), and a controller of the job's
+    kind that it names is this job (by uid). A look-alike that the target's pod selector
+    matches (another job's pod, one made by hand) is never read."""
+
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    name = (job.get("metadata") or {}).get("name")
+    if any(labels.get(k) != v for k, v in ours(name).items()):
+        return False
+    for owner in meta.get("ownerReferences") or []:
+        if not isinstance(owner, dict):
+            continue
+        same_kind = (owner.get("apiVersion"), owner.get("kind")) == (
+            job.get("apiVersion"),
+            job.get("kind"),
+        )
+        if owner.get("controller") and same_kind:
+            return bool(owner.get("uid") == job["metadata"].get("uid"))
+    return True
 
 
 # --- finding the job -------------------------------------------------------------------

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ddpdeploy.render.pod import MANAGED_BY
+from ddpdeploy.spec import INSTANCE_LABEL, MANAGED_BY_LABEL
 
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-INSTANCE_LABEL = "app.kubernetes.io/instance"
+__all__ = ["INSTANCE_LABEL", "MANAGED_BY_LABEL", "ours", "ours_selector", "selector"]
 
 
 def selector(labels: Mapping[str, str]) -> str:

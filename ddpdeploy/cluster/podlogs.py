@@ -20,10 +20,21 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ddpdeploy.adapters.kube import Kube
-from ddpdeploy.cluster.labels import ours
+from ddpdeploy.cluster.find import made_for
+from ddpdeploy.cluster.saved import saved_spec
 from ddpdeploy.cluster.watch import JobWatch, container_of, rank0_pod
 from ddpdeploy.errors import OperationError, UserError
-from ddpdeploy.events import Progress, parse_event, progress, split_rank, split_timestamp
+from ddpdeploy.events import (
+    NO_EVENTS,
+    Progress,
+    last_error,
+    parse_event,
+    progress,
+    split_rank,
+    split_timestamp,
+    worker_lines,
+)
+from ddpdeploy.formats import ago
 from ddpdeploy.obj import Obj
 from ddpdeploy.targets import Layout
 
@@ -99,6 +110,58 @@ def sources(layout: Layout, pods: list[Obj], select: Select) -> list[Source]:
     named = [(p["metadata"]["name"], _restarts(p)) for p in chosen]
     previous = [Source(pod, numbers[pod], True) for pod, restarts in named if restarts > 0]
     return [*previous, *(Source(pod, numbers[pod]) for pod, _ in named)]
+
+
+def world_size(job: Obj) -> int | None:
+    """The most global ranks the job can have: its saved spec's (most) nodes times the
+    processes per node; None when it has no saved spec that reads."""
+    try:
+        spec = saved_spec(job)
+    except UserError:
+        return None
+    return None if spec is None else spec.max_nodes * spec.procs_per_node
+
+
+def check_ranks(job: Obj, select: Select) -> None:
+    """`--rank R` beyond the job's world is refused, as `--node` beyond its pods is."""
+    world = world_size(job)
+    beyond = sorted(r for r in select.ranks or () if world is not None and r >= world)
+    if world is not None and beyond:
+        raise UserError(
+            f"--rank: the job has no rank {beyond[0]}; its global ranks are 0-{world - 1} "
+            f"(world size {world})"
+        )
+
+
+def _phase(pod: Obj, container: str) -> str:
+    """``Pending``, ``Pending (ContainerCreating)``, ``Running``: a pod as `logs` names it
+    when it has nothing to show."""
+    status = pod.get("status") or {}
+    phase = str(status.get("phase") or "Pending")
+    for st in status.get("containerStatuses") or []:
+        if isinstance(st, dict) and st.get("name") == container:
+            waiting = (st.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason"):
+                return f"{phase} ({waiting['reason']})"
+    return phase
+
+
+def nothing_shown(pods: list[Obj], select: Select, container: str) -> str:
+    """The one line `logs` says when it read every pod and found no line to show: why, as
+    far as the pods tell (their phases), so that an empty answer is never silent."""
+    named = [f"{(p.get('metadata') or {}).get('name')} {_phase(p, container)}" for p in pods]
+    listed = ", ".join(named[:8]) + (f" and {len(named) - 8} more" if len(named) > 8 else "")
+    started = [p for p in pods if run_of(p, container) is not None]
+    if not started:
+        why = "no container has started yet"
+    elif select.ranks is not None:
+        ranks = ",".join(map(str, sorted(select.ranks)))
+        why = f"no line of rank {ranks}" + (" in that time" if select.since_s else "")
+    elif select.since_s is not None:
+        why = "no line in that time"
+    else:
+        why = "the logs are empty"
+    return f"no log lines: {why} (pods: {listed})"
 
 
 def attribute(raw: str, source: Source) -> Line:
@@ -186,27 +249,11 @@ def run_of(pod: Obj, container: str) -> Run | None:
     return Run((pod.get("metadata") or {}).get("uid", ""), int(st.get("restartCount") or 0))
 
 
-def made_for(pod: Obj, job: Obj) -> bool:
-    """A pod that appears while following is ours when its labels say ddpdeploy made it for
-    this job (the controllers copy them from our pod template) and a controller of the
-    job's kind that it names is this job (by uid): a look-alike is never read."""
-
-    meta = pod.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    if any(labels.get(k) != v for k, v in ours(job["metadata"]["name"]).items()):
-        return False
-    for owner in meta.get("ownerReferences") or []:
-        same_kind = (owner.get("apiVersion"), owner.get("kind")) == (job["apiVersion"], job["kind"])
-        if owner.get("controller") and same_kind:
-            return bool(owner.get("uid") == job["metadata"].get("uid"))
-    return True
-
-
 @dataclass
 class Followed:
     """What the follow has read: the run of each pod read (or being read), the pods with a
-    stream open now, and the uids of the pods it started with (trusted as `logs` trusts
-    them; a newcomer must be ``made_for`` the job)."""
+    stream open now, and the uids of the pods it started with (``made_for`` the job, as
+    every pod `snapshot_of` gives; a newcomer is checked by the same rule)."""
 
     shown: dict[str, Run]
     open: set[str]
@@ -355,13 +402,15 @@ HEAD_BYTES = 64 * 1024  # ...and, when they hold no `start`, the log's head for 
 
 
 def rank0_progress(kube: Kube, job: Obj, pods: list[Obj], now: float) -> Progress | str:
-    """Rank 0's latest events through the log endpoint (nothing runs in the pod); one line
-    saying why when its log cannot be read (no pod yet, no kubelet, forbidden)."""
+    """Rank 0's latest events through the log endpoint (nothing runs in the pod); with
+    none, what its pod and log tell instead (``quiet_line``); one line saying why when its
+    log cannot be read (no pod yet, no kubelet, forbidden)."""
 
     namespace = job["metadata"]["namespace"]
     try:
         pod = rank0_pod(kube, job, pods)
-        if pod is None or not any((p.get("metadata") or {}).get("name") == pod for p in pods):
+        obj = next((p for p in pods if (p.get("metadata") or {}).get("name") == pod), None)
+        if pod is None or obj is None:
             return "training: no pod has logged rank 0's start yet"
         container = container_of(job)
         tail = list(kube.logs(pod, namespace, container, tail=TAIL, timestamps=True))
@@ -370,7 +419,67 @@ def rank0_progress(kube: Kube, job: Obj, pods: list[Obj], now: float) -> Progres
             tail = [line for line in head if _kind(line) in ("start", "probe")] + tail
     except OperationError as exc:
         return f"training: cannot read rank 0's log: {exc}"
-    return progress(tail, now)
+    got = progress(tail, now)
+    if got.events:
+        return got
+    previous: list[str] = []
+    if _last_exit(obj, container) is not None:
+        try:  # the run before: how it ended
+            previous = list(
+                kube.logs(pod, namespace, container, tail=TAIL, previous=True, timestamps=True)
+            )
+        except OperationError:
+            previous = []
+    return replace(got, quiet=quiet_line(obj, container, tail, previous, now))
+
+
+def _status(pod: Obj, container: str) -> Obj:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    found = next((s for s in statuses if isinstance(s, dict) and s.get("name") == container), None)
+    return found or {}
+
+
+def _last_exit(pod: Obj, container: str) -> Obj | None:
+    """The container's last run that ended (lastState.terminated), when it restarted."""
+    st = _status(pod, container)
+    last = (st.get("lastState") or {}).get("terminated")
+    return last if isinstance(last, dict) and int(st.get("restartCount") or 0) > 0 else None
+
+
+def _when(stamp: Any, now: float) -> str:
+    """``2026-01-02T03:04:05Z (3m07s ago)`` from the cluster's RFC 3339 time."""
+    from datetime import datetime
+
+    try:
+        then = datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return "?"
+    return f"{stamp} ({ago(now - then)})"
+
+
+def quiet_line(pod: Obj, container: str, tail: list[str], previous: list[str], now: float) -> str:
+    """What `status` says when rank 0 logged no event: what is known, never a guess about
+    the script. A container that restarted: the restart and the line its last run ended
+    with (the previous log, else the current one). No worker line yet: torchrun starts
+    the workers once every node has joined the rendezvous, so it waits for its peers
+    (since the container started). Else the workers run and print no event."""
+    st = _status(pod, container)
+    last = _last_exit(pod, container)
+    if last is not None:
+        code = last.get("exitCode")
+        why = f"exit code {code}" + (f", {last['reason']}" if last.get("reason") else "")
+        error = last_error(previous) or last_error(tail) or str(last.get("message") or "")
+        count = int(st.get("restartCount") or 0)
+        line = f"training: restarting (restart {count}; the last run ended with {why})"
+        return f"{line}: {error}" if error else line
+    if not worker_lines(tail):
+        started = ((st.get("state") or {}).get("running") or {}).get("startedAt")
+        since = f" since {_when(started, now)}" if started else ""
+        return (
+            f"training: waiting for peers{since} (rendezvous): no worker has started; torchrun "
+            "starts them once every node has joined"
+        )
+    return NO_EVENTS
 
 
 def _kind(line: str) -> str | None:

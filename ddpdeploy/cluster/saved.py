@@ -16,11 +16,11 @@ from ddpdeploy.contract import RunRecord, facts_env, record_from_env
 from ddpdeploy.errors import UserError
 from ddpdeploy.obj import Obj
 from ddpdeploy.render.pod import checkpoint_claim_name
-from ddpdeploy.spec import JobSpec, canonical_json, spec_with
+from ddpdeploy.spec import OWN_DOMAIN, JobSpec, canonical_json, spec_with
 from ddpdeploy.spec import load as specfile
 from ddpdeploy.targets import layout_for_kind
 
-SPEC_ANNOTATION = "ddpdeploy.dev/spec"
+SPEC_ANNOTATION = f"{OWN_DOMAIN}/spec"
 # What `up --build` knew of the image beyond the spec (contract.RunRecord: its digest and git
 # facts), saved beside the spec for `scale` and `resume` to render with: one annotation per
 # fact, named by the env the pods get it as. Annotations rather than the pod template's env:
@@ -28,7 +28,7 @@ SPEC_ANNOTATION = "ddpdeploy.dev/spec"
 # target (a TrainJob keeps its env under spec.trainer). One key each, not one JSON value: a
 # value that is dropped is then left out of the next apply alone, and a key someone else
 # edited (so owns) is left to them rather than conflicting with the apply of the others.
-RECORD_PREFIX = "record.ddpdeploy.dev/"
+RECORD_PREFIX = f"record.{OWN_DOMAIN}/"
 
 
 def spec_json(spec: JobSpec) -> str:

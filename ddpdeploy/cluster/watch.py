@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ddpdeploy.adapters.kube import Kube
-from ddpdeploy.cluster.find import Found, find_job, labelled_ours
+from ddpdeploy.cluster.find import Found, find_job, labelled_ours, made_for
 from ddpdeploy.cluster.jobstate import JobState, job_state, logs_show_rank0
 from ddpdeploy.cluster.labels import selector
 from ddpdeploy.contract import CONTAINER_NAME
@@ -55,8 +55,15 @@ def pods_of(kube: Kube, layout: Layout, name: str, namespace: str) -> list[Obj]:
     return kube.list("v1", "Pod", namespace, labels=selector(layout.pod_selector(name)))
 
 
+def job_pods(job: Obj | None, pods: list[Obj]) -> list[Obj]:
+    """The pods that are ``job``'s by the one rule (``find.made_for``): the target's pod
+    selector also matches a look-alike (another job's pod, one made by hand)."""
+    return [p for p in pods if job is not None and made_for(p, job)]
+
+
 def snapshot_of(found: Found) -> Snapshot:
     pods = pods_of(found.kube, found.layout, found.name, found.namespace) if found.job else []
+    pods = job_pods(found.job, pods)
     return found.job, pods, job_state(found.job, pods)
 
 
@@ -180,6 +187,8 @@ class JobWatch:
 
     def current(self) -> Snapshot:
         pods = sorted(self.pods.values(), key=lambda p: p["metadata"]["name"])
+        if self.job is not None:
+            pods = job_pods(self.job, pods)
         return self.job, pods, job_state(self.job, pods)
 
     def _take(self, event: tuple[str, str, Any]) -> None:

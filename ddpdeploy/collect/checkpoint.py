@@ -32,6 +32,7 @@ from ddpdeploy.collect.debug import (
     DEBUG_KINDS,
     DEBUG_PATTERNS,
     DebugFile,
+    check_debug_folder,
     collect_debug,
     debug_kind,
 )
@@ -169,6 +170,8 @@ def _collect_into(
 ) -> Collected:
     out = Destination(dest, overwrite)
     out.check()
+    if debug:
+        check_debug_folder(dest)
     regular, diagnostics = _listing(source, files, debug, warn)
     if files and step is not None:
         raise UserError("--step and --file: pick one (--step is for ddpdeploy checkpoints)")

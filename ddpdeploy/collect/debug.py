@@ -7,13 +7,16 @@ text file is cut with a note, a longer dump refused), read twice to see it stays
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import BinaryIO
 
 from ddpdeploy.collect.destination import Destination
 from ddpdeploy.collect.source import Mismatch, Source, Unreadable, read_chunks, shown
+from ddpdeploy.errors import UserError
 
 # collect --debug: the diagnostics files a run leaves beside its checkpoints, by exact name
 # shape (train/ddpkit.py writes the first and third, torch's flight recorder the second).
@@ -40,6 +43,18 @@ class DebugFile:
     size: int  # bytes written (a cut file: MAX_DEBUG plus the note)
     cut: bool = False
     first_line: str = ""  # as read (decoded, not yet made plain): the caller shows it
+
+
+def check_debug_folder(dest: Path) -> None:
+    """`--to`'s `debug` must be a folder or not exist (made then): anything else of that
+    name is refused before anything is read (a file there failed only at the first write)."""
+    path = dest / DEBUG_DIR
+    if os.path.islink(path) or (os.path.lexists(path) and not path.is_dir()):
+        what = "a link" if os.path.islink(path) else "a file, not a folder"
+        raise UserError(
+            f"--to: {path} is {what}; collect --debug writes the diagnostics files into a "
+            f"folder of that name: move it away, or collect into another folder"
+        )
 
 
 def debug_kind(name: str) -> str | None:

@@ -30,7 +30,7 @@ from ddpdeploy.render.pod import (
     pod_security,
     require_image,
 )
-from ddpdeploy.spec import JobSpec
+from ddpdeploy.spec import ISTIO_INJECT_ANNOTATION, OWN_DOMAIN, JobSpec
 from ddpdeploy.targets import layout_of
 
 # `sh -c` programs, POSIX only (busybox runs them too). The listing tests each entry without
@@ -113,8 +113,8 @@ def collect_helper_pod(spec: JobSpec, image: str | None = None) -> Obj:
     # Where the job's pods may run (and the claim can attach), the reader may too.
     pod |= placement(spec)
     meta = metadata(spec, f"{spec.name}-collect")
-    meta["labels"]["ddpdeploy.dev/role"] = "collect"
-    meta["annotations"] = {**meta.get("annotations", {}), "sidecar.istio.io/inject": "false"}
+    meta["labels"][f"{OWN_DOMAIN}/role"] = "collect"
+    meta["annotations"] = {**meta.get("annotations", {}), ISTIO_INJECT_ANNOTATION: "false"}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod}
 
 

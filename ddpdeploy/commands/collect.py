@@ -84,6 +84,7 @@ def collect(
 
     Example: ddpdeploy collect ddp-train --to ./ckpt --debug
     """
+    from ddpdeploy.collect.debug import check_debug_folder
     from ddpdeploy.collect.destination import Destination
     from ddpdeploy.collect.source import LocalSource
     from ddpdeploy.commands.console import ConsoleReport
@@ -93,6 +94,8 @@ def collect(
     report = ConsoleReport()
     source = _source(source, local_rel, report)
     Destination(to, overwrite).check()  # before anything is read or started
+    if debug:
+        check_debug_folder(to)  # --to/debug: a folder or nothing, before a helper pod starts
     copy = _copier(report, to, step, files or (), overwrite, debug)
     if source == "local":
         got = copy(LocalSource(local_rel.resolve(), str(local_rel)))

@@ -19,6 +19,8 @@ from rich.progress import (
 from rich.progress import Progress as Bar
 from rich.text import Text
 
+from ddpdeploy.text import plain, plain_lines
+
 
 class _Shown:
     """One piece of work on its bar."""
@@ -37,7 +39,7 @@ class _Shown:
         if total is not None:
             fields["total"] = total
         if info is not None:
-            fields["info"] = info
+            fields["info"] = plain(info)
         if completed is not None:
             fields["completed"] = completed
         self.bar.update(self.task, **fields)
@@ -51,11 +53,12 @@ class _Shown:
             self.output(text)
 
     def output(self, text: str) -> None:
-        # Text as written: no markup, no highlighting.
-        self.bar.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        # A line a job printed: no markup, no highlighting, and no escape sequence or control
+        # character reaches the terminal (text.plain), as in `logs` and `status`.
+        self.bar.console.print(plain_lines(text), markup=False, highlight=False, soft_wrap=True)
 
     def note(self, text: str) -> None:
-        self.bar.console.print(Text(text, style="dim"), soft_wrap=True)
+        self.bar.console.print(Text(plain_lines(text), style="dim"), soft_wrap=True)
 
 
 class ConsoleReport:
@@ -65,8 +68,9 @@ class ConsoleReport:
         self.console = console or Console(stderr=True, highlight=False)
 
     def say(self, text: str) -> None:
-        # Text as written (names and reasons from outside may hold `[`), one line however long.
-        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
+        # Text as written (names and reasons from outside may hold `[`), one line however
+        # long; escapes and control characters from outside made harmless (text.plain).
+        self.console.print(plain_lines(text), markup=False, highlight=False, soft_wrap=True)
 
     def warn(self, text: str) -> None:
         self.say(f"warning: {text}")

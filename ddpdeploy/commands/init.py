@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import stat
 from pathlib import Path
 from typing import Annotated
@@ -52,6 +53,8 @@ rendezvous:
 #   mountPath: /checkpoints
 
 shmSize: 2Gi               # /dev/shm as a memory emptyDir; null = no mount (64 MB default)
+logSize: 4Gi               # bound on torchrun's copies of every worker's output; past it
+                           # the pod is evicted (null = no bound)
 terminationGracePeriodSeconds: 120  # SIGTERM -> checkpoint -> exit; torchrun alone takes 30 s
 env: {}                    # e.g. {OMP_NUM_THREADS: "4"}
 secretEnv: {}              # by reference only, e.g. {HF_TOKEN: {secret: hf, key: token}}
@@ -97,9 +100,38 @@ command:
   {key}: {value}{pad}# your {what}, run by torchrun
   # args: ["--epochs", "2"]  # example: its arguments; `-- ARGS` on the CLI appends more"""
 
+NAME_LINE = "name: ddp-train            #"
+CHECKPOINT_BLOCK = """\
+# checkpoint:              # a volume every pod mounts; rank 0 writes there
+#   size: 100Gi            # a new PVC <name>-checkpoints ... or claimName: an existing one
+#   storageClass: standard
+#   accessMode: ReadWriteMany
+#   mountPath: /checkpoints"""
+# Your own code saves and resumes through a volume (docs/own-script.md): on from the start.
+LIVE_CHECKPOINT = """\
+checkpoint:                # your code saves under $DDPDEPLOY_CHECKPOINT_DIR (this volume)
+  size: 20Gi               # a new PVC <name>-checkpoints ... or claimName: an existing one
+  # storageClass: standard
+  accessMode: ReadWriteMany
+  mountPath: /checkpoints"""
+DEFAULT_NAME = "ddp-train"
+MAX_DERIVED_NAME = 40  # leaves room for every target's pod and Service suffixes
+
+
+def derived_name(entry: str, module: bool) -> str:
+    """A job name (DNS-1035 label) from the script's file name (``src/train_bert.py``:
+    ``train-bert``) or the module's path (``pkg.train``: ``pkg-train``)."""
+    base = entry if module else entry.rsplit("/", 1)[-1].removesuffix(".py")
+    name = re.sub(r"[^a-z0-9]+", "-", base.lower()).strip("-")
+    if name and not name[0].isalpha():
+        name = f"job-{name}"
+    name = name[:MAX_DERIVED_NAME].rstrip("-")
+    return name or DEFAULT_NAME
+
 
 def starter(script: str | None = None, module: str | None = None) -> str:
-    """The starter spec: for the built-in trainer, or for the user's script or module."""
+    """The starter spec: for the built-in trainer, or for the user's script or module (a
+    name derived from it, and a live checkpoint volume)."""
     if script is not None and module is not None:
         raise UserError("--script/--module: give one of them, not both")
     if script is None and module is None:
@@ -114,13 +146,17 @@ def starter(script: str | None = None, module: str | None = None) -> str:
     except ValidationError as exc:
         reason = exc.errors()[0]["msg"].removeprefix("Value error, ")
         raise UserError(f"--{key}: {reason}") from None
-    if key == "script" and (entry.startswith("/") or ".." in Path(str(entry)).parts):
-        raise UserError(f"--script: {entry} must be a path inside this workspace, relative")
     value = json.dumps(entry)  # a YAML string whatever the characters
     what = "script, in this workspace" if key == "script" else "module"
     pad = " " * max(1, 25 - len(key) - len(value) - 2)
-    return STARTER.replace(
-        "@COMMAND@", SCRIPT_COMMAND.format(key=key, value=value, pad=pad, what=what)
+    name = derived_name(entry, module=key == "module")
+    name_line = f"name: {name}" + " " * max(1, len(NAME_LINE) - 1 - len(f"name: {name}")) + "#"
+    return (
+        STARTER.replace(
+            "@COMMAND@", SCRIPT_COMMAND.format(key=key, value=value, pad=pad, what=what)
+        )
+        .replace(NAME_LINE, name_line, 1)
+        .replace(CHECKPOINT_BLOCK, LIVE_CHECKPOINT, 1)
     )
 
 
@@ -154,7 +190,19 @@ def init(
         if not schema_existed:
             schema_path.unlink(missing_ok=True)  # nothing half-written
         raise
-    typer.echo(f"wrote {path} (and {schema_path} for editor completion)", err=True)
+    chose = ""
+    if script is not None or module is not None:
+        from ddpdeploy.spec import load_spec
+
+        spec = load_spec(path)
+        entry = f"script {script}" if script is not None else f"module {module}"
+        size = spec.checkpoint.size if spec.checkpoint else "no"
+        where = spec.checkpoint.mount_path if spec.checkpoint else ""
+        chose = (
+            f" for your {entry}: job name {spec.name} (from its name), a {size} checkpoint "
+            f"volume at {where} ($DDPDEPLOY_CHECKPOINT_DIR)"
+        )
+    typer.echo(f"wrote {path}{chose} (and {schema_path} for editor completion)", err=True)
 
 
 def _check_target(path: Path, force: bool) -> None:

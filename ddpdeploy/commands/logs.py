@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ddpdeploy.commands.options import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt
-from ddpdeploy.errors import OperationError
+from ddpdeploy.errors import OperationError, UserError
+from ddpdeploy.text import show
 
 if TYPE_CHECKING:
     from ddpdeploy.cluster.find import Found
@@ -81,8 +84,8 @@ def logs(
     select = Select(
         ranks=_ranks(rank),
         nodes=frozenset(node) if node else None,
-        tail=tail,
-        since_s=max(1, int(parse_duration(since, "--since"))) if since is not None else None,
+        tail=_at_most(tail, "--tail", "lines"),
+        since_s=_since(since, parse_duration),
     )
     found = open_job(kubeconfig, context, name, namespace)
     try:
@@ -98,27 +101,59 @@ def logs(
         os._exit(130)
 
 
+# The log endpoint's tailLines and sinceSeconds are int64: a larger number is refused here,
+# in one line, rather than by the server once per pod.
+INT64_MAX = 2**63 - 1
+MAX_RANK = 2**31 - 1  # a world size is an int32 (nodes x processes per node)
+
+
+def _at_most(value: int | None, flag: str, unit: str) -> int | None:
+    if value is not None and value > INT64_MAX:
+        raise UserError(f"{flag}: {value} {unit} is more than the API takes; at most {INT64_MAX}")
+    return value
+
+
+def _since(text: str | None, parse: Callable[[str, str], float]) -> int | None:
+    if text is None:
+        return None
+    seconds = parse(text, "--since")
+    if seconds > INT64_MAX:
+        raise UserError(
+            f"--since: {show(text)} is longer than the API takes ({INT64_MAX} seconds); "
+            "leave --since out for the whole log"
+        )
+    return max(1, int(seconds))
+
+
 def _ranks(values: list[str] | None) -> frozenset[int] | None:
     if not values:
         return None
     out: set[int] = set()
     for part in (p.strip() for v in values for p in v.split(",")):
-        if not part.isdigit():
+        if not re.fullmatch(r"[0-9]{1,10}", part) or int(part) > MAX_RANK:
             raise typer.BadParameter(
-                f"{part!r} is not a rank; give global ranks like 0 or 0,3", param_hint="--rank"
+                f"{show(part)} is not a rank; give global ranks like 0 or 0,3", param_hint="--rank"
             )
         out.add(int(part))
     return frozenset(out)
 
 
 def _merged(found: Found, name: str, follow: bool, select: Select) -> None:
-    from ddpdeploy.cluster.podlogs import Source, followed, merged, sources
+    from ddpdeploy.cluster.podlogs import (
+        Source,
+        check_ranks,
+        followed,
+        merged,
+        nothing_shown,
+        sources,
+    )
     from ddpdeploy.cluster.watch import container_of, snapshot_of
     from ddpdeploy.commands.views import rank_line, say
     from ddpdeploy.text import plain
 
     job, pods, _ = snapshot_of(found)
     assert job is not None  # found is required
+    check_ranks(job, select)
     todo = sources(found.layout, pods, select)
     if not todo:
         raise OperationError(f"{job['kind']} {found.namespace}/{name} has no pods yet")
@@ -132,8 +167,13 @@ def _merged(found: Found, name: str, follow: bool, select: Select) -> None:
         lines = followed(found, job, pods, todo, select, failed, say)
     else:
         lines = iter(merged(found.kube, found.namespace, container_of(job), todo, select, failed))
+    shown = 0
     for line in lines:
         rank_line(line.rank, line.node, line.text, line.previous)
+        shown += 1
+    if not shown and not unread:  # say why, rather than nothing at all
+        read = [p for p in pods if p["metadata"]["name"] in {s.pod for s in todo}]
+        say(nothing_shown(read, select, container_of(job)))
     if unread:
         raise OperationError(
             f"could not read the log of pod {', '.join(sorted(set(unread)))}; "

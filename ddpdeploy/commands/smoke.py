@@ -16,6 +16,7 @@ import typer
 from ddpdeploy.commands.options import spec_command
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.signals import interrupted
+from ddpdeploy.text import plain_lines
 
 if TYPE_CHECKING:
     from ddpdeploy.image.build import BuiltImage
@@ -88,6 +89,10 @@ def smoke(
     agent exits 0; the job's own output (rank 0's by default) is shown as it comes.
 
     Example: ddpdeploy smoke --local --nodes 2 --procs 2 --steps 20
+
+    \b
+    Your own script (`ddpdeploy init --script train.py`): its arguments after `--`
+      ddpdeploy smoke --local --nodes 2 -- --epochs 1 --lr 0.1
     """
     from ddpdeploy.commands.console import ConsoleReport
     from ddpdeploy.smoke import runner
@@ -238,8 +243,8 @@ def _workspace_writes(spec: JobSpec, runs: WorkspaceRuns) -> Iterator[None]:
     finally:
         wrote = runs.end()
         line = workspace.warning(wrote) if spec.security.read_only_root_filesystem else None
-        if line:
-            typer.echo(f"smoke: {line}", err=True)
+        if line:  # the names of files the job wrote: plain text
+            typer.echo(f"smoke: {plain_lines(line)}", err=True)
 
 
 def _free_port() -> int:
@@ -259,7 +264,8 @@ def _local_target(
     """Start the job's agents on a fresh port, each run in a fresh checkpoint folder and
     with what earlier runs wrote in the workspace set aside, unless ``resume``; the chaos
     run's with the hold at its --kill-at step."""
-    from ddpdeploy.paths import trainer_script
+    from ddpdeploy.fs import own_folder
+    from ddpdeploy.paths import OWN_DIR, trainer_script
     from ddpdeploy.smoke import workspace
     from ddpdeploy.smoke.launch import hold_env, local_nodes
     from ddpdeploy.smoke.local import LocalRun, fresh_folder
@@ -270,6 +276,7 @@ def _local_target(
             typer.echo(f"smoke: {note}", err=True)
         checkpoint_dir = None
         if folder is not None:
+            own_folder(Path.cwd() / OWN_DIR)  # ignored by the user's git from inside
             if fresh_folder(folder, keep=resume):
                 typer.echo(f"smoke: emptied {folder} (--resume keeps it)", err=True)
             checkpoint_dir = str(folder)
@@ -338,23 +345,30 @@ def _build_image(spec: JobSpec, base_image: str | None) -> BuiltImage:
 # ---- the report -------------------------------------------------------------------------
 
 
+def _echo_plain(text: str) -> None:
+    """A report line on stdout; what in it came from the job (a weights checksum, a
+    diagnostics line) cannot reach the terminal as an escape."""
+    typer.echo(plain_lines(text))
+
+
 def _report(outcomes: dict[str, Outcome]) -> None:
     """The last run's report on stdout; with --kill-at, the kill and the comparison."""
     outcome = outcomes.get("run") or outcomes["kill"]
-    typer.echo(f"wall time       {outcome.wall:.1f} s")
+    echo = _echo_plain
+    echo(f"wall time       {outcome.wall:.1f} s")
     if outcome.steps is not None:
-        typer.echo(f"steps           {outcome.steps}")
+        echo(f"steps           {outcome.steps}")
     if outcome.steps_per_s is not None:
-        typer.echo(f"steps/s         {outcome.steps_per_s:.1f}")
+        echo(f"steps/s         {outcome.steps_per_s:.1f}")
     if outcome.weights_sha256 is not None:
-        typer.echo(f"weights_sha256  {outcome.weights_sha256}")
+        echo(f"weights_sha256  {outcome.weights_sha256}")
     for kind, label in (("probe", "probe"), ("ranks", "rank times")):  # ddpkit's, if any
         if kind in outcome.diagnostics:
-            typer.echo(f"{label:<16}{outcome.diagnostics[kind]}")
+            echo(f"{label:<16}{outcome.diagnostics[kind]}")
     for node, code in outcome.exit_codes.items():
-        typer.echo(f"exit code       {code}  {node}")
+        echo(f"exit code       {code}  {node}")
     for warning in outcome.warnings:
-        typer.echo(f"smoke: warning: {warning}", err=True)
+        typer.echo(f"smoke: warning: {plain_lines(warning)}", err=True)
     kill, clean = outcome.kill, outcomes.get("clean")
     if kill is not None and clean is not None:
         _report_kill(outcome, kill, clean, outcomes.get("again"))
@@ -363,20 +377,21 @@ def _report(outcomes: dict[str, Outcome]) -> None:
 def _report_kill(outcome: Outcome, kill: Kill, clean: Outcome, again: Outcome | None) -> None:
     """What happened after the kill (restart, resume, recovery), then, apart from it, the
     weights against the clean run's (and a second clean run's when they differ)."""
-    typer.echo(f"killed          {kill.what} of {kill.node} at {kill.at_}")
+    echo = _echo_plain
+    echo(f"killed          {kill.what} of {kill.node} at {kill.at_}")
     if kill.restarted_at is not None:
         how = "it loaded a file (torch.load)" if kill.loaded else "no torch.load: it started over"
         if kill.resumed_step is not None:
             how = f"it resumed from step {kill.resumed_step}"
-        typer.echo(f"restarted       {kill.restarted_at - kill.at:.1f} s after the kill; {how}")
+        echo(f"restarted       {kill.restarted_at - kill.at:.1f} s after the kill; {how}")
     if kill.recovered_at is None:
-        typer.echo("recovery        not observed (no step event after a restart of the workers)")
+        echo("recovery        not observed (no step event after a restart of the workers)")
     else:
-        typer.echo(
+        echo(
             f"recovery        {kill.recovered_at - kill.at:.1f} s "
             f"(kill -> step {kill.recovered_step} after torchrun restarted the workers)"
         )
-    typer.echo(f"finished        every node exited 0 after the kill{_steps_of(outcome)}")
+    echo(f"finished        every node exited 0 after the kill{_steps_of(outcome)}")
     _report_weights(outcome, clean, again)
 
 
@@ -387,11 +402,12 @@ def _steps_of(outcome: Outcome) -> str:
 def _report_weights(outcome: Outcome, clean: Outcome, again: Outcome | None) -> None:
     from ddpdeploy.smoke.runner import same_weights
 
+    echo = _echo_plain
     same = same_weights(outcome, clean)
     if same is None:
-        typer.echo("clean run       not compared (the job prints no `done` weights_sha256)")
+        echo("clean run       not compared (the job prints no `done` weights_sha256)")
         return
-    typer.echo(f"clean run       {clean.weights_sha256}{' (same)' if same else ''}")
+    echo(f"clean run       {clean.weights_sha256}{' (same)' if same else ''}")
     if same or again is None:
         return
     if same_weights(again, clean):
@@ -400,7 +416,7 @@ def _report_weights(outcome: Outcome, clean: Outcome, again: Outcome | None) -> 
             "identical clean runs of the same job: the resume after the kill was not exact "
             "(state the checkpoint leaves out: the optimizer's, the sampler's epoch, RNG)"
         )
-    typer.echo(
+    echo(
         f"clean again     {again.weights_sha256}: two clean runs differ, so the script is not "
         "deterministic and the weights cannot show whether the resume was exact (seed every "
         "random source, e.g. torch.manual_seed, to compare)"

@@ -42,7 +42,8 @@ def up(
         typer.Option(
             "--adopt-pvc",
             help="Use an existing PVC <name>-checkpoints that ddpdeploy did not create, as is "
-            "(never relabelled or deleted; like naming it as checkpoint.claimName).",
+            "(never relabelled or deleted; like naming it as checkpoint.claimName); the job's "
+            "saved spec goes on it as annotations of ours, for `resume` after `down`.",
             rich_help_panel=CLUSTER_PANEL,
         ),
     ] = False,
@@ -55,7 +56,12 @@ def up(
         typer.Option("--wait/--no-wait", help="Watch the job to its end (default on a terminal)."),
     ] = None,
     timeout: Annotated[
-        str | None, typer.Option("--timeout", help="Give up waiting after this long (90s, 15m).")
+        str | None,
+        typer.Option(
+            "--timeout",
+            help="Give up waiting after this long (90s, 15m): for the job's end, and with "
+            "--replace for the old job to be deleted (default 2m).",
+        ),
     ] = None,
     follow: Annotated[
         bool, typer.Option("--follow", help="Stream the logs of the pod hosting global rank 0.")
@@ -92,7 +98,8 @@ def up(
         if dry_run:
             deploy.dry_run(kube, checked, replace, _say)
             return
-    deploy.apply(kube, checked, replace, _say)  # says itself what an interrupt left
+    bound = deploy.DELETE_TIMEOUT if seconds is None else seconds
+    deploy.apply(kube, checked, replace, _say, delete_timeout=bound)  # says what an interrupt left
     if wait is None:
         wait = sys.stdout.isatty()
     if not (wait or follow):

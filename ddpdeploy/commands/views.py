@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import shutil
 import sys
 from collections import Counter
@@ -51,8 +52,22 @@ def print_out(renderable: RenderableType, width: int | None = None) -> None:
     write_stdout(console.file.getvalue())  # type: ignore[attr-defined]
 
 
+def strict(doc: Any) -> Any:
+    """``doc`` as strict JSON can hold it: a non-finite number (a loss of nan, an inf a log
+    wrote) becomes null; the lines beside it still say it as text."""
+    if isinstance(doc, float) and not math.isfinite(doc):
+        return None
+    if isinstance(doc, dict):
+        return {key: strict(value) for key, value in doc.items()}
+    if isinstance(doc, list | tuple):
+        return [strict(value) for value in doc]
+    return doc
+
+
 def print_json(doc: Any) -> None:
-    write_stdout(json.dumps(doc, indent=2) + "\n")
+    """A document as strict JSON (RFC 8259: no NaN or Infinity, which strict parsers
+    refuse)."""
+    write_stdout(json.dumps(strict(doc), indent=2, allow_nan=False) + "\n")
 
 
 def log_line(line: str) -> None:

@@ -12,22 +12,34 @@ from typing import Any
 from ddpdeploy.contract import CONTAINER_NAME, PORT_NAME, LaunchContract
 from ddpdeploy.errors import UserError
 from ddpdeploy.obj import Obj
-from ddpdeploy.spec import HOME_DIR, NCCL_FIELDS, TMP_DIR, JobSpec
+from ddpdeploy.spec import (
+    HOME_DIR,
+    INSTANCE_LABEL,
+    ISTIO_INJECT_ANNOTATION,
+    KUEUE_QUEUE_LABEL,
+    LOG_DIR,
+    MANAGED_BY_LABEL,
+    NAME_LABEL,
+    NCCL_FIELDS,
+    TMP_DIR,
+    JobSpec,
+)
 
 MANAGED_BY = "ddpdeploy"
 SHM_VOLUME = "dshm"
 CHECKPOINT_VOLUME = "checkpoints"
 TMP_VOLUME = "tmp"
+LOG_VOLUME = "torchrun-logs"
 HOME_VOLUME = "home"
-KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+__all__ = ["KUEUE_QUEUE_LABEL"]  # its home is the spec's (a key a spec may not set)
 
 
 def labels(spec: JobSpec) -> dict[str, str]:
     return {
         **spec.labels,
-        "app.kubernetes.io/name": spec.name,
-        "app.kubernetes.io/instance": spec.name,
-        "app.kubernetes.io/managed-by": MANAGED_BY,
+        NAME_LABEL: spec.name,
+        INSTANCE_LABEL: spec.name,
+        MANAGED_BY_LABEL: MANAGED_BY,
     }
 
 
@@ -47,7 +59,7 @@ def metadata(spec: JobSpec, name: str) -> Obj:
 
 def selector_labels(spec: JobSpec) -> dict[str, str]:
     """The labels that pick out this job's pods (NetworkPolicy, PodGroup, Services)."""
-    return {"app.kubernetes.io/instance": spec.name, "app.kubernetes.io/managed-by": MANAGED_BY}
+    return {INSTANCE_LABEL: spec.name, MANAGED_BY_LABEL: MANAGED_BY}
 
 
 def workload_metadata(spec: JobSpec, name: str) -> Obj:
@@ -101,8 +113,9 @@ def nccl_env(spec: JobSpec) -> dict[str, str]:
 
 def pod_only_env(spec: JobSpec) -> dict[str, str]:
     """Env of the pod's own (its file system and network), not of the launch: targets that
-    run outside a pod (local processes) do without it."""
-    return {**hardening_env(spec), **nccl_env(spec)}
+    run outside a pod (local processes) do without it. PET_LOG_DIR: torchrun's tee files go
+    to the pod's bounded log volume."""
+    return {**hardening_env(spec), **nccl_env(spec), "PET_LOG_DIR": LOG_DIR}
 
 
 def env_list(contract: LaunchContract) -> list[Obj]:
@@ -157,6 +170,12 @@ def _mounts_and_volumes(spec: JobSpec) -> tuple[list[Obj], list[Obj]]:
         for name, path in ((TMP_VOLUME, TMP_DIR), (HOME_VOLUME, HOME_DIR)):
             mounts.append({"name": name, "mountPath": path})
             volumes.append({"name": name, "emptyDir": {}})
+    # torchrun's copies of the workers' output, bounded: past sizeLimit the pod is evicted
+    # rather than the node's disk filled (and every pod on it evicted).
+    mounts.append({"name": LOG_VOLUME, "mountPath": LOG_DIR})
+    volumes.append(
+        {"name": LOG_VOLUME, "emptyDir": {"sizeLimit": spec.log_size} if spec.log_size else {}}
+    )
     claim = checkpoint_claim_name(spec)
     if spec.checkpoint and claim:
         mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": spec.checkpoint.mount_path})
@@ -207,7 +226,7 @@ def pod_template(spec: JobSpec, contract: LaunchContract) -> Obj:
     annotations = {
         **spec.annotations,
         # An injected sidecar never exits, so the pod (and the job) would never complete.
-        "sidecar.istio.io/inject": "false",
+        ISTIO_INJECT_ANNOTATION: "false",
     }
     return {"metadata": {"labels": labels(spec), "annotations": annotations}, "spec": pod}
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from ddpdeploy.obj import Obj
 from ddpdeploy.render.pod import metadata
-from ddpdeploy.spec import JobSpec
 
-# Pods name their PodGroup with this annotation (Volcano's scheduler reads it).
-POD_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+# Pods name their PodGroup with POD_GROUP_ANNOTATION (Volcano's scheduler reads it).
+from ddpdeploy.spec import POD_GROUP_ANNOTATION, JobSpec
+
+__all__ = ["POD_GROUP_ANNOTATION", "beside_job", "network_policy", "pod_group"]
 
 
 def network_policy(spec: JobSpec, selector: dict[str, str]) -> Obj | None:

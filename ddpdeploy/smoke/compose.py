@@ -28,7 +28,7 @@ from ddpdeploy.obj import Obj
 from ddpdeploy.render.pod import pod_only_env
 from ddpdeploy.smoke.backend import Node
 from ddpdeploy.smoke.launch import cpu_spec, nodes_of
-from ddpdeploy.spec import HOME_DIR, TMP_DIR, JobSpec, spec_with
+from ddpdeploy.spec import HOME_DIR, LOG_DIR, TMP_DIR, JobSpec, spec_with
 from ddpdeploy.spec import quantity as spec_quantity
 from ddpdeploy.targets import launch_contract
 
@@ -83,11 +83,13 @@ def _security(spec: JobSpec) -> Obj:
         out["group_add"] = [str(sec.fs_group)]  # the pod's fsGroup is a supplementary group
     if spec.network.rdma:
         out["cap_add"] = ["IPC_LOCK"]
+    # The pod's emptyDirs: writable by anyone (an emptyDir is 0777), and exec, which
+    # Docker's tmpfs default (noexec) would refuse to compiled caches. torchrun's log volume
+    # on every pod, the other two under a read-only root; unsized (a smoke run is short).
+    dirs = [TMP_DIR, HOME_DIR] if sec.read_only_root_filesystem else []
+    out["tmpfs"] = [f"{path}:exec,mode=1777" for path in (*dirs, LOG_DIR)]
     if sec.read_only_root_filesystem:
         out["read_only"] = True
-        # The pod's emptyDirs: writable by anyone (an emptyDir is 0777), and exec, which
-        # Docker's tmpfs default (noexec) would refuse to compiled caches.
-        out["tmpfs"] = [f"{path}:exec,mode=1777" for path in (TMP_DIR, HOME_DIR)]
     return out
 
 

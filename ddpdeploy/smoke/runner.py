@@ -26,6 +26,7 @@ from ddpdeploy.events import (
     agent_lines,
     code_text,
     describe,
+    number,
     parse_event,
     read_only_write,
     root_cause,
@@ -34,6 +35,7 @@ from ddpdeploy.events import (
 )
 from ddpdeploy.report import Progress, Report
 from ddpdeploy.smoke.backend import Line, Node, NoWorker, RunBackend
+from ddpdeploy.text import plain, plain_lines
 
 SETTLE_S = 5.0  # after the first failure, how long the other nodes get to report theirs
 # torch's own record of what a process used (PYTORCH_API_USAGE_STDERR=1, a smoke run's env):
@@ -137,8 +139,8 @@ class Outcome:
 
     @property
     def steps(self) -> int | None:
-        step = (self.done or {}).get("step")
-        return step if isinstance(step, int) else self.last_step
+        step = Event("done", dict(self.done or {})).step
+        return step if step is not None else self.last_step
 
     @property
     def weights_sha256(self) -> str | None:
@@ -307,8 +309,8 @@ class _Run:
         if event.kind == "step" and step is not None:
             self.first_step_at = self.first_step_at or time.monotonic()
             self.last_step = step
-            loss = event.fields.get("loss")
-            info = f"loss {loss:.4f}" if isinstance(loss, int | float) else "running"
+            loss = number(event.fields.get("loss"))
+            info = f"loss {loss:.4f}" if loss is not None else "running"
             self.view.update(completed=step, info=info)
             self.chaos_step(step)
         elif event.kind == "done":
@@ -389,14 +391,15 @@ class _Run:
             node, rank, lines = nodes[first], None, []
             code = self.target.exit_codes()[first] or 1
         lines = lines or agent_lines(self.target.tail(node.name))
-        shown = "\n".join(f"  {t}" for t in lines[-TAIL_LINES:])
+        # The job's own lines: plain text (an escape it printed is not replayed).
+        shown = "\n".join(f"  {plain(t)}" for t in lines[-TAIL_LINES:])
         reason = read_only_write(lines)
-        why = f": {reason}. Its" if reason else "; its"
+        why = f": {plain(reason)}. Its" if reason else "; its"
         said = f"{_where(node, rank)} exited with code {code_text(code)}{why} last lines:\n{shown}"
         if "hang" in self.diagnostics:  # the watchdog's finding says more than exit 124
-            return f"hang: {self.diagnostics['hang']}\n{said}"
+            return f"hang: {plain_lines(self.diagnostics['hang'])}\n{said}"
         if self.fatal is not None:  # ddpkit's reason (the probe's floor …) before any tail
-            return f"{self.fatal.removeprefix(FATAL)}\n{said}"
+            return f"{plain(self.fatal.removeprefix(FATAL))}\n{said}"
         return said
 
 

@@ -36,6 +36,10 @@ SHM_PATH = "/dev/shm"
 TMP_DIR = "/tmp"
 HOME_DIR = "/home/ddp"  # the image user's home in docker/Dockerfile
 WRITABLE_DIRS = (TMP_DIR, HOME_DIR)
+# Where torchrun keeps the copy of every worker's stdout and stderr that it tees to the
+# console with the rank prefix (PET_LOG_DIR): a volume of its own, bounded (logSize), on
+# every pod whatever the root file system; /tmp's emptyDir is the job's own.
+LOG_DIR = "/var/log/torchrun"
 
 
 def is_reserved_env(name: str) -> bool:
@@ -242,9 +246,51 @@ def label_value(value: str, what: str) -> None:
         )
 
 
+# Keys that are ddpdeploy's own, never a spec's: everything under its domain (the saved spec
+# ddpdeploy.dev/spec, the run record record.ddpdeploy.dev/*, ddpdeploy.dev/role), and the
+# keys it writes itself elsewhere (render/pod.py, render/policy.py), each with what sets it.
+# A spec that set one would forge what ddpdeploy reads back (a saved spec, whose job an
+# object is) or be silently overwritten.
+OWN_DOMAIN = "ddpdeploy.dev"
+NAME_LABEL = "app.kubernetes.io/name"
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+ISTIO_INJECT_ANNOTATION = "sidecar.istio.io/inject"
+POD_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+WRITTEN_LABELS = {
+    NAME_LABEL: "ddpdeploy sets it to the job's name",
+    INSTANCE_LABEL: "ddpdeploy sets it to the job's name; it tells whose an object is",
+    MANAGED_BY_LABEL: "ddpdeploy sets it; it tells what ddpdeploy made",
+    KUEUE_QUEUE_LABEL: "set it with scheduling.queue (--queue)",
+}
+WRITTEN_ANNOTATIONS = {
+    ISTIO_INJECT_ANNOTATION: "ddpdeploy sets it to false on the pods: an injected sidecar never "
+    "exits, so the job would never complete",
+    POD_GROUP_ANNOTATION: "ddpdeploy sets it for Volcano; set scheduling.scheduler: volcano",
+}
+
+
+def _own_domain(key: str) -> bool:
+    prefix = key.rpartition("/")[0] if "/" in key else ""
+    return prefix == OWN_DOMAIN or prefix.endswith("." + OWN_DOMAIN)
+
+
+def _not_ours(key: str, field: str, written: dict[str, str]) -> None:
+    if _own_domain(key):
+        raise ValueError(
+            f"{show(key)} is under ddpdeploy's own prefix {OWN_DOMAIN}/ (where it keeps the "
+            f"saved spec and run record); remove it from {field}, or use a prefix of your "
+            "own, e.g. example.com/"
+        )
+    if key in written:
+        raise ValueError(f"{show(key)} is ddpdeploy's own ({written[key]}); remove it from {field}")
+
+
 def _labels(labels: dict[str, str]) -> dict[str, str]:
     for key, value in labels.items():
         qualified_name(key, "label key", "team or example.com/team")
+        _not_ours(key, "labels", WRITTEN_LABELS)
         label_value(value, "label value")
     return labels
 
@@ -252,6 +298,7 @@ def _labels(labels: dict[str, str]) -> dict[str, str]:
 def _annotations(annotations: dict[str, str]) -> dict[str, str]:
     for key in annotations:
         qualified_name(key, "annotation key", "example.com/note")
+        _not_ours(key, "annotations", WRITTEN_ANNOTATIONS)
     total = sum(len(k.encode()) + len(v.encode()) for k, v in annotations.items())
     if total > MAX_USER_ANNOTATIONS:
         raise ValueError(
@@ -259,6 +306,29 @@ def _annotations(annotations: dict[str, str]) -> dict[str, str]:
             f"ddpdeploy adds its own: keep them within {MAX_USER_ANNOTATIONS} bytes"
         )
     return annotations
+
+
+def script_path(value: str) -> str:
+    """command.script: a file of the workspace, by a relative path inside it, on every
+    target alike (the image holds the workspace as its working directory; a local run
+    starts in it)."""
+    parts = value.split("/")
+    if value.startswith("/") or "\\" in value:
+        why = "is absolute" if value.startswith("/") else "contains '\\'"
+    elif ".." in parts:
+        why = "leaves the workspace ('..')"
+    elif value.startswith("-"):
+        why = "starts with '-', which torchrun would read as its own option"
+    elif any(ord(c) < 32 or ord(c) == 127 for c in value):
+        why = "contains a control character"
+    elif all(p in ("", ".") for p in parts) or value.endswith("/"):
+        why = "names no file"
+    else:
+        return value
+    raise ValueError(
+        f"{show(value)} {why}; give the script's path relative to the workspace "
+        "(the folder you run ddpdeploy in, which the image copies), e.g. train.py or src/train.py"
+    )
 
 
 def mount_path(value: str) -> str:

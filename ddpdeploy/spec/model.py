@@ -9,7 +9,7 @@ import posixpath
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from ddpdeploy.rules import (
@@ -22,6 +22,7 @@ from ddpdeploy.rules import (
 )
 from ddpdeploy.spec.fields import (
     INT64_MAX,
+    LOG_DIR,
     MODULE,
     SHM_PATH,
     WRITABLE_DIRS,
@@ -44,6 +45,7 @@ from ddpdeploy.spec.fields import (
     mount_path,
     no_expansion,
     qualified_name,
+    script_path,
     secret_key,
 )
 from ddpdeploy.text import show
@@ -79,6 +81,11 @@ class Command(Model):
         description="Arguments passed to the script, module or built-in trainer, as written; "
         "`ddpdeploy render -- ARGS` appends more.",
     )
+
+    @field_validator("script")
+    @classmethod
+    def _in_the_workspace(cls, value: str | None) -> str | None:
+        return None if value is None else script_path(value)
 
     @model_validator(mode="after")
     def _one_entry(self) -> Command:
@@ -446,6 +453,14 @@ class JobSpec(Model):
     shm_size: ByteQuantity | None = Field(
         default="2Gi", description="/dev/shm size (a memory emptyDir); null: no mount (64 MB)."
     )
+    # torchrun tees each worker's output to the console through files it never trims: a
+    # chatty job of days would fill the node's disk through an unbounded emptyDir.
+    log_size: ByteQuantity | None = Field(
+        default="4Gi",
+        description=f"Size limit of the emptyDir at {LOG_DIR} where torchrun keeps the "
+        "copy of every worker's output it tees to the log (PET_LOG_DIR); past it the kubelet "
+        "evicts the pod. null: no limit.",
+    )
     # On pod deletion torchrun forwards SIGTERM and gives workers 30 s before SIGKILL; the
     # trainer needs a step plus a checkpoint write on top, and Kubernetes' default is 30 s.
     termination_grace_period_seconds: int = Field(
@@ -523,6 +538,11 @@ class JobSpec(Model):
                 f"checkpoint.mountPath {SHM_PATH} is where shmSize mounts; use another path"
             )
         self._check_env_sources()
+        if ckpt and posixpath.normpath(ckpt.mount_path) == LOG_DIR:
+            raise ValueError(
+                f"checkpoint.mountPath {LOG_DIR} is where torchrun's log volume mounts; use "
+                "another path"
+            )
         if ckpt and self.security.read_only_root_filesystem:
             taken = [p for p in WRITABLE_DIRS if posixpath.normpath(ckpt.mount_path) == p]
             if taken:

@@ -53,7 +53,7 @@ def test_the_rendered_file_is_read_whole_dependencies_first() -> None:
         # A c10d node restarts and rejoins the rendezvous (static: tested below).
         assert service.host["restart_policy"] == {"Name": "on-failure", "MaximumRetryCount": 0}
         assert service.host["group_add"] == ["2000"]
-        assert set(service.host["tmpfs"]) == {"/tmp", "/home/ddp"}
+        assert set(service.host["tmpfs"]) == {"/tmp", "/home/ddp", "/var/log/torchrun"}
 
 
 def test_a_static_node_is_not_restarted() -> None:

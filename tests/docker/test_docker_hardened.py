@@ -150,7 +150,11 @@ def test_image_trains_and_checkpoints_under_the_pods_settings(
     pod, env = pod_of(image)
     apply_fs_group(engine, image, volume, pod["securityContext"]["fsGroup"])
     args = docker_args(pod, env, volume)
-    assert args["read_only"] is True and set(args["tmpfs"]) == {"/tmp", "/home/ddp"}
+    # torchrun's tee copies go to their own volume (PET_LOG_DIR), writable under the pod's
+    # read-only root and UID.
+    assert args["read_only"] is True
+    assert set(args["tmpfs"]) == {"/tmp", "/home/ddp", "/var/log/torchrun"}
+    assert env["PET_LOG_DIR"] == "/var/log/torchrun"
     code, logs = run(engine, image, **args)
     assert code == 0, logs[-3000:]
     files = checkpoint_files(engine, image, volume)

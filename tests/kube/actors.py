@@ -38,21 +38,25 @@ def wait_for_job(admin: Any, ns: str, name: str, proc: subprocess.Popen | None =
 
 
 def create_pods(admin: Any, job: dict, node: str | None = None) -> list[str]:
-    """One pod per replica, named and labelled as the operator (v1.9) does; ``node``: the
-    Node they run on (the kubelet stand-in's, so that their logs can be read)."""
+    """One pod per replica, named and labelled as the operator (v1.9) does: the template's
+    labels (ours) and its own, the job as its controller; ``node``: the Node they run on
+    (the kubelet stand-in's, so that their logs can be read)."""
     meta = job["metadata"]
     names = []
+    owner = {"apiVersion": job["apiVersion"], "kind": job["kind"], "name": meta["name"],
+             "uid": meta["uid"], "controller": True}  # fmt: skip
     for replica, rspec in job["spec"]["pytorchReplicaSpecs"].items():
         for index in range(rspec["replicas"]):
             name = f"{meta['name']}-{replica.lower()}-{index}"
             labels = {
+                **((rspec["template"].get("metadata") or {}).get("labels") or {}),
                 "training.kubeflow.org/job-name": meta["name"],
                 "training.kubeflow.org/replica-type": replica.lower(),
                 "training.kubeflow.org/replica-index": str(index),
             }
             template = rspec["template"]["spec"]
             body = {
-                "metadata": {"name": name, "labels": labels},
+                "metadata": {"name": name, "labels": labels, "ownerReferences": [owner]},
                 "spec": {"containers": template["containers"], "volumes": template.get("volumes")},
             }
             if node is not None:

@@ -78,10 +78,13 @@ def test_up_wait_shows_markup_and_escapes_as_text(admin, control_plane, namespac
 
 def test_logs_index_reads_that_nodes_pod(kube_cli, admin, namespace, up):
     # A TrainJob (this apiserver predates Indexed Jobs): its JobSet's Jobs name the pods
-    # with a random suffix; no hostname is set here, so the completion index decides.
+    # with a random suffix; no hostname is set here, so the completion index decides. The
+    # pods carry our labels, from the TrainJob's runtime patch.
     up("j", "--target", "trainjob", "--nodes", "3")
     for index in range(3):
         labels = {
+            "app.kubernetes.io/managed-by": "ddpdeploy",
+            "app.kubernetes.io/instance": "j",
             "jobset.sigs.k8s.io/jobset-name": "j",
             "batch.kubernetes.io/job-completion-index": str(index),
         }

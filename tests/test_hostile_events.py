@@ -1,0 +1,181 @@
+"""No line of a log crashes `status` (issue 24 §3): rank 0's events read from any JSON a
+script (or a forger) prints: fields of any type and size, nesting deeper than the parser
+goes, non-finite numbers, stamps that are not dates. What `status` prints from them (the
+table's lines, `-o json`, `-o yaml`) always writes, and `-o json` is strict JSON."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ddpdeploy.cluster.jobstate import job_state
+from ddpdeploy.cluster.podlogs import quiet_line
+from ddpdeploy.commands import views
+from ddpdeploy.events import EVENTS, NO_EVENTS, Event, describe, last_error, parse_event, progress
+from ddpdeploy.render.output import to_yaml
+
+FIELDS = (
+    "step", "total_steps", "loss", "samples_per_s", "step_s", "median_work_s", "slowest",
+    "fastest", "stragglers", "sizes", "warnings", "busbw_gbps", "ok", "min_busbw_gbps",
+    "world_size", "backend", "transport", "ranks", "hosts", "stacks", "dir", "idle_s", "run",
+    "rank", "host", "work_s", "x_median", "mb", "image", "spec_sha256", "git_commit",
+)  # fmt: skip
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(min_value=10**17, max_value=10**30),
+    st.builds(lambda n: 10**n, st.integers(4301, 4400)),  # more digits than Python prints
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=30),
+    st.sampled_from(["\ud800", "\x1b]0;title\x07", "\u202e", "[/bold]"]),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=8), inner, max_size=5)
+    ),
+    max_leaves=12,
+)
+events = st.fixed_dictionaries(
+    {"event": st.sampled_from(EVENTS)},
+    optional={name: values for name in FIELDS},
+)
+
+
+def encode(doc: object) -> str:
+    # What a script's json.dumps writes: NaN and Infinity as Python spells them, big ints.
+    import sys
+
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)
+    try:
+        return json.dumps(doc)
+    finally:
+        sys.set_int_max_str_digits(limit)
+
+
+stamps = st.sampled_from(
+    ["", "2026-01-02T03:04:05.250000000Z ", "2026-13-45T99:99:99Z ", "0000-00-00T00:00:00Z "]
+)
+prefixes = st.sampled_from(["", "[rank0]:", "[rank1]:"])
+
+
+def shown(training) -> None:
+    """`status`'s three outputs of ``training``: each writes, as UTF-8, and JSON strictly."""
+    snap = (None, [], job_state(None, []))
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        views.print_training(training)
+        views.print_json(views.status_doc("j", "ns", snap, training))
+    text = out.getvalue()
+    text.encode("utf-8")
+    doc = json.loads(text[text.index("{") :], parse_constant=_refuse)
+    assert doc["training"]["lines"]
+    to_yaml(views.status_doc("j", "ns", snap, training)).encode("utf-8")
+
+
+def _refuse(name: str) -> None:
+    raise AssertionError(f"{name} in the JSON output: strict parsers refuse it")
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lines=st.lists(st.tuples(stamps, prefixes, events), min_size=1, max_size=6))
+def test_any_event_fields_make_lines_never_an_error(lines):
+    raw = [f"{stamp}{prefix}{encode(event)}" for stamp, prefix, event in lines]
+    got = progress(raw, now=1_800_000_000.0)
+    assert all(isinstance(line, str) for line in got.lines())
+    shown(got)
+    for _, _, event in lines:
+        line = describe(Event(event["event"], event))
+        assert line is None or isinstance(line, str)
+
+
+@settings(max_examples=200, deadline=None)
+@given(raw=st.lists(st.text(max_size=200), max_size=5))
+def test_any_raw_line_is_read_or_skipped(raw):
+    shown(progress(raw, now=0.0))
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"event": "ranks", "step": 3, "slowest": "rank 3", "fastest": "x", "stragglers": "y"}',
+        '{"event": "probe", "sizes": "big", "warnings": 3, "slowest": []}',
+        '{"event": "hang", "ranks": 3, "hosts": [1], "stacks": [1, 2], "step": "x"}',
+        '{"event": "step", "step": 2, "loss": Infinity, "samples_per_s": NaN}',
+        '{"event": "start", "total_steps": 1e999}',
+        '{"event": "ranks", "step_s": 1e999, "median_work_s": 1e308}',
+        '{"event": "step", "step": ' + "9" * 5000 + "}",
+        '{"event": "step", "step": ' + "9" * 30 + "}",
+        '{"event": "start", "total_steps": ' + "9" * 30 + "}",
+        '{"event": "step", "step": 1}',
+        "{" * 100_000,
+        '{"event": "start", "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
+        "2026-13-45T99:99:99Z " + '{"event": "step", "step": 1}',
+    ],
+    ids=lambda line: line[:40],
+)
+def test_the_hostile_lines_found(line):
+    got = progress([line, '{"event": "ranks", "step_s": 5}'], now=0.0)
+    shown(got)
+
+
+def test_a_nan_loss_is_said_in_the_lines_and_null_in_json(capsys):
+    got = progress(['{"event": "step", "step": 2, "loss": NaN}'], now=0.0)
+    assert got.lines() == ["training: step 2, loss nan"]
+    views.print_json(views.status_doc("j", "ns", (None, [], job_state(None, [])), got))
+    doc = json.loads(capsys.readouterr().out, parse_constant=_refuse)
+    assert doc["training"]["loss"] is None and doc["training"]["lines"] == got.lines()
+    assert math.isnan(yaml.safe_load(to_yaml({"loss": got.loss}))["loss"])
+
+
+def test_deep_nesting_is_no_event():
+    assert parse_event("{" * 100_000) is None
+    assert parse_event('{"event": "step", "step": ' + "[" * 100_000) is None
+
+
+# ---- with no event: what is known instead (quiet_line) -------------------------------------
+
+FLAG_ERROR = (Path(__file__).parent / "kube" / "fixtures" / "flagerror-node0.log").read_text()
+
+
+def pod(state: dict, restarts: int = 0, last: dict | None = None) -> dict:
+    st = {"name": "pytorch", "state": state, "restartCount": restarts}
+    if last:
+        st["lastState"] = last
+    return {"metadata": {"name": "j-master-0"}, "status": {"containerStatuses": [st]}}
+
+
+def test_last_error_is_the_workers_last_line_not_torchruns_summary():
+    assert last_error(FLAG_ERROR.splitlines()) == (
+        "ddptrain: error: unrecognized arguments: --bogus-flag 3"
+    )
+    assert last_error(["ddpdeploy: j-master-0 did not resolve within 300s"]) == (
+        "ddpdeploy: j-master-0 did not resolve within 300s"
+    )
+    assert last_error([]) is None
+
+
+def test_quiet_line_says_what_the_pod_and_log_tell():
+    running = pod({"running": {"startedAt": "2026-01-01T00:00:00Z"}})
+    now = 1767225600.0 + 65  # 2026-01-01T00:01:05Z
+    assert quiet_line(running, "pytorch", [], [], now) == (
+        "training: waiting for peers since 2026-01-01T00:00:00Z (1m05s ago) (rendezvous): "
+        "no worker has started; torchrun starts them once every node has joined"
+    )
+    looping = pod({"waiting": {"reason": "CrashLoopBackOff"}}, 2, {"terminated": {"exitCode": 1}})
+    assert quiet_line(looping, "pytorch", [], FLAG_ERROR.splitlines(), now) == (
+        "training: restarting (restart 2; the last run ended with exit code 1): "
+        "ddptrain: error: unrecognized arguments: --bogus-flag 3"
+    )
+    assert quiet_line(running, "pytorch", ["[rank0]:epoch 1"], [], now) == NO_EVENTS
