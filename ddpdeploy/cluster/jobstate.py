@@ -172,6 +172,22 @@ def _stuck(pod: Obj) -> JobState | None:
     return _held(pod)
 
 
+def _last_failure(pods: list[Obj]) -> str:
+    """A running job whose container failed and was started again (a crash loop between two
+    back-offs looks like this): the first such pod's last failure, with its rank's line."""
+    for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("name", "")):
+        for st in _statuses(pod):
+            term = (st.get("lastState") or {}).get("terminated") or {}
+            if not term or term.get("exitCode") == 0:
+                continue
+            name = (pod.get("metadata") or {}).get("name", "?")
+            count = int(st.get("restartCount") or 0)
+            text = f"; pod {name}: container {st.get('name')} {_restarted(count)}{_last_exit(st)}"
+            line = crash_line(str(term.get("message") or ""))
+            return text + (f": {line}" if line else "")
+    return ""
+
+
 def _condition(job: Obj, kind: str) -> Obj | None:
     for cond in (job.get("status") or {}).get("conditions") or []:
         if cond.get("type") == kind and cond.get("status") == "True":
@@ -197,7 +213,8 @@ def job_state(job: Obj | None, pods: list[Obj]) -> JobState:
         return JobState("Restarting", cond.get("message") or "", done=False)
     running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
     if _condition(job, "Running") or running:
-        return JobState("Running", f"{len(running)}/{len(pods)} pods running", done=False)
+        note = _last_failure(pods)
+        return JobState("Running", f"{len(running)}/{len(pods)} pods running{note}", done=False)
     if _condition(job, "Suspended"):
         return JobState("Suspended", "", done=False)
     return JobState("Pending", f"{len(pods)} pods created" if pods else "no pods yet", done=False)

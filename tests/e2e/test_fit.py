@@ -312,3 +312,18 @@ def test_a_deleted_pod_held_by_a_finalizer_is_named_once_its_containers_stopped(
     assert "kubectl patch pod j-worker-0" in state.reason
     view = pod_view(pod, layout_of("pytorchjob"))
     assert view.detail == "Terminating (finalizers: example.com/hold)"
+
+
+def test_a_running_job_whose_container_failed_says_its_last_failure() -> None:
+    """Between two back-offs a crash-looping container runs again: the job is Running, and
+    the reason carries the last run's failure."""
+    from ddpdeploy.cluster.jobstate import job_state
+
+    pod = crashing(FLAG_ERROR)
+    pod["status"]["containerStatuses"][0]["state"] = {"running": {}}
+    state = job_state(PYTORCHJOB, [pod])
+    assert (state.state, state.done) == ("Running", False)
+    assert state.reason == (
+        "1/1 pods running; pod j-worker-0: container pytorch restarted 2 times, last exit "
+        "code 1 (Error): rank 0: ddptrain: error: unrecognized arguments: --bogus-flag 3"
+    )
