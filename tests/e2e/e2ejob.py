@@ -85,7 +85,7 @@ def pod_lines(core: Any, ns: str, pod: str, previous: bool = False) -> list[Line
     except Exception:
         return []
     out = []
-    for raw in log.splitlines():
+    for raw in (log or "").splitlines():  # an empty log comes back as None
         stamp, _, text = raw.partition(" ")
         try:
             out.append(Line(stamp_of(stamp), pod, text))
@@ -229,7 +229,7 @@ class Trial:
     rendezvous: str
     script: str
     pod: str
-    killed_at_step: int
+    killed_at_step: int  # the last step logged before the kill
     seconds: float | None = None
     resumed_from: int | None = None
     note: str = ""
@@ -287,6 +287,10 @@ class Breaker:
 
         def recovered() -> tuple[float, int | None] | None:
             lines = job_lines(core, self.ns, self.name)
+            # The last step logged before the kill (read after it: the logs lag).
+            steps = [ln for ln in lines if ln.at <= t0 and (ln.event or {}).get("event") == "step"]
+            if steps:
+                trial.killed_at_step = int((steps[-1].event or {})["step"])
             starts = [ln for ln in lines if ln.at > t0 and (ln.event or {}).get("event") == "start"]
             if not starts:
                 return None
