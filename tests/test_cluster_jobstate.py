@@ -122,8 +122,10 @@ def test_reasons_name_the_pod_and_the_cause():
     crash = job_state(
         job(), [pod(waiting=("CrashLoopBackOff", "b"), restarts=5, last=(137, "OOMKilled"))]
     )
-    assert crash.reason == (
-        "pod j-master-0: container pytorch restarted 5 times, last exit code 137 (OOMKilled)"
+    assert (crash.state, crash.reason) == (
+        "OOMKilled",
+        "pod j-master-0: container pytorch went over its memory limit and was killed "
+        "(restarted 5 times); raise --memory (per node: request and limit)",
     )
     pull = job_state(job(), [pod(waiting=("ImagePullBackOff", "Back-off pulling image"))])
     assert pull.reason == "pod j-master-0: cannot pull image img:1: Back-off pulling image"

@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass, field
 
 from ddpdeploy.adapters.kube import Conflict, Forbidden, Kube
-from ddpdeploy.cluster.capacity import gpu_nodes, gpu_nodes_free
+from ddpdeploy.cluster.capacity import FIT_RESOURCES, fit, gpu_nodes, gpu_nodes_free, pod_requests
+from ddpdeploy.cluster.capacity import shown as shown_amount
 from ddpdeploy.cluster.find import Found, labelled_ours, no_job, not_ours, owner_of, require_ours
 from ddpdeploy.cluster.find import ref as _ref
 from ddpdeploy.cluster.jobstate import job_state
@@ -81,6 +82,7 @@ def preflight(
     _check_namespace(kube, checked, create_namespace)
     if spec.gpus:
         _check_gpus(kube, checked)
+    _check_fit(kube, checked, layout)
     _check_storage(kube, checked)
     if not checked.create_namespace:
         _check_existing(kube, checked, layout)
@@ -219,6 +221,54 @@ def _check_gpus(kube: Kube, checked: Checked) -> None:
         checked.warnings.append(
             f"only {free} node(s) have {spec.gpus} GPUs free right now; the job's pods will "
             "wait for capacity"
+        )
+
+
+_FLAG = {"cpu": "--cpu", "memory": "--memory"}
+
+
+def _check_fit(kube: Kube, checked: Checked, layout: Layout) -> None:
+    """The job's pods, at their CPU and memory requests, must fit the nodes they may go to
+    (as the GPU check: an error when the nodes' allocatable cannot hold them at all, a
+    warning when what runs there now leaves too little)."""
+    spec = checked.spec
+    job = next((o for o in checked.objects if o["kind"] == layout.kind), None)
+    templates = layout.pod_templates(job) if job is not None else []
+    if not templates:
+        return
+    want = pod_requests(templates[0])
+    try:
+        nodes = kube.list("v1", "Node")
+    except Forbidden:
+        checked.warnings.append("cannot list nodes (forbidden): CPU and memory not checked")
+        return
+    if not nodes:
+        return  # nothing to measure against (a cluster that adds nodes on demand)
+    count = spec.nodes
+    got = fit(nodes, want, count, dict(spec.node_selector))
+    asked = ", ".join(f"{r} {shown_amount(r, want[r])}" for r in FIT_RESOURCES if want[r] > 0)
+    if got.pods < count:
+        where = "the schedulable nodes hold" if got.nodes != 1 else "the node holds"
+        if not got.nodes:
+            why = "no schedulable node" + (" matches nodeSelector" if spec.node_selector else "")
+        else:
+            has = ", ".join(f"{r} {shown_amount(r, v)}" for r, v in got.largest.items())
+            largest = "its largest node has" if got.nodes > 1 else "it has"
+            why = f"{where} {got.pods}; {largest} {has} allocatable"
+        short = got.short or FIT_RESOURCES
+        flags = " or ".join(f"{_FLAG[r]} (per node)" for r in short)
+        raise OperationError(
+            f"{count} pod(s) requesting {asked} each do not fit the cluster: {why}; lower "
+            f"{flags} or --nodes, or add nodes"
+        )
+    try:
+        now = fit(nodes, want, count, dict(spec.node_selector), kube.list("v1", "Pod"))
+    except Forbidden:
+        return
+    if now.pods_now is not None and now.pods_now < count:
+        checked.warnings.append(
+            f"only {now.pods_now} of the {count} pod(s) requesting {asked} fit beside what "
+            "runs on the nodes now; the others wait (Pending) until that frees up"
         )
 
 

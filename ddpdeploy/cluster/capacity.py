@@ -1,8 +1,11 @@
-"""What the cluster's nodes can hold, from node and pod objects (pure): whole GPUs free for
-the job's pods, for `up`'s preflight."""
+"""What the cluster's nodes can hold, from node and pod objects (pure), for `up`'s
+preflight: whole GPUs free for the job's pods, and how many pods of the job's CPU and memory
+requests the nodes' allocatable holds."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from ddpdeploy.obj import Obj
@@ -55,3 +58,116 @@ def gpu_nodes_free(nodes: list[Obj], pods: list[Obj], gpus: int) -> int:
         if alloc - used.get(name, 0) >= gpus and not (node.get("spec") or {}).get("unschedulable"):
             free += 1
     return free
+
+
+# --- CPU and memory: what the scheduler counts --------------------------------------------
+
+CPU, MEMORY = "cpu", "memory"
+FIT_RESOURCES = (CPU, MEMORY)
+Resources = dict[str, Decimal]
+
+
+def _amount(value: Any) -> Decimal:
+    """A quantity's amount in base units (cores, bytes); 0 when it is none."""
+    try:
+        amount = quantity(value)[1]
+    except (ValueError, TypeError):
+        return Decimal(0)
+    return amount if amount.is_finite() else Decimal(0)
+
+
+def _container_requests(container: Obj) -> Resources:
+    """A container's requests; a resource with a limit and no request requests its limit
+    (as the API server defaults it)."""
+    resources = container.get("resources") or {}
+    requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
+    return {r: _amount(requests.get(r, limits.get(r, 0))) for r in FIT_RESOURCES}
+
+
+def pod_requests(pod_spec: Obj) -> Resources:
+    """What the scheduler counts for a pod: per resource, its containers' requests summed, or
+    one init container's when that is larger (they run one at a time, before the others)."""
+    total = {r: Decimal(0) for r in FIT_RESOURCES}
+    for container in pod_spec.get("containers") or []:
+        for r, v in _container_requests(container).items():
+            total[r] += v
+    for container in pod_spec.get("initContainers") or []:
+        for r, v in _container_requests(container).items():
+            total[r] = max(total[r], v)
+    return total
+
+
+def _matches(node: Obj, node_selector: dict[str, str]) -> bool:
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return all(labels.get(k) == v for k, v in node_selector.items())
+
+
+def _how_many(free: Resources, want: Resources) -> int:
+    """Pods of ``want`` that ``free`` holds; a resource ``free`` does not name (a node that
+    reports no allocatable for it) or the pod does not ask for does not limit them."""
+    counts = [
+        int(free[r] // want[r]) if free[r] > 0 else 0 for r in want if want[r] > 0 and r in free
+    ]
+    return max(0, min(counts)) if counts else 1 << 30
+
+
+@dataclass(frozen=True)
+class Fit:
+    """How many pods of one size the nodes they may go to hold."""
+
+    nodes: int  # schedulable nodes that match the job's nodeSelector
+    pods: int  # pods of the size their allocatable holds, nothing else running
+    pods_now: int | None  # the same beside the pods there now (None: not known)
+    short: tuple[str, ...]  # the resources that alone hold fewer than asked for
+    largest: Resources  # the allocatable (as reported) of the node holding the most such pods
+
+
+def fit(
+    nodes: list[Obj],
+    want: Resources,
+    count: int,
+    node_selector: dict[str, str] | None = None,
+    pods: list[Obj] | None = None,
+) -> Fit:
+    """Whether ``count`` pods of ``want`` fit the schedulable nodes that match
+    ``node_selector``, each node's allocatable less (with ``pods``) what bound pods request.
+    Taints, affinity and pod limits per node are not counted: a fit here can still be
+    refused by the scheduler, a misfit cannot be scheduled."""
+    used: dict[str, Resources] = {}
+    for pod in pods or []:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        held = used.setdefault(node, {r: Decimal(0) for r in FIT_RESOURCES})
+        for r, v in pod_requests(pod.get("spec") or {}).items():
+            held[r] += v
+    fitting = [
+        n
+        for n in nodes
+        if not (n.get("spec") or {}).get("unschedulable") and _matches(n, node_selector or {})
+    ]
+    total, now, best, largest = 0, 0, -1, {r: Decimal(0) for r in FIT_RESOURCES}
+    alone, reported = {r: 0 for r in FIT_RESOURCES}, set()
+    for node in fitting:
+        alloc_obj = (node.get("status") or {}).get("allocatable") or {}
+        alloc = {r: _amount(alloc_obj[r]) for r in FIT_RESOURCES if r in alloc_obj}
+        holds = _how_many(alloc, want)
+        total += holds
+        if holds > best:
+            best, largest = holds, alloc
+        for r in alloc:
+            alone[r] += _how_many({r: alloc[r]}, {r: want[r]})
+            reported.add(r)
+        name = (node.get("metadata") or {}).get("name", "")
+        held = used.get(name, {r: Decimal(0) for r in FIT_RESOURCES})
+        now += _how_many({r: v - held[r] for r, v in alloc.items()}, want)
+    short = tuple(r for r in FIT_RESOURCES if r in reported and want[r] > 0 and alone[r] < count)
+    return Fit(len(fitting), total, now if pods is not None else None, short, largest)
+
+
+def shown(resource: str, amount: Decimal) -> str:
+    """An amount as a person reads it: cores as given (2, 0.4), bytes in Gi or Mi."""
+    if resource == MEMORY:
+        gib = amount / (1 << 30)
+        return f"{gib:.3g}Gi" if gib >= 1 else f"{amount / (1 << 20):.0f}Mi"
+    return f"{amount.normalize():f}"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ddpdeploy.events import parse_event, split_rank
+from ddpdeploy.events import parse_event, split_rank, summary_failures
 from ddpdeploy.obj import Obj
 from ddpdeploy.targets import Layout, layout_for_kind
 
@@ -60,6 +60,58 @@ def _last_exit(status: Obj) -> str:
     return f", last exit code {term.get('exitCode')}{why}"
 
 
+def crash_line(message: str) -> str | None:
+    """The failed rank's own last line in a container's termination message (with
+    terminationMessagePolicy FallbackToLogsOnError the kubelet keeps the log's last 2 KB
+    there): the rank torchrun's summary names (its root cause first), else the last rank
+    that printed; else the container's last line (a failure before torchrun started)."""
+    lines = message.splitlines()
+    said: dict[int, str] = {}
+    for line in lines:
+        rank, text = split_rank(line)
+        if rank is not None and text.strip():
+            said[rank] = text.strip()
+    failed = sorted(summary_failures("", lines), key=lambda f: not f.root)
+    for failure in failed:
+        if failure.rank in said:
+            return f"rank {failure.rank}: {said[failure.rank]}"
+    if said:
+        last = next(r for line in reversed(lines) if (r := split_rank(line)[0]) in said)
+        return f"rank {last}: {said[last]}"
+    rest = [line.strip() for line in lines if line.strip()]
+    return rest[-1] if rest else None
+
+
+def _restarted(count: int) -> str:
+    return "restarted once" if count == 1 else f"restarted {count} times"
+
+
+def _memory_limit(pod: Obj, container: str) -> str:
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        if c.get("name") == container:
+            return str(((c.get("resources") or {}).get("limits") or {}).get("memory") or "")
+    return ""
+
+
+def _held(pod: Obj) -> JobState | None:
+    """A deleted pod whose containers have stopped, kept by finalizers: it holds its name,
+    so no pod of that name (the job's next run) can be made until they are removed."""
+    meta = pod.get("metadata") or {}
+    finalizers = meta.get("finalizers") or []
+    if not meta.get("deletionTimestamp") or not finalizers:
+        return None
+    if any(not (st.get("state") or {}).get("terminated") for st in _statuses(pod)):
+        return None  # still stopping (its grace period)
+    name = meta.get("name", "?")
+    return JobState(
+        "Terminating",
+        f"pod {name} was deleted but does not go: finalizer(s) {', '.join(finalizers)} hold "
+        f"it, so no new pod of that name can start (remove them: kubectl patch pod {name} "
+        '--type merge -p \'{"metadata":{"finalizers":null}}\')',
+        done=True,
+    )
+
+
 def pod_view(pod: Obj, layout: Layout) -> PodView:
     """One pod of a job of ``layout``'s target, as views show it."""
     meta = pod.get("metadata") or {}
@@ -72,6 +124,10 @@ def pod_view(pod: Obj, layout: Layout) -> PodView:
             break
     if not detail and (msg := _unschedulable(pod)):
         detail = f"Unschedulable: {msg}"
+    if meta.get("deletionTimestamp"):
+        finalizers = meta.get("finalizers") or []
+        held = f" (finalizers: {', '.join(finalizers)})" if finalizers else ""
+        detail = f"Terminating{held}" + (f"; {detail}" if detail else "")
     replica, index = layout.pod_place(pod)
     return PodView(
         name=meta.get("name", ""),
@@ -97,11 +153,39 @@ def _stuck(pod: Obj) -> JobState | None:
             return JobState(reason, f"pod {name}: {message or reason}", done=True)
         if reason == "CrashLoopBackOff":
             count = int(st.get("restartCount") or 0)
-            text = f"pod {name}: container {st.get('name')} restarted {count} times{_last_exit(st)}"
+            term = (st.get("lastState") or {}).get("terminated") or {}
+            container = st.get("name") or "?"
+            if term.get("reason") == "OOMKilled":
+                limit = _memory_limit(pod, container)
+                text = (
+                    f"pod {name}: container {container} went over its memory limit"
+                    f"{f' ({limit})' if limit else ''} and was killed ({_restarted(count)}); "
+                    "raise --memory (per node: request and limit)"
+                )
+                return JobState("OOMKilled", text, done=True)
+            text = f"pod {name}: container {container} {_restarted(count)}{_last_exit(st)}"
+            if line := crash_line(str(term.get("message") or "")):
+                text += f": {line}"
             return JobState(reason, text, done=True)
     if (msg := _unschedulable(pod)) is not None:
         return JobState("Unschedulable", f"pod {name}: {msg}", done=True)
-    return None
+    return _held(pod)
+
+
+def _last_failure(pods: list[Obj]) -> str:
+    """A running job whose container failed and was started again (a crash loop between two
+    back-offs looks like this): the first such pod's last failure, with its rank's line."""
+    for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("name", "")):
+        for st in _statuses(pod):
+            term = (st.get("lastState") or {}).get("terminated") or {}
+            if not term or term.get("exitCode") == 0:
+                continue
+            name = (pod.get("metadata") or {}).get("name", "?")
+            count = int(st.get("restartCount") or 0)
+            text = f"; pod {name}: container {st.get('name')} {_restarted(count)}{_last_exit(st)}"
+            line = crash_line(str(term.get("message") or ""))
+            return text + (f": {line}" if line else "")
+    return ""
 
 
 def _condition(job: Obj, kind: str) -> Obj | None:
@@ -129,7 +213,8 @@ def job_state(job: Obj | None, pods: list[Obj]) -> JobState:
         return JobState("Restarting", cond.get("message") or "", done=False)
     running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
     if _condition(job, "Running") or running:
-        return JobState("Running", f"{len(running)}/{len(pods)} pods running", done=False)
+        note = _last_failure(pods)
+        return JobState("Running", f"{len(running)}/{len(pods)} pods running{note}", done=False)
     if _condition(job, "Suspended"):
         return JobState("Suspended", "", done=False)
     return JobState("Pending", f"{len(pods)} pods created" if pods else "no pods yet", done=False)

@@ -242,16 +242,18 @@ def node_pod(job: Obj, pods: list[Obj], replica: str | None, index: int | None) 
 
 
 def rank0_pod(kube: Kube, job: Obj, pods: list[Obj]) -> str | None:
-    """The pod hosting global rank 0: node 0 under static rendezvous; under c10d the
-    running pod whose trainer logged rank 0's `start` event (only rank 0 logs JSON)."""
+    """The pod hosting global rank 0: node 0 under static rendezvous; under c10d the pod
+    whose trainer logged rank 0's `start` event (only rank 0 logs JSON): a running one
+    first, else one that has ended (a finished job's)."""
     layout = layout_for_kind(job["apiVersion"], job["kind"])
     host = layout.rank0_hostname(job) if layout else None
     if layout is not None and host is not None:
         return _by_hostname(pods, host, layout) or node_pod(job, pods, None, 0)
     namespace = job["metadata"]["namespace"]
-    for pod in pods:
-        if (pod.get("status") or {}).get("phase") != "Running":
-            continue
+    order = {"Running": 0, "Succeeded": 1, "Failed": 1}
+    phases = [(order.get(str((p.get("status") or {}).get("phase"))), p) for p in pods]
+    started = [p for rank, p in sorted(phases, key=lambda rp: rp[0] or 0) if rank is not None]
+    for pod in started:
         head: list[str] = []
         for line in kube.logs(pod["metadata"]["name"], namespace, container_of(job)):
             head.append(line)

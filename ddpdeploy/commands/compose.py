@@ -13,7 +13,9 @@ if TYPE_CHECKING:
     from ddpdeploy.spec import JobSpec
 
 
-@spec_command
+# Its --cpu/--gpu picks the devices; the spec's cpu (a pod's CPU request) means nothing to
+# a compose project, so the spec flag --cpu is not taken here.
+@spec_command(without=("cpu",))
 def compose(
     spec: JobSpec,
     cpu: Annotated[

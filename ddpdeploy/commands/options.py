@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast, overload
 
 import typer
 
@@ -104,6 +104,22 @@ SPEC_FLAGS: tuple[SpecFlag, ...] = (
     SpecFlag("gpus", ("--gpus",), int, "GPUs per node; 0 runs on CPU with gloo.", ("gpus",)),
     SpecFlag(
         "procs", ("--procs",), int, "Processes per node (default: gpus, or 1 on CPU).", ("procs",)
+    ),
+    SpecFlag(
+        "cpu",
+        ("--cpu",),
+        str,
+        "CPU request per node (pod), e.g. 8 or 500m (default: one per process; no limit).",
+        ("cpu",),
+        metavar="QUANTITY",
+    ),
+    SpecFlag(
+        "memory",
+        ("--memory",),
+        str,
+        "Memory per node (pod), request and limit, e.g. 64Gi (default: 4Gi per process).",
+        ("memory",),
+        metavar="QUANTITY",
     ),
     SpecFlag(
         "max_restarts",
@@ -279,22 +295,37 @@ def _hints_but_spec(fn: Callable[..., Any]) -> dict[str, Any]:
     return hints
 
 
-def spec_command(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Give ``fn(spec, ...)`` the spec flags; Typer reads the merged signature."""
+@overload
+def spec_command(fn: Callable[..., Any]) -> Callable[..., Any]: ...
+@overload
+def spec_command(
+    fn: None = None, *, without: tuple[str, ...] = ()
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
+def spec_command(fn: Callable[..., Any] | None = None, *, without: tuple[str, ...] = ()) -> Any:
+    """Give ``fn(spec, ...)`` the spec flags; Typer reads the merged signature.
+
+    ``without``: spec flags (by parameter) the command does not take because one of its own
+    options has that name (compose's ``--cpu/--gpu``); any other clash is a TypeError here."""
+    if fn is None:
+        return functools.partial(spec_command, without=without)
     hints = _hints_but_spec(fn)
     own = [
         p.replace(annotation=hints.get(p.name, p.annotation))
         for p in inspect.signature(fn).parameters.values()
         if p.name != "spec"
     ]
+    taken = [(name, ann) for name, ann in _SPEC_PARAMS if name not in without]
+    clash = {p.name for p in own} & {name for name, _ in taken}
+    if clash:
+        raise TypeError(f"{fn.__name__}: own option(s) {sorted(clash)} clash with spec flags")
     extra = [
         inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ann)
-        for name, ann in _SPEC_PARAMS
+        for name, ann in taken
     ]
 
     @functools.wraps(fn)
     def wrapper(**kwargs: Any) -> Any:
-        values = {name: kwargs.pop(name) for name, _ in _SPEC_PARAMS}
+        values = {name: kwargs.pop(name) for name, _ in taken}
         return fn(spec=spec_from_params(values), **kwargs)
 
     params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + extra

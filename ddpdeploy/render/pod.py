@@ -193,6 +193,9 @@ def container(spec: JobSpec, contract: LaunchContract) -> Obj:
         "ports": [{"name": PORT_NAME, "containerPort": contract.port, "protocol": "TCP"}],
         "resources": resources(spec),
         "securityContext": container_security(spec),
+        # A container that fails keeps its log's last 2 KB in its status (lastState), so
+        # `up --wait` and `status` can name the failed rank's own last line.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     mounts, _ = _mounts_and_volumes(spec)
     if mounts:

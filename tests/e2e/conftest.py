@@ -12,11 +12,15 @@ background is waited for (tests/kube_build.py); these tests also run last (tests
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import functools
 import importlib.util
+import json
 import os
+import shutil
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -127,28 +131,85 @@ def e2e_cli(cluster: Cluster) -> Any:
 
 
 @pytest.fixture(scope="session")
+def e2e_workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The workspace the job image is built from: no trainer of its own (the built-in one is
+    in every image) and the users' scripts of tests/e2e/scripts; `smoke --local` of a
+    script runs here too, so both runs start the same files."""
+    ws = tmp_path_factory.mktemp("ws")
+    (ws / "README.md").write_text("the built-in trainer and tests/e2e/scripts\n")
+    for script in sorted((HERE / "scripts").glob("*.py")):
+        shutil.copy(script, ws / script.name)
+    return ws
+
+
+@pytest.fixture(scope="session")
 def trainer_image(
-    request: pytest.FixtureRequest, cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest, cluster: Cluster, e2e_workspace: Path
 ) -> Iterator[str]:
-    """`ddpdeploy build` of a workspace with no code of its own (the built-in trainer) on the
-    local torch image (tests/docker/base_images.py), in the Docker engine the kubelet uses:
-    with imagePullPolicy IfNotPresent, nothing is pulled."""
+    """`ddpdeploy build` of ``e2e_workspace`` on the local torch image
+    (tests/docker/base_images.py), in the Docker engine the kubelet uses: with
+    imagePullPolicy IfNotPresent, nothing is pulled."""
     import docker
 
     engine = docker.from_env()
     capture = request.config.pluginmanager.getplugin("capturemanager")
+    start = time.monotonic()
     with capture.global_and_fixture_disabled():
         torch_image = base_images.ensure_images(engine)["torch"]
     repo = f"ddpdeploy-test/e2e-{os.getpid()}"
-    ws = tmp_path_factory.mktemp("ws")
-    (ws / "README.md").write_text("built-in trainer only\n")
     res = run_cli(
-        "build", "-w", str(ws), "--image", repo, "--base-image", torch_image, "--network", "none",
-        cwd=ROOT, timeout=600,
+        "build", "-w", str(e2e_workspace), "--image", repo, "--base-image", torch_image,
+        "--network", "none", cwd=ROOT, timeout=600,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
+    _note(request, f"job image {res.stdout.strip()} in {time.monotonic() - start:.0f}s")
     yield res.stdout.strip()
     for image in engine.images.list(name=repo):
         for tag in image.tags:
             with contextlib.suppress(docker.errors.APIError):
                 engine.images.remove(tag, force=True)
+
+
+class CleanWeights:
+    """The weights_sha256 of `smoke --local` for a spec's training (its nodes, procs and
+    command): what a run on the cluster must end with, killed or not. Each distinct training
+    runs once a session; ``start`` runs it in the background (beside a cluster job)."""
+
+    def __init__(self, workspace: Path, tmp: pytest.TempPathFactory) -> None:
+        self.workspace, self.tmp = workspace, tmp
+        self.lock = threading.Lock()
+        self.runs: dict[str, concurrent.futures.Future[str]] = {}
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
+
+    @staticmethod
+    def key(spec: dict[str, Any]) -> str:
+        return json.dumps([spec["nodes"], spec["procs"], spec["command"]], sort_keys=True)
+
+    def start(self, spec: dict[str, Any]) -> None:
+        with self.lock:
+            key = self.key(spec)
+            if key not in self.runs:
+                self.runs[key] = self.pool.submit(self._smoke, spec)
+
+    def __call__(self, spec: dict[str, Any]) -> str:
+        self.start(spec)
+        return self.runs[self.key(spec)].result(timeout=900)
+
+    def _smoke(self, spec: dict[str, Any]) -> str:
+        from e2ejob import smoke_weights, write_spec
+
+        folder = self.tmp.mktemp("smoke")
+        for script in self.workspace.glob("*.py"):
+            shutil.copy(script, folder / script.name)
+        keep = ("name", "nodes", "procs", "gpus", "checkpoint", "command")
+        spec_file = write_spec(folder, {k: v for k, v in spec.items() if k in keep})
+        return smoke_weights(functools.partial(run_cli, timeout=900), spec_file, folder)
+
+
+@pytest.fixture(scope="session")
+def clean_weights(
+    e2e_workspace: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[CleanWeights]:
+    weights = CleanWeights(e2e_workspace, tmp_path_factory)
+    yield weights
+    weights.pool.shutdown(wait=True, cancel_futures=True)

@@ -36,8 +36,17 @@ _CONTAINER_PATCHABLE = ("securityContext", "volumeMounts")
 # out) and Service links (noise). Anything else we cannot carry is refused in one line.
 _RUNTIME_DECIDES = ("automountServiceAccountToken", "enableServiceLinks")
 # The container's fields that `trainer` holds, or that the runtime owns (its port 29400; the
-# pull policy stays the cluster's default).
-_CONTAINER_ELSEWHERE = ("name", "image", "command", "env", "resources", "ports", "imagePullPolicy")
+# pull policy and where a failure's message comes from stay the runtime's).
+_CONTAINER_ELSEWHERE = (
+    "name",
+    "image",
+    "command",
+    "env",
+    "resources",
+    "ports",
+    "imagePullPolicy",
+    "terminationMessagePolicy",
+)
 
 
 def _refuse(spec: JobSpec, what: str) -> UserError:
