@@ -192,6 +192,12 @@ def test_rank0_is_found_by_the_start_event():
     assert not logs_show_rank0(["ddptrain: warning: x", "{not json", '{"event": "step"}'])
 
 
+def test_rank0_of_a_plain_script_is_found_by_torchruns_prefix():
+    # No events: the line torchrun prefixed with global rank 0 (PET_TEE) says where it ran.
+    assert logs_show_rank0(["[rank2]:epoch 0", "[rank0]:[GPU0] Epoch 0 | Steps: 8"])
+    assert not logs_show_rank0(["[rank2]:epoch 0", "[rank3]:[rank0] not a prefix", "[rank10]:x"])
+
+
 @pytest.mark.parametrize(
     ("target", "condition", "state"),
     [
@@ -215,3 +221,23 @@ def test_job_state_of_a_kind_no_target_reads():
 def test_gpu_counts_read_as_quantities():
     nodes = [node("a", "8"), node("b", "1k"), node("c", "bad"), node("d", 0)]
     assert gpu_nodes(nodes, 8) == (2, 2)  # a and b (1000 devices); c and d hold none
+
+
+def test_c10d_rank0_is_looked_for_where_torch_puts_it():
+    from ddpdeploy.cluster.watch import c10d_order
+
+    def pod(name: str, phase: str, ip: str | None = None) -> dict:
+        return {"metadata": {"name": name}, "status": {"phase": phase, "podIP": ip}}
+
+    pods = [
+        pod("j-worker-0", "Running", "10.0.0.9"),
+        pod("j-worker-1", "Running", "10.0.0.12"),  # "10.0.0.12" < "10.0.0.9" as strings
+        pod("j-worker-2", "Pending"),
+        pod("j-worker-3", "Succeeded", "10.0.0.1"),
+        pod("j-worker-10", "Running"),
+        pod("j-worker-4", "Running"),
+    ]
+    # torch numbers a c10d round's nodes in the order of their addresses as strings.
+    assert [p["metadata"]["name"] for p in c10d_order(pods)] == [
+        "j-worker-1", "j-worker-0", "j-worker-4", "j-worker-10", "j-worker-3"
+    ]  # fmt: skip

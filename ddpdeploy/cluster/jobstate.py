@@ -237,5 +237,7 @@ def start_event(lines: list[str]) -> dict[str, Any] | None:
 
 
 def logs_show_rank0(lines: list[str]) -> bool:
-    """True when a trainer log holds rank 0's `start` event."""
-    return start_event(lines) is not None
+    """True when a pod's log shows global rank 0 ran there: its `start` event, or any line
+    torchrun prefixed with rank 0 (a plain script logs no events, and under c10d no pod
+    holds rank 0 by name)."""
+    return start_event(lines) is not None or any(split_rank(t.strip())[0] == 0 for t in lines)

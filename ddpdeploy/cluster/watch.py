@@ -241,19 +241,21 @@ def node_pod(job: Obj, pods: list[Obj], replica: str | None, index: int | None) 
     return found
 
 
+# Under c10d, how many pods' log heads `status` reads looking for rank 0, whatever the
+# job's size: torch's order puts rank 0 first, the next one covers a round in flux.
+RANK0_READS = 2
+
+
 def rank0_pod(kube: Kube, job: Obj, pods: list[Obj]) -> str | None:
     """The pod hosting global rank 0: node 0 under static rendezvous; under c10d the pod
-    whose trainer logged rank 0's `start` event (only rank 0 logs JSON): a running one
-    first, else one that has ended (a finished job's)."""
+    whose log shows rank 0 (its `start` event or a line torchrun prefixed with rank 0),
+    read in the order c10d gives ranks (running pods first, then ended ones)."""
     layout = layout_for_kind(job["apiVersion"], job["kind"])
     host = layout.rank0_hostname(job) if layout else None
     if layout is not None and host is not None:
         return _by_hostname(pods, host, layout) or node_pod(job, pods, None, 0)
     namespace = job["metadata"]["namespace"]
-    order = {"Running": 0, "Succeeded": 1, "Failed": 1}
-    phases = [(order.get(str((p.get("status") or {}).get("phase"))), p) for p in pods]
-    started = [p for rank, p in sorted(phases, key=lambda rp: rp[0] or 0) if rank is not None]
-    for pod in started:
+    for pod in c10d_order(pods)[:RANK0_READS]:
         head: list[str] = []
         for line in kube.logs(pod["metadata"]["name"], namespace, container_of(job)):
             head.append(line)
@@ -262,6 +264,27 @@ def rank0_pod(kube: Kube, job: Obj, pods: list[Obj]) -> str | None:
         if logs_show_rank0(head):
             return str(pod["metadata"]["name"])
     return None
+
+
+def c10d_order(pods: list[Obj]) -> list[Obj]:
+    """Started pods, rank 0's likeliest first: c10d numbers the nodes of a round in the
+    order of their addresses as strings (torch's sorted node descriptors; the pod's
+    --local-addr is its IP), so the lowest IP is rank 0 when every pod joined the round."""
+    order = {"Running": 0, "Succeeded": 1, "Failed": 1}
+
+    def key(pod: Obj) -> tuple[int, bool, str, int, str]:
+        status, name = pod.get("status") or {}, str(pod["metadata"]["name"])
+        ip = str(status.get("podIP") or "")
+        index = name.rsplit("-", 1)[-1]
+        return (
+            order[str(status.get("phase"))],
+            not ip,
+            ip,
+            int(index) if index.isdigit() else 0,
+            name,
+        )
+
+    return sorted((p for p in pods if (p.get("status") or {}).get("phase") in order), key=key)
 
 
 def _rank0_running(kube: Kube) -> Callable[[Snapshot], bool]:

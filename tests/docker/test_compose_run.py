@@ -80,17 +80,33 @@ def nothing_left(engine: Any, project: str) -> list[str]:
     )
 
 
+# ranked: the node's rank is fixed by its name (PET_NODE_RANK) rather than by the order
+# nodes join c10d's rendezvous (the default): static, and TrainJob, whose runtime sets it.
 @pytest.mark.parametrize(
-    ("elastic", "target"),
-    [(False, "pytorchjob"), (True, "pytorchjob"), (False, "trainjob"), (False, "indexed-job")],
-    ids=["static", "elastic", "trainjob", "indexed-job"],
+    ("rendezvous", "target", "ranked"),
+    [
+        ("static", "pytorchjob", True),
+        ("c10d", "pytorchjob", False),
+        ("elastic", "pytorchjob", False),
+        ("c10d", "trainjob", True),
+        ("c10d", "indexed-job", False),
+    ],
+    ids=["static", "c10d", "elastic", "trainjob", "indexed-job"],
 )
 def test_two_by_two_trains_like_smoke_local(
-    elastic: bool, target: str, image: str, engine: Any, cli: Callable[..., Any], tmp_path: Path
+    rendezvous: str,
+    target: str,
+    ranked: bool,
+    image: str,
+    engine: Any,
+    cli: Callable[..., Any],
+    tmp_path: Path,
 ) -> None:
     extra: dict[str, Any] = {"target": target}
-    if elastic:
+    if rendezvous == "elastic":
         extra["rendezvous"] = {"mode": "elastic", "minNodes": 2, "maxNodes": 2}
+    elif rendezvous == "static":
+        extra["rendezvous"] = {"mode": "static"}
     spec = job(image, **extra)
     with compose_run(spec) as run:
         project = run.project_name
@@ -100,7 +116,7 @@ def test_two_by_two_trains_like_smoke_local(
         for node, n in zip(contract.nodes, run.nodes, strict=True):
             config = run.node(n.name).container.attrs["Config"]
             assert config["Hostname"] == n.name == node.hostname
-            assert n.rank == (None if elastic else node.rank)
+            assert n.rank == (node.rank if ranked else None)
             assert config["Entrypoint"] == contract.container_command()
             assert not config["Cmd"]
             env = dict(e.split("=", 1) for e in config["Env"])
@@ -111,8 +127,8 @@ def test_two_by_two_trains_like_smoke_local(
     assert nothing_left(engine, project) == []
     assert done is not None and done["step"] == STEPS
 
-    # Every static layout trains exactly as the PyTorchJob layout does locally.
-    assert done["weights_sha256"] == local_hash(cli, tmp_path, elastic)
+    # Every layout trains exactly as the PyTorchJob layout does locally.
+    assert done["weights_sha256"] == local_hash(cli, tmp_path, rendezvous == "elastic")
 
 
 _LOCAL: dict[bool, str] = {}
@@ -173,10 +189,10 @@ def test_failing_trainer_names_its_node_and_leaves_nothing(image: str, engine: A
         # Any anonymous volumes too (the test torch image declares one, /wheels).
         mounted = {m["Name"] for c in run.containers.values() for m in c.container.attrs["Mounts"]}
         done, failed = run_to_end(run)
-        assert done is None and failed in ("cmp-master-0", "cmp-worker-0")
+        # Under c10d (the default) either node may be the first to fail, with no fixed rank.
+        assert done is None and failed in ("cmp-worker-0", "cmp-worker-1")
         assert run.exit_codes()[failed] not in (None, 0)
-        rank = next(n.rank for n in run.nodes if n.name == failed)
-        assert rank == (0 if failed == "cmp-master-0" else 1)
+        assert next(n.rank for n in run.nodes if n.name == failed) is None
         assert any("No module named ddpdeploy_no_such_module" in t for t in run.tail(failed))
     assert run.leftovers() == []
     assert nothing_left(engine, project) == []

@@ -39,6 +39,8 @@ from realcluster import (
     session_lock,
 )
 
+HERE = Path(__file__).resolve().parent
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "e2e: runs on the real single-node cluster (.ci/cluster.sh)")

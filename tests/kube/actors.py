@@ -26,6 +26,13 @@ def get_job(admin: Any, ns: str, name: str) -> dict | None:
     return next((j for j in items if j["metadata"]["name"] == name), None)
 
 
+def pod_spec(job: dict) -> dict:
+    """The pod spec of the job's rank-0 replica: Master under static rendezvous, Worker under
+    c10d (the default, no Master)."""
+    replicas = job["spec"]["pytorchReplicaSpecs"]
+    return dict(replicas.get("Master", replicas.get("Worker"))["template"]["spec"])
+
+
 def wait_for_job(admin: Any, ns: str, name: str, proc: subprocess.Popen | None = None) -> dict:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -178,10 +185,10 @@ def make_pod(
     node: str,
     owner: dict | None = None,
 ) -> dict:
-    """One pod of ``job``'s master template with exactly ``labels`` (and ``owner`` as its
+    """One pod of ``job``'s rank-0 template with exactly ``labels`` (and ``owner`` as its
     controller), on Node ``node``: a replacement the operator makes, or a look-alike."""
     meta = job["metadata"]
-    template = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    template = pod_spec(job)
     body: dict = {
         "metadata": {"name": name, "labels": labels},
         "spec": {

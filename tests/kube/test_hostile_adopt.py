@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from actors import get_job, res
+from actors import get_job, pod_spec, res
 
 IMAGE = "registry.invalid/train:v1"
 SPEC = "ddpdeploy.dev/spec"
@@ -53,7 +53,7 @@ def test_resume_after_down_with_an_adopted_claim(kube_cli, admin, namespace, tmp
     assert "was missing and is new" not in resumed.stderr
     job = get_job(admin, namespace, "j")
     assert job is not None and job["metadata"]["uid"] != first
-    volumes = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["volumes"]
+    volumes = pod_spec(job)["volumes"]
     assert {"claimName": "j-checkpoints"} in [v.get("persistentVolumeClaim") for v in volumes]
 
     purged = kube_cli("down", "j", "-n", namespace, "--purge")

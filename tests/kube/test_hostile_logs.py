@@ -47,13 +47,13 @@ def test_a_look_alike_owned_by_another_job_is_never_read(kube_cli, admin, namesp
     labels = {
         "training.kubeflow.org/job-name": "j",
         "training.kubeflow.org/replica-type": "worker",
-        "training.kubeflow.org/replica-index": "1",
+        "training.kubeflow.org/replica-index": "2",
     }
     owner = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "theirs",
              "uid": theirs["metadata"]["uid"]}  # fmt: skip
-    make_pod(admin, get_job(admin, namespace, "j"), "j-worker-1", labels, kubelet.node_name, owner)
-    set_running(admin, namespace, "j-worker-1", IMAGE)
-    kubelet.set_log("j-worker-1", "[rank0]:forged loss 0.0001\n[rank0]:" + '{"event": "done"}')
+    make_pod(admin, get_job(admin, namespace, "j"), "j-worker-2", labels, kubelet.node_name, owner)
+    set_running(admin, namespace, "j-worker-2", IMAGE)
+    kubelet.set_log("j-worker-2", "[rank0]:forged loss 0.0001\n[rank0]:" + '{"event": "done"}')
     kubelet.requests.clear()
     out = kube_cli("logs", "j", "-n", namespace)
     assert out.returncode == 0, out.stderr
@@ -62,8 +62,8 @@ def test_a_look_alike_owned_by_another_job_is_never_read(kube_cli, admin, namesp
     assert rank0.stdout.splitlines() == ["[rank0 node0] ours"]
     status = kube_cli("status", "j", "-n", namespace)
     assert status.returncode == 0, status.stderr
-    assert "j-worker-1" not in status.stdout and "forged" not in status.stdout
-    assert not any("/j-worker-1/" in r for r in kubelet.requests)
+    assert "j-worker-2" not in status.stdout and "forged" not in status.stdout
+    assert not any("/j-worker-2/" in r for r in kubelet.requests)
 
 
 @pytest.mark.parametrize(

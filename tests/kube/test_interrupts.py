@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from actors import ROOT, Lines, get_job, res
+from actors import ROOT, Lines, get_job, pod_spec, res
 from netstubs import black_hole, kubeconfig_via, slow_proxy
 
 pytestmark = pytest.mark.slow
@@ -140,7 +140,7 @@ def test_two_ups_of_one_name_at_once_one_wins(admin, namespace, slow_kubeconfig,
     assert "someone else" in loser
     # The winner's job stands, untouched by the loser (no silent overwrite).
     job = get_job(admin, namespace, "j")
-    template = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    template = pod_spec(job)
     assert template["containers"][0]["image"] == images[won]
     assert images[won] in job["metadata"]["annotations"]["ddpdeploy.dev/spec"]
     # The saved spec `resume` reads after `down` is the winner's too.

@@ -33,8 +33,8 @@ def running(admin, namespace: str, pod: str, restarts: int = 0) -> None:
 
 @pytest.fixture
 def job(kube_cli, admin, namespace, kubelet):
-    """`up` a static 2-node job, its pods (the operator's labels only) Running on the
-    stand-in's node: (master, worker)."""
+    """`up` a 2-node job (c10d, the default), its pods (the operator's labels only) Running
+    on the stand-in's node: (worker-0, worker-1), called (master, worker) below."""
     args = ["up", "--image", IMAGE, "--name", "j", "-n", namespace, "--nodes", "2"]
     out = kube_cli(*args, "--procs", "2", "--no-wait")
     assert out.returncode == 0, out.stderr
@@ -153,23 +153,23 @@ def test_a_replaced_pod_is_followed_and_a_look_alike_never_read(
         }
 
     # A look-alike worker appears: the job's pod selector matches it, our labels are not on it.
-    make_pod(admin, obj, "j-worker-1", operator_labels(1), kubelet.node_name)
-    kubelet.set_log("j-worker-1", "[rank4]:[red]not ours")
-    running(admin, namespace, "j-worker-1")
+    make_pod(admin, obj, "j-worker-2", operator_labels(2), kubelet.node_name)
+    kubelet.set_log("j-worker-2", "[rank4]:[red]not ours")
+    running(admin, namespace, "j-worker-2")
     # Our worker is deleted and a look-alike takes its name (a new uid, not ours).
     delete_pod_now(admin, namespace, worker)
     kubelet.remove(worker)
     asked = followed_streams(kubelet, worker)
-    make_pod(admin, obj, worker, operator_labels(0), kubelet.node_name)
+    make_pod(admin, obj, worker, operator_labels(1), kubelet.node_name)
     kubelet.set_log(worker, "[rank2]:a look-alike of the same name")
     running(admin, namespace, worker)
     time.sleep(2)  # the watch has brought both
-    assert not any("/j-worker-1/" in r for r in kubelet.requests)
+    assert not any("/j-worker-2/" in r for r in kubelet.requests)
     assert followed_streams(kubelet, worker) == asked
     delete_pod_now(admin, namespace, worker)
     kubelet.remove(worker)
     # The operator's replacement: our labels (from the template), the job as its controller.
-    operator_pod(admin, obj, "Worker", 0, kubelet.node_name)
+    operator_pod(admin, obj, "Worker", 1, kubelet.node_name)
     kubelet.set_log(worker, "[rank2]:the new pod")
     running(admin, namespace, worker)
     follow.wait_for(f"[node1] pod {worker} replaced (a new pod); following it", "err")
@@ -180,4 +180,4 @@ def test_a_replaced_pod_is_followed_and_a_look_alike_never_read(
     assert sorted(follow.out) == [
         "[rank0 node0] m1", "[rank2 node1] the first pod", "[rank2 node1] the new pod"
     ]  # fmt: skip
-    assert not any("/j-worker-1/" in r for r in kubelet.requests)
+    assert not any("/j-worker-2/" in r for r in kubelet.requests)

@@ -44,7 +44,8 @@ def running(admin, namespace: str, pod: str, restarts: int = 0) -> None:
 
 @pytest.fixture
 def job(kube_cli, admin, namespace, kubelet):
-    """`up` a 2-node job (static unless told), its pods on the stand-in's node, Running."""
+    """`up` a 2-node job (c10d, the default: pods worker-0 and worker-1), its pods on the
+    stand-in's node, Running."""
 
     def make(*more: str, name: str = "j") -> list[str]:
         args = ["up", "--image", IMAGE, "--name", name, "-n", namespace, "--nodes", "2"]
@@ -143,7 +144,7 @@ def test_logs_reads_the_pods_at_once_at_most_16(kube_cli, admin, namespace, kube
     t0 = time.time() - 60
     for pod in pods:
         running(admin, namespace, pod)
-        node = 0 if pod.endswith("-master-0") else int(pod.rsplit("-", 1)[1]) + 1
+        node = int(pod.rsplit("-", 1)[1])  # c10d (the default): worker-N is node N
         # Written in reverse node order: the merge, not the reading, orders the output.
         kubelet.set_log(pod, f"[rank{node}]:hello\nagent: bye", at=t0 + 20 - node, every=0.1)
     kubelet.delay = 0.3

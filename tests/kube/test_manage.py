@@ -42,8 +42,8 @@ def test_status_shows_state_and_pods(kube_cli, admin, namespace, up):
     doc = json.loads(out.stdout)
     assert doc["state"] == "Running"
     assert [(p["name"], p["phase"]) for p in doc["pods"]] == [
-        ("j-master-0", "Running"),
-        ("j-worker-0", "Pending"),
+        ("j-worker-0", "Running"),
+        ("j-worker-1", "Pending"),
     ]
     assert yaml.safe_load(kube_cli("status", "j", "-n", namespace, "-o", "yaml").stdout) == doc
     table = kube_cli("status", "j", "-n", namespace)

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from actors import get_job, res, set_job_conditions
+from actors import get_job, pod_spec, res, set_job_conditions
 
 pytestmark = pytest.mark.slow
 
@@ -175,9 +175,7 @@ def test_a_hand_made_pvc_is_used_only_when_adopted_and_never_purged(
     assert claim["metadata"]["labels"] == {"owner": "me"}  # not relabelled
     # Only the saved spec goes on it, as annotations of ours (test_hostile_adopt.py).
     assert SPEC in (claim["metadata"].get("annotations") or {})
-    volumes = get_job(admin, namespace, "j")["spec"]["pytorchReplicaSpecs"]["Master"]["template"][
-        "spec"
-    ]["volumes"]
+    volumes = pod_spec(get_job(admin, namespace, "j"))["volumes"]
     assert {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "j-checkpoints"}} in [
         {k: v for k, v in vol.items() if v is not None} for vol in volumes
     ]

@@ -190,7 +190,7 @@ def test_wait_running_then_succeeded(admin, control_plane, namespace):
     code, err = _run_to(admin, control_plane, namespace, drive)
     assert code == 0, err
     assert "j: Running" in err
-    assert "j-master-0: Running" in err and "j-worker-0: Running" in err
+    assert "j-worker-0: Running" in err and "j-worker-1: Running" in err
     assert err.strip().splitlines()[-1] == "PyTorchJob j succeeded: job succeeded"
 
 
@@ -207,7 +207,7 @@ def _waiting(reason: str, message: str, restarts: int = 0, last: dict | None = N
 FAILURES = {
     "ImagePullBackOff": (
         _waiting("ImagePullBackOff", 'Back-off pulling image "registry.invalid/train:v1"'),
-        "PyTorchJob j ImagePullBackOff: pod j-master-0: cannot pull image "
+        "PyTorchJob j ImagePullBackOff: pod j-worker-0: cannot pull image "
         "registry.invalid/train:v1",
     ),
     "CrashLoopBackOff": (
@@ -224,7 +224,7 @@ FAILURES = {
                 }
             },
         ),
-        "pod j-master-0: container pytorch restarted 3 times, last exit code 1 (Error)",
+        "pod j-worker-0: container pytorch restarted 3 times, last exit code 1 (Error)",
     ),
     "Unschedulable": (
         lambda pod: {
@@ -238,7 +238,7 @@ FAILURES = {
                 }
             ],
         },
-        "PyTorchJob j Unschedulable: pod j-master-0: 0/4 nodes are available: 4 Insufficient "
+        "PyTorchJob j Unschedulable: pod j-worker-0: 0/4 nodes are available: 4 Insufficient "
         "nvidia.com/gpu.",
     ),
 }
@@ -265,13 +265,13 @@ def test_wait_ends_with_job_failed(admin, control_plane, namespace):
             namespace,
             "j",
             ("Created", ""),
-            ("Failed", "PyTorchJob j has failed because one Master replica(s) failed."),
+            ("Failed", "PyTorchJob j has failed because one Worker replica(s) failed."),
         )
 
     code, err = _run_to(admin, control_plane, namespace, drive)
     assert code == 1
     assert (
-        "PyTorchJob j Failed: PyTorchJob j has failed because one Master replica(s) failed." in err
+        "PyTorchJob j Failed: PyTorchJob j has failed because one Worker replica(s) failed." in err
     )
 
 
