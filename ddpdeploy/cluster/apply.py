@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ddpdeploy.adapters.kube import Conflict, Forbidden, Kube
+from ddpdeploy.adapters.kube import Conflict, Forbidden, KubeApi
 from ddpdeploy.cluster.capacity import FIT_RESOURCES, fit, gpu_nodes, gpu_nodes_free, pod_requests
 from ddpdeploy.cluster.capacity import shown as shown_amount
 from ddpdeploy.cluster.find import Found, labelled_ours, no_job, not_ours, owner_of, require_ours
@@ -65,7 +65,7 @@ def _terminating(obj: Obj) -> bool:
 
 
 def preflight(
-    kube: Kube,
+    kube: KubeApi,
     spec: JobSpec,
     objects: list[Obj],
     create_namespace: bool,
@@ -90,7 +90,7 @@ def preflight(
 
 
 def prepare(
-    kube: Kube,
+    kube: KubeApi,
     spec: JobSpec,
     say: Say,
     create_namespace: bool = False,
@@ -109,7 +109,7 @@ def prepare(
     return checked
 
 
-def _check_namespace(kube: Kube, checked: Checked, create: bool) -> None:
+def _check_namespace(kube: KubeApi, checked: Checked, create: bool) -> None:
     ns = checked.spec.namespace
     try:
         got = kube.get("v1", "Namespace", ns)
@@ -130,7 +130,7 @@ def _check_namespace(kube: Kube, checked: Checked, create: bool) -> None:
     checked.create_namespace = True
 
 
-def _check_existing(kube: Kube, checked: Checked, layout: Layout) -> None:
+def _check_existing(kube: KubeApi, checked: Checked, layout: Layout) -> None:
     """Every object of ours-to-be that exists already must be ours and not dying."""
     spec = checked.spec
     for obj in checked.objects:
@@ -173,7 +173,7 @@ def _check_existing(kube: Kube, checked: Checked, layout: Layout) -> None:
             )
 
 
-def adopt_pvc(kube: Kube, spec: JobSpec, say: Say) -> JobSpec:
+def adopt_pvc(kube: KubeApi, spec: JobSpec, say: Say) -> JobSpec:
     """--adopt-pvc: the existing PVC <name>-checkpoints, used as is (as if named as
     checkpoint.claimName): never relabelled, never deleted by `down --purge`."""
 
@@ -199,7 +199,7 @@ def adopt_pvc(kube: Kube, spec: JobSpec, say: Say) -> JobSpec:
     return spec_with(spec, checkpoint={**adopted, "claimName": name})
 
 
-def _check_gpus(kube: Kube, checked: Checked) -> None:
+def _check_gpus(kube: KubeApi, checked: Checked) -> None:
     spec = checked.spec
     try:
         nodes = kube.list("v1", "Node")
@@ -227,7 +227,7 @@ def _check_gpus(kube: Kube, checked: Checked) -> None:
 _FLAG = {"cpu": "--cpu", "memory": "--memory"}
 
 
-def _check_fit(kube: Kube, checked: Checked, layout: Layout) -> None:
+def _check_fit(kube: KubeApi, checked: Checked, layout: Layout) -> None:
     """The job's pods, at their CPU and memory requests, must fit the nodes they may go to
     (as the GPU check: an error when the nodes' allocatable cannot hold them at all, a
     warning when what runs there now leaves too little)."""
@@ -272,7 +272,7 @@ def _check_fit(kube: Kube, checked: Checked, layout: Layout) -> None:
         )
 
 
-def _check_storage(kube: Kube, checked: Checked) -> None:
+def _check_storage(kube: KubeApi, checked: Checked) -> None:
     pvcs = [o for o in checked.objects if o["kind"] == "PersistentVolumeClaim"]
     if not pvcs:
         return
@@ -324,7 +324,7 @@ def _refuse_existing(checked: Checked, replace: bool, in_place: bool = False) ->
 # --- dry run and apply -----------------------------------------------------------------
 
 
-def dry_run(kube: Kube, checked: Checked, replace: bool, say: Say) -> None:
+def dry_run(kube: KubeApi, checked: Checked, replace: bool, say: Say) -> None:
     """The server validates every object (admission included); nothing is stored."""
     _refuse_existing(checked, replace)
     if checked.create_namespace:
@@ -343,7 +343,7 @@ def dry_run(kube: Kube, checked: Checked, replace: bool, say: Say) -> None:
 class _Run:
     """What one apply has done so far: for the take-back and the final line."""
 
-    def __init__(self, kube: Kube, checked: Checked) -> None:
+    def __init__(self, kube: KubeApi, checked: Checked) -> None:
         self.kube, self.checked = kube, checked
         self.created: list[Obj] = []  # by this run (a create that succeeded), in order
         self.created_ns = False
@@ -374,7 +374,7 @@ class _Run:
 
 
 def apply(
-    kube: Kube,
+    kube: KubeApi,
     checked: Checked,
     replace: bool,
     say: Say,
@@ -469,7 +469,7 @@ def apply(
 # --- a claim the job mounts that ddpdeploy did not make ----------------------------------
 
 
-def _adopted_with_spec(kube: Kube, name: str, namespace: str) -> Obj | None:
+def _adopted_with_spec(kube: KubeApi, name: str, namespace: str) -> Obj | None:
     """The adopted claim when it carries a saved spec of job ``name`` (`down` names it,
     and with --purge takes that spec off); a spec there that does not read is not ours to
     touch."""
@@ -483,7 +483,7 @@ def _adopted_with_spec(kube: Kube, name: str, namespace: str) -> Obj | None:
     return claim if spec is not None and spec.name == name else None
 
 
-def adopted_claim(kube: Kube, name: str, namespace: str) -> Obj | None:
+def adopted_claim(kube: KubeApi, name: str, namespace: str) -> Obj | None:
     """The claim named as job ``name``'s own (<name>-checkpoints) when ddpdeploy did not
     make it (no labels of ours): one adopted with --adopt-pvc, or named so as
     checkpoint.claimName. Never relabelled or deleted; it carries the job's saved spec and
@@ -494,7 +494,7 @@ def adopted_claim(kube: Kube, name: str, namespace: str) -> Obj | None:
     return claim
 
 
-def _save_on_adopted_claim(kube: Kube, checked: Checked, say: Say) -> None:
+def _save_on_adopted_claim(kube: KubeApi, checked: Checked, say: Say) -> None:
     """The spec (and run record) as annotations of ours on the adopted claim the job mounts,
     through a server-side apply that holds those annotations only (the claim's labels, spec
     and other annotations stay as they are); a refusal is a warning: the job is there."""
@@ -525,7 +525,7 @@ def _save_on_adopted_claim(kube: Kube, checked: Checked, say: Say) -> None:
     )
 
 
-def _forget_on_adopted_claim(kube: Kube, claim: Obj) -> None:
+def _forget_on_adopted_claim(kube: KubeApi, claim: Obj) -> None:
     """Our annotations off the adopted claim (`down --purge`): an apply that holds none of
     them removes those this field manager set, and nothing else."""
     meta = claim["metadata"]
@@ -538,7 +538,7 @@ def _forget_on_adopted_claim(kube: Kube, claim: Obj) -> None:
     )
 
 
-def _put(kube: Kube, checked: Checked, run: _Run, obj: Obj, say: Say) -> None:
+def _put(kube: KubeApi, checked: Checked, run: _Run, obj: Obj, say: Say) -> None:
     """Create ``obj`` create-only, or apply it when an object of ours is there already."""
     key = (obj["kind"], obj["metadata"]["name"])
     if key not in checked.existing:
@@ -560,7 +560,7 @@ def _put(kube: Kube, checked: Checked, run: _Run, obj: Obj, say: Say) -> None:
     say(f"applied {_ref(obj)}")
 
 
-def _create(kube: Kube, run: _Run, obj: Obj) -> None:
+def _create(kube: KubeApi, run: _Run, obj: Obj) -> None:
     """Create-only: a 409 Conflict if it exists, so the API decides who made it first."""
     run.created.append(obj)  # taken back on any failure, even one after the create
     try:
@@ -575,7 +575,7 @@ class _ReplaceLost(OperationError):
 
 
 def _replace(
-    kube: Kube, checked: Checked, run: _Run, job: Obj, layout: Layout, say: Say, timeout: float
+    kube: KubeApi, checked: Checked, run: _Run, job: Obj, layout: Layout, say: Say, timeout: float
 ) -> None:
     spec, ref = checked.spec, _ref(job)
     with held_signals():  # from here the new job is created even if interrupted
@@ -597,7 +597,7 @@ def _replace(
     say(f"replaced {ref} (deleted the old one, created the new one)")
 
 
-def _exists(kube: Kube, obj: Obj) -> bool:
+def _exists(kube: KubeApi, obj: Obj) -> bool:
     meta = obj["metadata"]
     try:
         return kube.get(obj["apiVersion"], obj["kind"], meta["name"], meta["namespace"]) is not None
@@ -605,7 +605,7 @@ def _exists(kube: Kube, obj: Obj) -> bool:
         return False
 
 
-def _check_still_there(kube: Kube, checked: Checked) -> None:
+def _check_still_there(kube: KubeApi, checked: Checked) -> None:
     """A PVC deleted while we applied (`down --purge` at the same moment) leaves the job
     bound to a dying claim: refuse that rather than report success."""
     for obj in checked.objects:
@@ -624,7 +624,7 @@ _POLL = 0.5
 
 
 def delete_job_and_wait(
-    kube: Kube,
+    kube: KubeApi,
     name: str,
     namespace: str,
     layout: Layout,
@@ -640,7 +640,7 @@ def delete_job_and_wait(
 
 
 def _wait_deleted(
-    kube: Kube, obj: Obj, timeout: float, say: Say | None, left: str, meanwhile: str = ""
+    kube: KubeApi, obj: Obj, timeout: float, say: Say | None, left: str, meanwhile: str = ""
 ) -> None:
     """Wait until ``obj`` (being deleted) is gone, at most ``timeout`` seconds, saying once
     what it waits for (the finalizers that hold it); ``left``: what a timeout leaves, for

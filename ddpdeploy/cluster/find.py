@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ddpdeploy.adapters.kube import Kube
+from ddpdeploy.adapters.kube import Kube, KubeApi
 from ddpdeploy.cluster.labels import INSTANCE_LABEL, MANAGED_BY_LABEL, ours
 from ddpdeploy.cluster.saved import saved_spec
 from ddpdeploy.errors import OperationError, UserError
@@ -101,7 +101,7 @@ def no_job(name: str, namespace: str, kinds: str = JOB_KINDS) -> str:
 
 
 def find_any_job(
-    kube: Kube, name: str, namespace: str, layouts: Iterable[Layout] | None = None
+    kube: KubeApi, name: str, namespace: str, layouts: Iterable[Layout] | None = None
 ) -> tuple[Layout, Obj | None]:
     """The job ``name`` of any kind the cluster serves, ours first, foreign otherwise (so
     that a command can refuse it by name rather than say there is none)."""
@@ -125,7 +125,7 @@ class Found:
     """The job a verb acts on: the connection, where, its target, and the object (None when
     there is none and the verb goes on without one)."""
 
-    kube: Kube
+    kube: KubeApi
     name: str
     namespace: str
     layout: Layout
@@ -133,7 +133,7 @@ class Found:
 
 
 def find_job(
-    kube: Kube,
+    kube: KubeApi,
     name: str,
     namespace: str | None,
     *,

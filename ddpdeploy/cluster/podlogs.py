@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from ddpdeploy.adapters.kube import Kube
+from ddpdeploy.adapters.kube import KubeApi
 from ddpdeploy.cluster.find import made_for
 from ddpdeploy.cluster.saved import saved_spec
 from ddpdeploy.cluster.watch import JobWatch, container_of, rank0_pod
@@ -171,7 +171,7 @@ def attribute(raw: str, source: Source) -> Line:
 
 
 def _read(
-    kube: Kube, namespace: str, container: str, source: Source, select: Select, follow: bool
+    kube: KubeApi, namespace: str, container: str, source: Source, select: Select, follow: bool
 ) -> Iterator[Line]:
     for raw in kube.logs(
         source.pod,
@@ -195,7 +195,12 @@ READERS = 16  # pods read at once: one after another, 128 pods were 128 round tr
 
 
 def merged(
-    kube: Kube, namespace: str, container: str, todo: list[Source], select: Select, failed: Failed
+    kube: KubeApi,
+    namespace: str,
+    container: str,
+    todo: list[Source],
+    select: Select,
+    failed: Failed,
 ) -> list[Line]:
     """Every source's lines, previous runs first, then in the order they were written. A
     source that cannot be read goes to ``failed`` and the others are still shown. Up to
@@ -298,7 +303,7 @@ _END = object()
 class _Streams:
     """The followed streams, one reader thread each, into one queue."""
 
-    def __init__(self, kube: Kube, namespace: str, container: str) -> None:
+    def __init__(self, kube: KubeApi, namespace: str, container: str) -> None:
         self.kube, self.namespace, self.container = kube, namespace, container
         self.out: queue.Queue[Any] = queue.Queue()
 
@@ -401,7 +406,7 @@ TAIL = 200  # rank 0's latest lines that `status` reads
 HEAD_BYTES = 64 * 1024  # ...and, when they hold no `start`, the log's head for it
 
 
-def rank0_progress(kube: Kube, job: Obj, pods: list[Obj], now: float) -> Progress | str:
+def rank0_progress(kube: KubeApi, job: Obj, pods: list[Obj], now: float) -> Progress | str:
     """Rank 0's latest events through the log endpoint (nothing runs in the pod); with
     none, what its pod and log tell instead (``quiet_line``); one line saying why when its
     log cannot be read (no pod yet, no kubelet, forbidden)."""

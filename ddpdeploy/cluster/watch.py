@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ddpdeploy.adapters.kube import Kube
+from ddpdeploy.adapters.kube import KubeApi
 from ddpdeploy.cluster.find import Found, find_job, labelled_ours, made_for
 from ddpdeploy.cluster.jobstate import JobState, job_state, logs_show_rank0
 from ddpdeploy.cluster.labels import selector
@@ -50,7 +50,7 @@ def container_of(job: Obj) -> str:
     return layout.container if layout else CONTAINER_NAME
 
 
-def pods_of(kube: Kube, layout: Layout, name: str, namespace: str) -> list[Obj]:
+def pods_of(kube: KubeApi, layout: Layout, name: str, namespace: str) -> list[Obj]:
     """The job's pods, in one list call with the target's label selector."""
     return kube.list("v1", "Pod", namespace, labels=selector(layout.pod_selector(name)))
 
@@ -67,12 +67,12 @@ def snapshot_of(found: Found) -> Snapshot:
     return found.job, pods, job_state(found.job, pods)
 
 
-def snapshot(kube: Kube, name: str, namespace: str) -> Snapshot:
+def snapshot(kube: KubeApi, name: str, namespace: str) -> Snapshot:
     return snapshot_of(find_job(kube, name, namespace, required=False))
 
 
 def wait(
-    kube: Kube,
+    kube: KubeApi,
     name: str,
     namespace: str,
     show: Show,
@@ -246,7 +246,7 @@ def node_pod(job: Obj, pods: list[Obj], replica: str | None, index: int | None) 
 RANK0_READS = 2
 
 
-def rank0_pod(kube: Kube, job: Obj, pods: list[Obj]) -> str | None:
+def rank0_pod(kube: KubeApi, job: Obj, pods: list[Obj]) -> str | None:
     """The pod hosting global rank 0: node 0 under static rendezvous; under c10d the pod
     whose log shows rank 0 (its `start` event or a line torchrun prefixed with rank 0),
     read in the order c10d gives ranks (running pods first, then ended ones)."""
@@ -287,7 +287,7 @@ def c10d_order(pods: list[Obj]) -> list[Obj]:
     return sorted((p for p in pods if (p.get("status") or {}).get("phase") in order), key=key)
 
 
-def _rank0_running(kube: Kube) -> Callable[[Snapshot], bool]:
+def _rank0_running(kube: KubeApi) -> Callable[[Snapshot], bool]:
     def check(snap: Snapshot) -> bool:
         job, pods, state = snap
         if state.done or job is None:
@@ -303,7 +303,7 @@ def _rank0_running(kube: Kube) -> Callable[[Snapshot], bool]:
 
 
 def follow_and_wait(
-    kube: Kube,
+    kube: KubeApi,
     name: str,
     namespace: str,
     timeout: float | None,

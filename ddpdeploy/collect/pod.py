@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import BinaryIO
 
 from ddpdeploy import fs
-from ddpdeploy.adapters.kube import Kube
+from ddpdeploy.adapters.kube import KubeApi
 from ddpdeploy.cluster.labels import selector
 from ddpdeploy.collect.source import FILE, FOLDER, SPECIAL, SYMLINK, Unreadable, plain_name, shown
 from ddpdeploy.errors import OperationError, UserError
@@ -132,7 +132,7 @@ def _refusals_as_unreadable(chunks: Iterator[bytes]) -> Iterator[bytes]:
 class PodSource:
     """The checkpoint folder as seen from inside one pod."""
 
-    def __init__(self, kube: Kube, pod: str, namespace: str, container: str, folder: str):
+    def __init__(self, kube: KubeApi, pod: str, namespace: str, container: str, folder: str):
         self.kube, self.pod, self.namespace, self.container = kube, pod, namespace, container
         self.folder = folder
         self.where = f"pod {pod}:{folder}"
@@ -160,7 +160,7 @@ class PodSource:
         return self.kube.exec_stream(self.pod, self.namespace, self.container, argv)
 
 
-def _running_pod(kube: Kube, spec: JobSpec) -> str | None:
+def _running_pod(kube: KubeApi, spec: JobSpec) -> str | None:
     labels = selector(layout_of(spec.target).pod_selector(spec.name))
     pods = kube.list("v1", "Pod", spec.namespace, labels=labels)
     running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
@@ -169,7 +169,7 @@ def _running_pod(kube: Kube, spec: JobSpec) -> str | None:
 
 @contextlib.contextmanager
 def pod_source(
-    kube: Kube, spec: JobSpec, timeout: float, image: str | None = None
+    kube: KubeApi, spec: JobSpec, timeout: float, image: str | None = None
 ) -> Iterator[PodSource]:
     """A source reading the job's checkpoint folder from a running or a helper pod (run
     with ``image``, default the job's own)."""
@@ -196,7 +196,7 @@ def pod_source(
         kube.delete("v1", "Pod", name, spec.namespace)
 
 
-def _wait_running(kube: Kube, name: str, namespace: str, timeout: float) -> None:
+def _wait_running(kube: KubeApi, name: str, namespace: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     phase = "Pending"
     while time.monotonic() < deadline:
