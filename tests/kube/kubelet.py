@@ -15,6 +15,16 @@ run, the old one becomes ``previous``; ``remove``: the pod is gone); ``delay`` s
 answer, and ``most_in_flight`` counts the most requests answered at once. ``register``
 creates the Node object (InternalIP 127.0.0.1, kubeletEndpoint.Port) that pods name in
 spec.nodeName.
+
+Why a stand-in beside the real kubelet of tests/e2e (issue 23 §4): the real one now covers
+what a run produces (a 2 x 2 job's logs merged by rank, `logs -f` across a restarted
+container and a replaced pod, `status` from a running and a finished job, `collect` through
+exec; tests/e2e). What stays here is what a real kubelet cannot produce on demand: log
+lines stamped to the second (the merge order, --since and the ETA's arithmetic), an answer
+slowed on purpose (at most 16 reads at once) or a 500 from the log endpoint, a followed
+stream ended or restarted at a chosen line, the recorded log of a real run replayed
+without running it (20 and 128 pods on a 2-core node), a look-alike pod whose forged log
+belongs to no run, and an exec that answers a chosen exit code.
 """
 
 from __future__ import annotations
