@@ -161,10 +161,22 @@ class PodSource:
 
 
 def _running_pod(kube: KubeApi, spec: JobSpec) -> str | None:
-    labels = selector(layout_of(spec.target).pod_selector(spec.name))
-    pods = kube.list("v1", "Pod", spec.namespace, labels=labels)
-    running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
-    return min((p["metadata"]["name"] for p in running), default=None)
+    """A pod of the job whose training container runs now: exec needs the container, not
+    just a Running pod (one between two restarts of its container answers 'container not
+    running'), and a pod being deleted is about to lose it."""
+    layout = layout_of(spec.target)
+    pods = kube.list("v1", "Pod", spec.namespace, labels=selector(layout.pod_selector(spec.name)))
+
+    def runs(pod: Obj) -> bool:
+        status = pod.get("status") or {}
+        if status.get("phase") != "Running" or (pod.get("metadata") or {}).get("deletionTimestamp"):
+            return False
+        return any(
+            c.get("name") == layout.container and (c.get("state") or {}).get("running") is not None
+            for c in status.get("containerStatuses") or []
+        )
+
+    return min((p["metadata"]["name"] for p in pods if runs(p)), default=None)
 
 
 @contextlib.contextmanager

@@ -16,14 +16,16 @@ import pytest
 import yaml
 from actors import res
 from checkov_scan import allowlist, checkov_path
+from fakekube import FakeKube
 from reports import Recorded
 
 from ddpdeploy.collect.checkpoint import collect, payload_name
 from ddpdeploy.collect.debug import MAX_DEBUG
 from ddpdeploy.collect.plain import SUMS
-from ddpdeploy.collect.pod import READ, PodSource, collect_helper_pod
+from ddpdeploy.collect.pod import READ, PodSource, _running_pod, collect_helper_pod
 from ddpdeploy.errors import UserError
 from ddpdeploy.spec import JobSpec
+from ddpdeploy.targets import layout_of, render_objects
 
 from .folders import CUT_NOTE, ExecHere, check_collected, put_checkpoint, put_diagnostics
 
@@ -84,8 +86,6 @@ def test_no_image_and_no_checkpoint_are_one_line_errors():
 
 @pytest.mark.slow  # starts the scanner, as tests/test_checkov.py does
 def test_checkov_passes_the_helper_pod(tmp_path):
-    from ddpdeploy.targets import render_objects
-
     checkov = checkov_path()
     spec = JobSpec(**JOB)
     (tmp_path / "pod.yaml").write_text(yaml.safe_dump(collect_helper_pod(spec)))
@@ -295,3 +295,34 @@ def test_collect_creates_the_rendered_helper_pod_and_removes_it(
     assert len(stderr.strip().splitlines()) == 1
     assert res(admin, "v1", "Pod").get(namespace=namespace).to_dict()["items"] == []
     assert not dest.exists()
+
+
+def _pod(name: str, phase: str, state: dict, deleting: bool = False) -> dict:
+    meta: dict = {"name": name, "namespace": "default", "labels": {}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "status": {"phase": phase, "containerStatuses": [{"name": "pytorch", "state": state}]},
+    }
+
+
+def test_a_running_pod_between_two_container_restarts_is_not_read_through():
+    spec = JobSpec.model_validate({"name": "j", "image": "t:1", "checkpoint": {"size": "1Gi"}})
+    labels = layout_of(spec.target).pod_selector("j")  # as the operator labels them
+    kube = FakeKube()
+    waiting = {"waiting": {"reason": "CrashLoopBackOff"}}
+    running = {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
+    for pod in (
+        _pod("j-worker-0", "Running", waiting),  # its container between two restarts
+        _pod("j-worker-1", "Running", running, deleting=True),  # about to lose it
+    ):
+        pod["metadata"]["labels"] = labels
+        kube.add(pod)
+    assert _running_pod(kube, spec) is None  # a helper pod, then
+    ok = _pod("j-worker-2", "Running", running)
+    ok["metadata"]["labels"] = labels
+    kube.add(ok)
+    assert _running_pod(kube, spec) == "j-worker-2"
