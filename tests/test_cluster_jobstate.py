@@ -241,3 +241,34 @@ def test_c10d_rank0_is_looked_for_where_torch_puts_it():
     assert [p["metadata"]["name"] for p in c10d_order(pods)] == [
         "j-worker-1", "j-worker-0", "j-worker-4", "j-worker-10", "j-worker-3"
     ]  # fmt: skip
+
+
+def test_an_earlier_runs_pod_held_by_a_finalizer_is_shown_with_the_new_job():
+    from ddpdeploy.cluster.labels import ours
+    from ddpdeploy.cluster.watch import job_pods
+
+    job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+           "metadata": {"name": "j", "uid": "new"}}  # fmt: skip
+    old = {
+        "metadata": {
+            "name": "j-worker-0",
+            "labels": ours("j"),
+            "ownerReferences": [
+                {
+                    "apiVersion": "kubeflow.org/v1",
+                    "kind": "PyTorchJob",
+                    "uid": "old",
+                    "controller": True,
+                }
+            ],  # fmt: skip
+            "deletionTimestamp": "2026-12-02T09:40:00Z",
+            "finalizers": ["example.com/hold"],
+        }
+    }
+    # It keeps the name the new job's pod needs: that is what status and a wait must say.
+    assert job_pods(job, [old]) == [old]
+    old["metadata"]["finalizers"] = []  # merely going: not the new job's
+    assert job_pods(job, [old]) == []
+    old["metadata"]["finalizers"] = ["example.com/hold"]
+    old["metadata"]["labels"] = {**ours("j"), "app.kubernetes.io/instance": "other"}
+    assert job_pods(job, [old]) == []

@@ -93,6 +93,18 @@ def made_for(pod: Obj, job: Obj) -> bool:
     return True
 
 
+def holds_its_name(pod: Obj, job: Obj) -> bool:
+    """Whether ``pod`` is an earlier run's pod of ``job``'s name (our labels for it, another
+    uid), deleted but kept by finalizers: it holds the name the job's own pod needs, which
+    is why that pod cannot start. A wait and `status` show it; nothing reads its log."""
+    meta = pod.get("metadata") or {}
+    if not (meta.get("deletionTimestamp") and meta.get("finalizers")):
+        return False
+    labels = meta.get("labels") or {}
+    name = (job.get("metadata") or {}).get("name")
+    return all(labels.get(k) == v for k, v in ours(name).items())
+
+
 # --- finding the job -------------------------------------------------------------------
 
 

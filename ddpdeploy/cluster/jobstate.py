@@ -100,8 +100,10 @@ def _held(pod: Obj) -> JobState | None:
     finalizers = meta.get("finalizers") or []
     if not meta.get("deletionTimestamp") or not finalizers:
         return None
-    if any(not (st.get("state") or {}).get("terminated") for st in _statuses(pod)):
-        return None  # still stopping (its grace period)
+    # Still stopping (its grace period) while a container runs. Stopped shows as terminated,
+    # or, once the 1.20 kubelet has removed the dead container, as waiting.
+    if any((st.get("state") or {}).get("running") is not None for st in _statuses(pod)):
+        return None
     name = meta.get("name", "?")
     return JobState(
         "Terminating",

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ddpdeploy.adapters.kube import KubeApi
-from ddpdeploy.cluster.find import Found, find_job, labelled_ours, made_for
+from ddpdeploy.cluster.find import Found, find_job, holds_its_name, labelled_ours, made_for
 from ddpdeploy.cluster.jobstate import JobState, job_state, logs_show_rank0
 from ddpdeploy.cluster.labels import selector
 from ddpdeploy.contract import CONTAINER_NAME
@@ -57,8 +57,11 @@ def pods_of(kube: KubeApi, layout: Layout, name: str, namespace: str) -> list[Ob
 
 def job_pods(job: Obj | None, pods: list[Obj]) -> list[Obj]:
     """The pods that are ``job``'s by the one rule (``find.made_for``): the target's pod
-    selector also matches a look-alike (another job's pod, one made by hand)."""
-    return [p for p in pods if job is not None and made_for(p, job)]
+    selector also matches a look-alike (another job's pod, one made by hand). An earlier
+    run's pod that finalizers hold is kept too: it is why the job's own pod is missing."""
+    if job is None:
+        return []
+    return [p for p in pods if made_for(p, job) or holds_its_name(p, job)]
 
 
 def snapshot_of(found: Found) -> Snapshot:

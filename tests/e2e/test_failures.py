@@ -76,14 +76,15 @@ def _held(
     patch = f'{{"metadata":{{"finalizers":["{HOLD}"]}}}}'
     res = cluster_kubectl(cluster, "patch", "pod", "-n", ns, pod, "--type", "merge", "-p", patch)
     assert res.returncode == 0, res.stderr
-    down = cli("down", "held", "-n", ns)
-    assert down.returncode == 0, down.stderr
-    wait_for(f"{pod}'s container to stop", lambda: _stopped(core, ns, pod), 120)
-    up = cli("up", *job, *WAIT, *train)
-    out = {"up": up, "status": cli("status", "held", "-n", ns, "-o", "json")}
-    free = '{"metadata":{"finalizers":null}}'
-    cluster_kubectl(cluster, "patch", "pod", "-n", ns, pod, "--type", "merge", "-p", free)
-    return out
+    try:
+        down = cli("down", "held", "-n", ns)
+        assert down.returncode == 0, down.stderr
+        wait_for(f"{pod}'s container to stop", lambda: _stopped(core, ns, pod), 120)
+        up = cli("up", *job, *WAIT, *train)
+        return {"up": up, "status": cli("status", "held", "-n", ns, "-o", "json")}
+    finally:  # whatever happened: a held pod would keep its CPU and its namespace
+        free = '{"metadata":{"finalizers":null}}'
+        cluster_kubectl(cluster, "patch", "pod", "-n", ns, pod, "--type", "merge", "-p", free)
 
 
 def _hang(cli: Callable[..., Any], ns: str, image: str, cluster: Cluster, out: Path) -> Any:
@@ -109,8 +110,9 @@ def _phase(core: Any, ns: str, pod: str) -> str | None:
 
 
 def _stopped(core: Any, ns: str, pod: str) -> bool:
+    # Terminated, or waiting once the kubelet has removed the dead container: not running.
     statuses = core.read_namespaced_pod(pod, ns).status.container_statuses or []
-    return bool(statuses) and all(s.state.terminated for s in statuses)
+    return bool(statuses) and not any(s.state.running is not None for s in statuses)
 
 
 def _busy_node(cli: Callable[..., Any], ns: str, image: str, cluster: Cluster) -> dict[str, Any]:

@@ -312,6 +312,9 @@ def test_a_deleted_pod_held_by_a_finalizer_is_named_once_its_containers_stopped(
     assert "kubectl patch pod j-worker-0" in state.reason
     view = pod_view(pod, layout_of("pytorchjob"))
     assert view.detail == "Terminating (finalizers: example.com/hold)"
+    # The 1.20 kubelet removes the dead container: then it shows as waiting, still stopped.
+    pod["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "ContainerCreating"}}
+    assert job_state(PYTORCHJOB, [pod]).state == "Terminating"
 
 
 def test_a_running_job_whose_container_failed_says_its_last_failure() -> None:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from e2ejob import apis, cli_process, job_condition, job_events, wait_for, write_spec
+from e2ejob import apis, cli_process, job_condition, job_events, job_lines, wait_for, write_spec
 from realcluster import Cluster, fresh_namespace
 
 NAME = "life"
@@ -110,7 +110,14 @@ def life(
             f"{NAME} to end", lambda: job_condition(custom, ns, NAME), 300, every=1
         )
         got["pods"] = sorted(p.metadata.name for p in core.list_namespaced_pod(ns).items)
-        got["resumed"] = [e for _, e in job_events(core, ns, NAME, "start")][0]
+        starts = [e for _, e in job_events(core, ns, NAME, "start")]
+        assert starts, (
+            got["end"],
+            got["pods"],
+            got["resume"].stderr,
+            job_lines(core, ns, NAME)[-20:],
+        )
+        got["resumed"] = starts[0]
         got["done"] = [e for _, e in job_events(core, ns, NAME, "done")]
 
         # Objects that are not ours, named like ours.
