@@ -138,7 +138,7 @@ class PodSource:
         self.where = f"pod {pod}:{folder}"
 
     def entries(self) -> dict[str, str]:
-        out = b"".join(self._run(LIST, self.folder))
+        out = b"".join(self.run(LIST, self.folder))
         entries: dict[str, str] = {}
         for record in out.split(b"\0"):
             kind, _, name = record.decode(errors="surrogateescape").partition(" ")
@@ -153,9 +153,9 @@ class PodSource:
             raise Unreadable(f"{shown(name)} is not a plain file name")
         path = posixpath.join(self.folder, name)
         mib = [] if limit is None else [str(-(-limit // (1 << 20)))]  # whole MiB, rounded up
-        return fs.chunk_reader(_refusals_as_unreadable(self._run(READ, path, *mib)))
+        return fs.chunk_reader(_refusals_as_unreadable(self.run(READ, path, *mib)))
 
-    def _run(self, program: str, *args: str) -> Iterator[bytes]:
+    def run(self, program: str, *args: str) -> Iterator[bytes]:
         argv = ["sh", "-c", program, "sh", *args]
         return self.kube.exec_stream(self.pod, self.namespace, self.container, argv)
 
@@ -191,8 +191,10 @@ def pod_source(
     pod = _running_pod(kube, spec)
     if pod is not None:
         container = layout_of(spec.target).container  # the training container
-        yield PodSource(kube, pod, spec.namespace, container, folder)
-        return
+        source = PodSource(kube, pod, spec.namespace, container, folder)
+        if _answers(source):
+            yield source
+            return
     if not (image or spec.image):
         raise UserError(
             f"--image: job {spec.name}'s saved spec names no image to read its volume with; "
@@ -206,6 +208,18 @@ def pod_source(
         yield PodSource(kube, name, spec.namespace, COLLECT_CONTAINER, folder)
     finally:
         kube.delete("v1", "Pod", name, spec.namespace)
+
+
+def _answers(source: PodSource) -> bool:
+    """Whether the pod's container takes an exec now: one that is ending (a crash, the hang
+    watchdog's end of the run) refuses it ('container not running', exit 126), and then
+    the helper pod reads the volume instead."""
+    try:
+        for _ in source.run("true"):
+            pass
+    except OperationError:
+        return False
+    return True
 
 
 def _wait_running(kube: KubeApi, name: str, namespace: str, timeout: float) -> None:
