@@ -107,14 +107,27 @@ class _Commands(TyperGroup):
         return load_command(cmd_name) if cmd_name in COMMANDS else None
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        if args and args[0] in COMMANDS:
+        # Shell completion (resilient parsing) on a Tab before any command: nothing to parse.
+        tab_first = ctx.resilient_parsing and not args
+        if tab_first or (args and args[0] in COMMANDS):
             # A command named first leaves every root option at its default: set them as
             # such, not through typer's per-option pydantic coercion (which would import
-            # pydantic before `CMD --help` prints a line).
+            # pydantic before `CMD --help` prints a line, or a Tab lists the commands).
             ctx.params.update({p.name: p.default for p in self.get_params(ctx) if p.expose_value})
             ctx._protected_args, ctx.args = args[:1], args[1:]
             return list(ctx.args)
         return super().parse_args(ctx, args)
+
+    def shell_complete(self, ctx: Any, incomplete: str) -> list[Any]:
+        # A Tab offers the table's names and lines; typer's own loads each matching command.
+        from typer._click.shell_completion import CompletionItem  # typer exports none
+
+        found = [
+            CompletionItem(name, help=line)
+            for name, (_, line) in COMMANDS.items()
+            if name.startswith(incomplete)
+        ]
+        return found + super(TyperGroup, self).shell_complete(ctx, incomplete)  # the options
 
     def format_commands(self, ctx: Any, formatter: Any) -> None:
         with formatter.section("Commands"):  # from the table: no command is imported

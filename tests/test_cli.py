@@ -228,3 +228,30 @@ def test_version_and_help_examples():
         res = run_main(name, "--help")  # each command's help: parsing only
         assert res.returncode == 0
         assert "Example: ddpdeploy" in res.stdout, name
+
+
+def test_tab_lists_the_commands_without_loading_them():
+    """Shell completion runs the program on every Tab: listing the commands reads the table
+    only (no command module, no pydantic, which typer's option coercion would import)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from ddpdeploy.__main__ import run\n"
+        "sys.argv = ['ddpdeploy']\n"
+        "try:\n"
+        "    run()\n"
+        "except SystemExit as e:\n"
+        "    assert not e.code, e.code\n"
+        "loaded = [m for m in sys.modules\n"
+        "          if m == 'pydantic' or m.startswith('ddpdeploy.commands.')]\n"
+        "print('LOADED=' + ','.join(loaded), file=sys.stderr)\n"
+    )
+    env = {**os.environ, "_DDPDEPLOY_COMPLETE": "complete_bash", "COMP_WORDS": "ddpdeploy re"}
+    env["COMP_CWORD"] = "1"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["render", "resume"]
+    assert "LOADED=\n" in res.stderr
