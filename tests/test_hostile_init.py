@@ -74,3 +74,14 @@ def test_smoke_help_shows_a_scripts_arguments_after_the_double_dash():
     assert res.returncode == 0
     assert "Example: ddpdeploy smoke --local" in res.stdout
     assert "ddpdeploy smoke --local --nodes 2 -- --epochs 1 --lr 0.1" in res.stdout
+
+
+@pytest.mark.parametrize("flags", [(), ("--script", "train.py")])
+def test_the_starter_keeps_the_restart_safe_default(tmp_path, flags):
+    """The starter writes the spec's own default rendezvous (c10d): it wrote `mode: static`,
+    the one mode in which a plain script's restart fails, into every new ddpdeploy.yaml."""
+    from ddpdeploy.spec import JobSpec
+
+    assert run_cli("init", *flags, cwd=tmp_path).returncode == 0
+    spec = load_spec(tmp_path / "ddpdeploy.yaml")
+    assert spec.rendezvous.mode == JobSpec().rendezvous.mode == "c10d"

@@ -23,7 +23,7 @@ STARTER = (
 # ddpdeploy job spec. CLI flags override these fields (e.g. --nodes 4 --gpus 8).
 # Every field is optional; the values shown are the defaults unless marked "example".
 
-name: ddp-train            # DNS-1035 label; pods are <name>-master-0, <name>-worker-<i>
+name: ddp-train            # DNS-1035 label; pods are <name>-worker-<i> (static: -master-0)
 # namespace: team-a       # example; unset: -n, else the kubeconfig context's, else default
 target: pytorchjob         # pytorchjob | trainjob (Trainer v2) | indexed-job (no operator)
 # runtime: torch-distributed  # trainjob only: the ClusterTrainingRuntime
@@ -39,10 +39,12 @@ backend: auto              # auto (nccl on GPU, gloo on CPU) | nccl | gloo
 @COMMAND@
 
 rendezvous:
-  mode: static             # static: fixed nodes, rank 0 on master-0 | elastic: c10d
+  mode: c10d               # c10d: fixed nodes, a restart safe for any script | static: rank 0
+                           # on master-0, restarts only for scripts that handle them |
+                           # elastic: c10d between minNodes and maxNodes
   # minNodes: 1            # elastic only (--elastic MIN:MAX)
   # maxNodes: 4
-  # maxRestarts: 3         # elastic only: torchrun worker-group restarts
+  # maxRestarts: 3         # c10d and elastic: torchrun worker-group restarts
   port: 23456
   joinTimeout: 900         # seconds to wait for every peer (and its DNS)
 
