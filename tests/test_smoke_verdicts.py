@@ -172,3 +172,20 @@ def test_kill_at_on_a_script_that_is_not_deterministic_says_so(tmp_path):
         r"^clean again +[0-9a-f]{64}: two clean runs differ, so the script is not", out, re.M
     )
     assert "the resume after the kill was not exact" not in res.stderr
+
+
+@pytest.mark.slow
+def test_kill_at_checkpoint_with_no_checkpoint_seen_says_where_smoke_looked(tmp_path):
+    """A script that saves only into the workspace (the tutorials' snapshot.pt): smoke never
+    sees a checkpoint, and says so, naming the folder it watched and the fix, instead of
+    'the job ended before the first checkpoint; choose an earlier point' (which has none)."""
+    spec = "nodes: 1\nprocs: 2\ncheckpoint: {size: 1Gi}\ncommand: {script: relative_write.py}\n"
+    ws = workspace(tmp_path, spec)
+    res = smoke(ws, "--kill-at", "checkpoint")
+    assert res.returncode == 1, res.stderr[-3000:]
+    line = res.stderr.strip().splitlines()[-1]
+    assert line.startswith(
+        "error: --kill-at checkpoint: the job ended without a checkpoint smoke could see (no "
+        "`checkpoint` event, no new file in its checkpoint folder "
+    ), line
+    assert "save under $DDPDEPLOY_CHECKPOINT_DIR" in line and "--kill-at 20s" in line, line

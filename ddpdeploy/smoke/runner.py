@@ -464,11 +464,27 @@ def run_once(
         )
         outcome = run.loop(options.timeout)
     if outcome.kill is not None and not outcome.kill.at:
-        raise OperationError(
-            f"--kill-at: the job ended before {outcome.kill.at_}, so nothing was killed; "
-            "choose an earlier point"
-        )
+        raise OperationError(_not_killed(outcome.kill.at_, options.checkpoint_dir()))
     return outcome
+
+
+def _not_killed(at: KillAt, folder: Path | None) -> str:
+    """Why a --kill-at run ended with nothing killed, and what to choose instead."""
+    if not at.checkpoint:
+        return (
+            f"--kill-at: the job ended before {at}, so nothing was killed; choose an earlier point"
+        )
+    where = (
+        f"no new file in its checkpoint folder {plain(str(folder))}"
+        if folder is not None
+        else "the spec has no checkpoint: folder to watch"
+    )
+    return (
+        "--kill-at checkpoint: the job ended without a checkpoint smoke could see (no "
+        f"`checkpoint` event, {where}), so nothing was killed; save under "
+        "$DDPDEPLOY_CHECKPOINT_DIR (a file written elsewhere, e.g. in the workspace, is not "
+        "watched), or kill at a time (--kill-at 20s) or a step"
+    )
 
 
 def smoke(
