@@ -378,7 +378,9 @@ def _report_kill(outcome: Outcome, kill: Kill, clean: Outcome, again: Outcome | 
     """What happened after the kill (restart, resume, recovery), then, apart from it, the
     weights against the clean run's (and a second clean run's when they differ)."""
     echo = _echo_plain
-    echo(f"killed          {kill.what} of {kill.node} at {kill.at_}")
+    # When it struck (a checkpoint's step, the clock's second), and what was asked if other.
+    asked = "" if kill.when in ("", str(kill.at_)) else f" (asked: {kill.at_})"
+    echo(f"killed          {kill.what} of {kill.node} at {kill.when or kill.at_}{asked}")
     if kill.restarted_at is not None:
         how = "it loaded a file (torch.load)" if kill.loaded else "no torch.load: it started over"
         if kill.resumed_step is not None:
