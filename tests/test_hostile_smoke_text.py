@@ -29,6 +29,8 @@ def hostile_script(exit_code: int) -> str:
     marks = json.dumps(HOSTILE)
     return f"""
 import json, os, sys
+import torch.distributed as dist
+dist.init_process_group("gloo")  # a run that joins no group is no green run (issue 24 §2)
 marks = json.loads({marks!r})
 for name, mark in marks.items():
     print(f"out {{name}} <{{mark}}> end", flush=True)
@@ -39,6 +41,7 @@ if os.environ.get("RANK") == "0":
     print(json.dumps({{"event": "ranks", "step": 1, "slowest": slowest}}), flush=True)
     print(json.dumps({{"event": "step", "step": 1, "loss": 0.5}}), flush=True)
     print(json.dumps({{"event": "done", "step": 2, "weights_sha256": marks["bidi"]}}), flush=True)
+dist.destroy_process_group()
 sys.exit({exit_code})
 """
 
