@@ -214,8 +214,8 @@ def _collect_any(
     if files or not steps:
         if step is not None:
             raise UserError(
-                f"--step: {source.where} holds no ddpdeploy checkpoint (no "
-                "ckpt-step-N.json sidecar); leave --step out to collect its plain files"
+                f"--step: {source.where} holds no ddpdeploy checkpoint (no sidecar such as "
+                "ckpt-step-000000005.json); leave --step out to collect its plain files"
             )
         copied = collect_plain(source, regular, list(files), out, warn, progress)
         return Collected(None, copied, source.where)

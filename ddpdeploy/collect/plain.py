@@ -72,8 +72,9 @@ def _collectable(
     if not names:
         what = "is empty" if not regular else "holds no file to collect"
         raise NoCheckpoint(
-            f"no checkpoint in {source.where}: the folder {what} (a ddpdeploy checkpoint "
-            "is ckpt-step-N.pt + .json; any other script's files are collected as they are)"
+            f"no checkpoint in {source.where}: the folder {what} (a ddpdeploy checkpoint is "
+            "ckpt-step-000000005.pt and its .json; any other script's files are collected as "
+            "they are)"
         )
     return names
 
