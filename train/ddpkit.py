@@ -526,8 +526,8 @@ class CheckpointStore:
     """
 
     def __init__(self, directory: str, keep: int, pause_mid_write: float = 0.0) -> None:
-        if keep < 1:
-            raise ValueError(f"keep must be >= 1, got {keep}")
+        if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+            raise ValueError(f"keep must be an integer >= 1, got {keep!r}")
         self.dir, self.keep, self.pause_mid_write = directory, keep, pause_mid_write
 
     @staticmethod

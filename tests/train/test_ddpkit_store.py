@@ -171,6 +171,18 @@ def test_a_step_the_name_cannot_hold_is_refused(kit: ModuleType, tmp_path: Path,
     assert not (tmp_path / "ck").exists() or not list((tmp_path / "ck").iterdir())
 
 
+@pytest.mark.parametrize("keep", [0, 2.5, None, "3", True])
+def test_a_keep_retention_cannot_use_is_refused_before_writing(
+    kit: ModuleType, tmp_path: Path, keep
+) -> None:
+    # Found by the second hostile pass: keep=2.5 wrote the checkpoint, then retention's
+    # slice raised TypeError and save said "was not written"; keep=None raised a bare
+    # TypeError ('<' not supported).
+    with pytest.raises(ValueError, match="keep must be an integer >= 1, got "):
+        kit.save({}, 1, keep=keep)
+    assert not (tmp_path / "ck").exists() or not list((tmp_path / "ck").iterdir())
+
+
 def test_only_the_one_spelling_of_a_name_is_read(
     kit: ModuleType, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
