@@ -613,7 +613,7 @@ class CheckpointStore:
         try:
             raw, _ = _read_regular(self.sidecar_path(step), MAX_SIDECAR)
             sidecar = json.loads(raw)
-        except (OSError, ValueError) as e:  # a decode error is a ValueError
+        except (OSError, ValueError, RecursionError) as e:  # decode errors: ValueError
             return None, f"unreadable sidecar ({e})"
         if not isinstance(sidecar, dict) or not isinstance(sidecar.get("sha256"), str):
             return None, "its sidecar is not a JSON object with a sha256"

@@ -129,6 +129,25 @@ def test_load_latest_skips_what_it_cannot_use(
     assert "not a JSON object" in said[1] and "does not load (UnpicklingError" in said[2]
 
 
+@pytest.mark.parametrize("deep", ["[" * 100_000, '{"a":' * 100_000])
+def test_a_sidecar_nested_past_the_recursion_limit_is_skipped(
+    kit: ModuleType, tmp_path: Path, capfd: pytest.CaptureFixture[str], deep: str
+) -> None:
+    # Found by the second hostile pass: json.loads raised RecursionError, out of load_latest
+    # as a traceback and out of save's retention as "was not written" (it was written).
+    ck = tmp_path / "ck"
+    kit.save({"step": 1}, 1)
+    plant(ck, 2, b"x", {})
+    (ck / "ckpt-step-000000002.json").write_text(deep)
+    kit.save({"step": 3}, 3)
+    assert kit.load_latest()["step"] == 3
+    (ck / "ckpt-step-000000003.json").unlink()
+    capfd.readouterr()
+    assert kit.load_latest()["step"] == 1
+    (line,) = [x for x in capfd.readouterr().err.splitlines() if x.startswith("ddpkit:")]
+    assert "ckpt-step-000000002.pt: unreadable sidecar (maximum recursion depth" in line
+
+
 def test_load_latest_does_not_block_on_a_fifo(tmp_path: Path) -> None:
     """A payload that is a FIFO: opening it to read would wait for a writer forever."""
     ck = tmp_path / "ck"
