@@ -557,7 +557,7 @@ class CheckpointStore:
             return
         for n in os.listdir(self.dir):
             if n.startswith(".tmp-") and n.endswith((".pt", ".json")):
-                with contextlib.suppress(FileNotFoundError):
+                with contextlib.suppress(OSError):  # a folder of that name, a read-only mount
                     os.unlink(os.path.join(self.dir, n))
 
     def write(self, state: Any, meta: dict[str, Any]) -> str:

@@ -148,6 +148,17 @@ def test_a_sidecar_nested_past_the_recursion_limit_is_skipped(
     assert "ckpt-step-000000002.pt: unreadable sidecar (maximum recursion depth" in line
 
 
+def test_a_temp_name_that_cannot_be_removed_is_left(kit: ModuleType, tmp_path: Path) -> None:
+    # Found by the second hostile pass: a folder named like a killed writer's temp file
+    # made load_latest raise IsADirectoryError (a read-only mount: the same, EROFS).
+    ck = tmp_path / "ck"
+    kit.save({"step": 1}, 1)
+    (ck / ".tmp-abc.pt").mkdir()
+    (ck / ".tmp-abc.pt" / "kept").write_text("someone's")
+    assert kit.load_latest()["step"] == 1
+    assert (ck / ".tmp-abc.pt" / "kept").is_file()
+
+
 def test_load_latest_does_not_block_on_a_fifo(tmp_path: Path) -> None:
     """A payload that is a FIFO: opening it to read would wait for a writer forever."""
     ck = tmp_path / "ck"
