@@ -138,6 +138,9 @@ API_LIMITS = [
     ("checkpoint: {claimName: c, mountPath: /dev//shm/}\n", {}, "/dev/shm is where shmSize"),
     ("checkpoint: {claimName: c, mountPath: /}\n", {}, "mountPath '/' would hide"),
     ("checkpoint: {claimName: c, mountPath: /a/../b}\n", {}, "without '..'"),
+    # Found by the second hostile pass: accepted, and the pod could not find its script.
+    ("checkpoint: {claimName: c, mountPath: /workspace}\n", {}, "would hide /workspace, where"),
+    ("checkpoint: {claimName: c, mountPath: /opt/}\n", {}, "would hide /opt/ddpdeploy/train"),
     # normpath keeps a leading "//": each is refused, not mounted over / or a clash rule's path
     ("checkpoint: {claimName: c, mountPath: '//'}\n", {}, "mountPath '/' would hide"),
     ("checkpoint: {claimName: c, mountPath: '///'}\n", {}, "mountPath '/' would hide"),
