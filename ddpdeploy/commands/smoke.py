@@ -100,6 +100,7 @@ def smoke(
 
     shown, chaos = _checked_flags(local, docker, ranks, kill_at, resume)
     spec = _runnable(spec, steps, force, docker)
+    shown.check(spec.nodes * spec.procs_per_node)
     restarts = None
     if chaos is not None:
         spec, restarts = _chaos_spec(spec, chaos)
