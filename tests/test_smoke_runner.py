@@ -246,3 +246,28 @@ def test_smoke_refuses_a_rank_the_run_does_not_have_before_starting(tmp_path):
         "2, or all\n"
     )
     assert not (tmp_path / ".ddpdeploy").exists()  # nothing started, nothing written
+
+
+def test_a_second_local_smoke_in_the_workspace_is_refused(tmp_path):
+    # Found by the second hostile pass: a second `smoke --local` of the job emptied the
+    # running one's checkpoint folder under it (its checkpoints gone, the other's in place).
+    from cli_runner import run_main
+
+    from ddpdeploy.fs import FolderLock
+
+    (tmp_path / "s.py").write_text("pass\n")
+    (tmp_path / "ddpdeploy.yaml").write_text("command: {script: s.py}\ncheckpoint: {size: 1Gi}\n")
+    run = tmp_path / ".ddpdeploy" / "checkpoints" / "ddp-train"
+    run.mkdir(parents=True)
+    (run / "ckpt-step-000000001.pt").write_bytes(b"the running one's")
+    held = FolderLock(tmp_path / ".ddpdeploy")  # as the running smoke holds it
+    try:
+        out = run_main("smoke", "--local", cwd=tmp_path)
+    finally:
+        held.release()
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.splitlines()[-1] == (
+        f"error: smoke --local: another smoke --local is running in {tmp_path}; wait for it "
+        "to end (a second run would empty its checkpoint folder)"
+    )
+    assert (run / "ckpt-step-000000001.pt").read_bytes() == b"the running one's"
