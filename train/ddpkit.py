@@ -699,10 +699,15 @@ class _HashingFile:
 
     def __init__(self, f: BinaryIO, pause_after_first_write: float = 0.0) -> None:
         self.f, self.sha256, self.pause = f, hashlib.sha256(), pause_after_first_write
+        self.error: OSError | None = None  # torch.save reports it as a position mismatch
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         self.sha256.update(data)
-        n = self.f.write(data)
+        try:
+            n = self.f.write(data)
+        except OSError as e:
+            self.error = self.error or e
+            raise
         if self.pause:  # test hook: widen the window in which a kill lands mid-write
             self.f.flush()
             time.sleep(self.pause)
@@ -722,6 +727,7 @@ def _atomic_write(
     """
     d = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.splitext(path)[1])
+    out: _HashingFile | None = None
     try:
         with os.fdopen(fd, "wb") as f:
             out = _HashingFile(f, pause_mid_write)
@@ -729,9 +735,11 @@ def _atomic_write(
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if out is not None and out.error is not None and not isinstance(e, OSError):
+            raise out.error from e  # the disk's error (no space), not torch's wording of it
         raise
     _fsync_dir(d)
     return out.sha256.hexdigest()

@@ -194,6 +194,28 @@ def test_a_failed_save_fails_alike_on_every_rank(tmp_path: Path) -> None:
     assert steps_in(tmp_path / "ck") == {"pt": [2], "json": [2]}
 
 
+def test_a_full_disk_is_named_as_such(
+    kit: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by the second hostile pass: torch.save turned the write's ENOSPC into
+    # "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598".
+    from fs_helpers import mount_tmpfs
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount_tmpfs(disk, "size=256k")
+    try:
+        kit.save({"w": torch.zeros(10)}, 1, directory=str(disk))
+        with pytest.raises(kit.CheckpointError, match=r"rank 0: OSError: \[Errno 28\] No space"):
+            kit.save({"w": torch.zeros(200_000)}, 2, directory=str(disk))
+        assert sorted(p.name for p in disk.iterdir()) == [
+            "ckpt-step-000000001.json",
+            "ckpt-step-000000001.pt",
+        ]
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True, check=False)
+
+
 @pytest.mark.parametrize("step", [-1, 10**18, 2.0, True])
 def test_a_step_the_name_cannot_hold_is_refused(kit: ModuleType, tmp_path: Path, step) -> None:
     with pytest.raises(ValueError, match="checkpoint step must be an integer from 0 to"):
