@@ -626,6 +626,8 @@ class CheckpointStore:
         sidecar, why = self._sidecar(step)
         if sidecar is None:
             return why or "no sidecar"
+        if sidecar.get("step") != step:  # a copy under another name: as collect refuses it
+            return f"its sidecar says step {str(sidecar.get('step'))[:20]!r}, its name {step}"
         path = self.payload_path(step)
         try:
             data, identity = _read_regular(path)

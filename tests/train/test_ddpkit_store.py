@@ -159,6 +159,23 @@ def test_a_temp_name_that_cannot_be_removed_is_left(kit: ModuleType, tmp_path: P
     assert (ck / ".tmp-abc.pt" / "kept").is_file()
 
 
+def test_a_checkpoint_copied_under_another_step_is_skipped(
+    kit: ModuleType, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # Found by the second hostile pass: ckpt-step-5 copied to ckpt-step-50 was resumed from
+    # with resume_step 50 in the start line while the state was step 5's (collect refuses it).
+    ck = tmp_path / "ck"
+    kit.save({"step": 5}, 5)
+    for ext in (".pt", ".json"):
+        (ck / f"ckpt-step-000000050{ext}").write_bytes(
+            (ck / f"ckpt-step-000000005{ext}").read_bytes()
+        )
+    capfd.readouterr()
+    assert kit.load_latest()["step"] == 5
+    (line,) = [x for x in capfd.readouterr().err.splitlines() if x.startswith("ddpkit:")]
+    assert "ckpt-step-000000050.pt: its sidecar says step '5', its name 50" in line
+
+
 def test_load_latest_does_not_block_on_a_fifo(tmp_path: Path) -> None:
     """A payload that is a FIFO: opening it to read would wait for a writer forever."""
     ck = tmp_path / "ck"
