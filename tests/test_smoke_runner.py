@@ -271,3 +271,17 @@ def test_a_second_local_smoke_in_the_workspace_is_refused(tmp_path):
         "to end (a second run would empty its checkpoint folder)"
     )
     assert (run / "ckpt-step-000000001.pt").read_bytes() == b"the running one's"
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [(["--keep-volume"], "--keep-volume"), (["--base-image", "python:3.11"], "--base-image")],
+)
+def test_a_docker_flag_without_docker_is_refused(tmp_path, flags, said):
+    # Found by the second hostile pass: ignored, and a whole local run went by.
+    from cli_runner import run_main
+
+    out = run_main("smoke", *flags, cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr == (
+        f"error: {said}: only with --docker (a --local run uses no image or volume)\n"
+    )

@@ -99,6 +99,9 @@ def smoke(
     from ddpdeploy.smoke.local import WorkspaceRuns
 
     shown, chaos = _checked_flags(local, docker, ranks, kill_at, resume)
+    if not docker and (keep_volume or base_image is not None):
+        flag = "--keep-volume" if keep_volume else "--base-image"
+        raise UserError(f"{flag}: only with --docker (a --local run uses no image or volume)")
     spec = _runnable(spec, steps, force, docker)
     shown.check(spec.nodes * spec.procs_per_node)
     restarts = None
