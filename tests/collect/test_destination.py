@@ -473,3 +473,17 @@ def test_a_name_as_long_as_the_file_system_allows_is_collected(tmp_path, name):
     run(folder, dest, overwrite=True)
     assert (dest / name).read_bytes() == b"two"
     assert sorted(p.name for p in dest.iterdir()) == sorted([name, "SHA256SUMS"])
+
+
+@pytest.mark.parametrize("to", [RUN, f"{RUN}/", f"./{RUN}/../j"])
+def test_to_the_checkpoint_folder_itself_is_refused(local_run, to):
+    # Found by the second hostile pass: collected "into" itself, writing SHA256SUMS or
+    # RUN.json into the run's own checkpoint folder.
+    before = listing(local_run / RUN)
+    out = run_main("collect", "j", "--to", to, "--from", "local", cwd=local_run)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.endswith(
+        "is the local run's checkpoint folder itself; collect into another folder (e.g. "
+        "--to ./ckpt)\n"
+    )
+    assert listing(local_run / RUN) == before
