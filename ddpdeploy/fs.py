@@ -94,6 +94,13 @@ def _refuse_unless_regular(path: Path, label: str, replace_link: bool = False) -
     return stat.S_IMODE(mode)
 
 
+def temp_beside(path: Path) -> Path:
+    """A fresh temp name beside ``path``: ``.NAME.<random>.ddpdeploy-tmp``, NAME cut to 200
+    bytes so that a name near the file system's 255 still leaves room for the rest."""
+    name = os.fsdecode(os.fsencode(path.name)[:200])
+    return path.with_name(f".{name}.{secrets.token_hex(8)}{TEMP_SUFFIX}")
+
+
 class Staged:
     """A new version of ``path``, written to a temp file beside it until `commit` renames it
     over the target; leaving the ``with`` block without `commit` removes the temp file.
@@ -111,9 +118,7 @@ class Staged:
         mode = _refuse_unless_regular(self.path, label, replace_link)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         for _ in range(8):  # a taken name (planted or a parallel run's) only costs a retry
-            self.temp = self.path.with_name(
-                f".{self.path.name}.{secrets.token_hex(8)}{TEMP_SUFFIX}"
-            )
+            self.temp = temp_beside(self.path)
             try:
                 self._fd = os.open(self.temp, flags, 0o666)
                 break

@@ -45,3 +45,24 @@ def test_bad_entries_are_one_line_and_write_nothing(tmp_path, args, message):
     assert res.returncode == 2
     assert res.stderr.startswith(message) and res.stderr.count("\n") == 1, res.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_made_between_the_check_and_the_write_is_not_replaced(tmp_path, monkeypatch):
+    # Found by the second hostile pass: two `init` at once (or an editor saving meanwhile)
+    # both said "wrote ddpdeploy.yaml" without --force; the file held one of them.
+    from ddpdeploy.commands import init
+
+    checked = init._check_target
+
+    def then_someone_writes(path, force):
+        checked(path, force)
+        if path.name == "ddpdeploy.yaml":
+            path.write_text("name: theirs\n")
+
+    monkeypatch.setattr(init, "_check_target", then_someone_writes)
+    out = run_main("init", cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr == "error: ddpdeploy.yaml exists; pass --force to overwrite it\n"
+    assert (tmp_path / "ddpdeploy.yaml").read_text() == "name: theirs\n"
+    # The schema stays: the other init wrote the same one and its file points at it.
+    assert (tmp_path / ".ddpdeploy.schema.json").is_file()

@@ -48,6 +48,15 @@ def test_unusable_kubeconfig_is_one_line_naming_it(tmp_path, text, expected, run
     assert expected in line and str(config) in line
 
 
+def test_a_missing_kubeconfig_flag_is_named(tmp_path):
+    # Found by the second hostile pass: the client's "Invalid kube-config file. No
+    # configuration found." did not say that the file named is not there.
+    out = status(tmp_path / "nope", tmp_path, run=run_main)
+    assert out.returncode == 2 and out.stderr == (
+        f"error: --kubeconfig {tmp_path / 'nope'}: no such file; point --kubeconfig at one\n"
+    )
+
+
 def test_kubeconfig_from_env_is_named_too(tmp_path):
     config = tmp_path / "config"
     config.write_text("- a\n")

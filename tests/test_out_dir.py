@@ -190,3 +190,26 @@ def test_an_interrupted_render_is_not_mistaken_for_a_hand_edit(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == [RECORD, "a.yaml"]
     with pytest.raises(UserError, match="b.yaml was changed by hand"):
         plan_folder(str(out), {}, {"b.yaml": {sha256(b"x")}}, {"b.yaml": sha256(b"y")})
+
+
+def test_a_folder_another_render_writes_is_refused_untouched(tmp_path: Path) -> None:
+    # Found by the second hostile pass: two renders into one folder at once both said
+    # "wrote", and the folder held both jobs' files with one job's kustomization.yaml.
+    from ddpdeploy.fs import FolderLock
+
+    folder = tmp_path / "deploy"
+    folder.mkdir()
+    (folder / "mine.txt").write_text("kept\n")
+    held = FolderLock(folder)  # as a render running meanwhile holds it
+    try:
+        with pytest.raises(UserError) as info:
+            write_folder(str(folder), {"job.yaml": "kind: Job\n"})
+    finally:
+        held.release()
+    assert str(info.value) == (
+        f"--out-dir: another render is writing {folder}; wait for it to end, or render into "
+        "another folder"
+    )
+    assert snapshot(folder) == {"mine.txt": b"kept\n"}
+    write_folder(str(folder), {"job.yaml": "kind: Job\n"})  # the lock went with its holder
+    assert (folder / "job.yaml").read_text() == "kind: Job\n"

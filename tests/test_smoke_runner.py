@@ -173,6 +173,12 @@ def test_ranks_and_kill_at_options():
     for bad in ("", "x", "1,", "-1"):
         with pytest.raises(UserError, match="--ranks"):
             Ranks.parse(bad)
+    Ranks.parse("0,3").check(4)
+    Ranks.parse("all").check(1)
+    with pytest.raises(
+        UserError, match=r"--ranks: this run has ranks 0 to 1 \(world size 2\), not 5"
+    ):
+        Ranks.parse("0,5,9").check(2)  # found by the second hostile pass: shown nothing
     assert KillAt.parse("8") == KillAt(step=8)
     assert KillAt.parse("20s") == KillAt(seconds=20.0)
     assert KillAt.parse("checkpoint") == KillAt(checkpoint=True)
@@ -229,3 +235,53 @@ def test_a_write_on_the_read_only_root_is_named_with_the_fix():
     # ...also as torch prints a worker's uncaught exception, prefixed with its rank again.
     assert read_only_write([f"[rank0]: {t}" for t in torch_save]) == expected + fix
     assert read_only_write(["OSError: [Errno 13] Permission denied: 'x'"]) is None
+
+
+def test_smoke_refuses_a_rank_the_run_does_not_have_before_starting(tmp_path):
+    from cli_runner import run_main
+
+    out = run_main("smoke", "--local", "--nodes", "2", "--ranks", "0,2", cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr == (
+        "error: --ranks: this run has ranks 0 to 1 (world size 2), not 2; pick ranks below "
+        "2, or all\n"
+    )
+    assert not (tmp_path / ".ddpdeploy").exists()  # nothing started, nothing written
+
+
+def test_a_second_local_smoke_in_the_workspace_is_refused(tmp_path):
+    # Found by the second hostile pass: a second `smoke --local` of the job emptied the
+    # running one's checkpoint folder under it (its checkpoints gone, the other's in place).
+    from cli_runner import run_main
+
+    from ddpdeploy.fs import FolderLock
+
+    (tmp_path / "s.py").write_text("pass\n")
+    (tmp_path / "ddpdeploy.yaml").write_text("command: {script: s.py}\ncheckpoint: {size: 1Gi}\n")
+    run = tmp_path / ".ddpdeploy" / "checkpoints" / "ddp-train"
+    run.mkdir(parents=True)
+    (run / "ckpt-step-000000001.pt").write_bytes(b"the running one's")
+    held = FolderLock(tmp_path / ".ddpdeploy")  # as the running smoke holds it
+    try:
+        out = run_main("smoke", "--local", cwd=tmp_path)
+    finally:
+        held.release()
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.splitlines()[-1] == (
+        f"error: smoke --local: another smoke --local is running in {tmp_path}; wait for it "
+        "to end (a second run would empty its checkpoint folder)"
+    )
+    assert (run / "ckpt-step-000000001.pt").read_bytes() == b"the running one's"
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [(["--keep-volume"], "--keep-volume"), (["--base-image", "python:3.11"], "--base-image")],
+)
+def test_a_docker_flag_without_docker_is_refused(tmp_path, flags, said):
+    # Found by the second hostile pass: ignored, and a whole local run went by.
+    from cli_runner import run_main
+
+    out = run_main("smoke", *flags, cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr == (
+        f"error: {said}: only with --docker (a --local run uses no image or volume)\n"
+    )

@@ -155,3 +155,16 @@ def test_spec_with_validates_the_changed_spec_as_a_whole():
     elastic = spec_from_flags(None, {"--nodes": 2, "--elastic": "1:3"})
     with pytest.raises(UserError, match="must lie within the elastic range 1:3"):
         spec_with(elastic, nodes=4)
+
+
+def test_a_control_character_names_its_line_column_and_fix(tmp_path):
+    # Found by the second hostile pass: PyYAML's ReaderError has no problem_mark, so this
+    # was "YAML syntax error: invalid YAML" with no place and no fix.
+    spec = tmp_path / "ddpdeploy.yaml"
+    spec.write_text('name: j\nannotations: {"x": "\x1b[31m"}\n')
+    with pytest.raises(UserError) as info:
+        spec_from_flags(spec, None, None)
+    assert str(info.value) == (
+        f"{spec}:2:21: YAML syntax error: character U+001B is not allowed in YAML; remove it, "
+        'or write it as an escape in a double-quoted string ("\\u001b")'
+    )

@@ -138,6 +138,9 @@ API_LIMITS = [
     ("checkpoint: {claimName: c, mountPath: /dev//shm/}\n", {}, "/dev/shm is where shmSize"),
     ("checkpoint: {claimName: c, mountPath: /}\n", {}, "mountPath '/' would hide"),
     ("checkpoint: {claimName: c, mountPath: /a/../b}\n", {}, "without '..'"),
+    # Found by the second hostile pass: accepted, and the pod could not find its script.
+    ("checkpoint: {claimName: c, mountPath: /workspace}\n", {}, "would hide /workspace, where"),
+    ("checkpoint: {claimName: c, mountPath: /opt/}\n", {}, "would hide /opt/ddpdeploy/train"),
     # normpath keeps a leading "//": each is refused, not mounted over / or a clash rule's path
     ("checkpoint: {claimName: c, mountPath: '//'}\n", {}, "mountPath '/' would hide"),
     ("checkpoint: {claimName: c, mountPath: '///'}\n", {}, "mountPath '/' would hide"),
@@ -314,5 +317,15 @@ def test_the_one_quantity_parser_is_exact():
     assert quantity(8)[1] == 8  # as the API may report a count
     assert quantity("0")[1] == 0  # zero is a quantity; the fields refuse it themselves
     assert quantity("1e99999999999")[1].is_infinite()  # no overflow error
+    assert quantity("2E")[1] == 2 * 10**18  # exa, not an exponent without digits
+    assert quantity("1Ei")[1] == 2**60
     with pytest.raises(ValueError, match="is not a Kubernetes quantity"):
         quantity("8 GPUs")
+
+
+@pytest.mark.parametrize("text", ["1Ei", "2E"])
+def test_exa_quantities_render(tmp_path, text):
+    # Found by the second hostile pass: 'E' and 'Ei' were read as an exponent, the amount
+    # was NaN, and comparing it raised decimal.InvalidOperation (a traceback).
+    spec = spec_from_flags(write(tmp_path, f"image: a/b:1\nmemory: {text}\n"), None, None)
+    assert spec.memory == text

@@ -526,8 +526,8 @@ class CheckpointStore:
     """
 
     def __init__(self, directory: str, keep: int, pause_mid_write: float = 0.0) -> None:
-        if keep < 1:
-            raise ValueError(f"keep must be >= 1, got {keep}")
+        if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+            raise ValueError(f"keep must be an integer >= 1, got {keep!r}")
         self.dir, self.keep, self.pause_mid_write = directory, keep, pause_mid_write
 
     @staticmethod
@@ -557,7 +557,7 @@ class CheckpointStore:
             return
         for n in os.listdir(self.dir):
             if n.startswith(".tmp-") and n.endswith((".pt", ".json")):
-                with contextlib.suppress(FileNotFoundError):
+                with contextlib.suppress(OSError):  # a folder of that name, a read-only mount
                     os.unlink(os.path.join(self.dir, n))
 
     def write(self, state: Any, meta: dict[str, Any]) -> str:
@@ -613,7 +613,7 @@ class CheckpointStore:
         try:
             raw, _ = _read_regular(self.sidecar_path(step), MAX_SIDECAR)
             sidecar = json.loads(raw)
-        except (OSError, ValueError) as e:  # a decode error is a ValueError
+        except (OSError, ValueError, RecursionError) as e:  # decode errors: ValueError
             return None, f"unreadable sidecar ({e})"
         if not isinstance(sidecar, dict) or not isinstance(sidecar.get("sha256"), str):
             return None, "its sidecar is not a JSON object with a sha256"
@@ -626,6 +626,8 @@ class CheckpointStore:
         sidecar, why = self._sidecar(step)
         if sidecar is None:
             return why or "no sidecar"
+        if sidecar.get("step") != step:  # a copy under another name: as collect refuses it
+            return f"its sidecar says step {str(sidecar.get('step'))[:20]!r}, its name {step}"
         path = self.payload_path(step)
         try:
             data, identity = _read_regular(path)
@@ -699,10 +701,15 @@ class _HashingFile:
 
     def __init__(self, f: BinaryIO, pause_after_first_write: float = 0.0) -> None:
         self.f, self.sha256, self.pause = f, hashlib.sha256(), pause_after_first_write
+        self.error: OSError | None = None  # torch.save reports it as a position mismatch
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         self.sha256.update(data)
-        n = self.f.write(data)
+        try:
+            n = self.f.write(data)
+        except OSError as e:
+            self.error = self.error or e
+            raise
         if self.pause:  # test hook: widen the window in which a kill lands mid-write
             self.f.flush()
             time.sleep(self.pause)
@@ -722,6 +729,7 @@ def _atomic_write(
     """
     d = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.splitext(path)[1])
+    out: _HashingFile | None = None
     try:
         with os.fdopen(fd, "wb") as f:
             out = _HashingFile(f, pause_mid_write)
@@ -729,9 +737,11 @@ def _atomic_write(
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if out is not None and out.error is not None and not isinstance(e, OSError):
+            raise out.error from e  # the disk's error (no space), not torch's wording of it
         raise
     _fsync_dir(d)
     return out.sha256.hexdigest()

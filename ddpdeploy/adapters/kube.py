@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from ddpdeploy.errors import OperationError
+from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.obj import Obj
 from ddpdeploy.streams import LineSplitter
 from ddpdeploy.text import plain
@@ -426,14 +426,18 @@ _KINDS = {list: "a list", str: "a string", int: "a number", float: "a number", b
 
 def _check_kubeconfig(path: Path, flag: str) -> None:
     """A kubeconfig file that is not YAML or not a mapping: one line naming it (the client
-    raises a bare TypeError or YAMLError). Missing files are the client's to report."""
+    raises a bare TypeError or YAMLError). A missing --kubeconfig: one line too."""
     import yaml
 
     where = f"{flag} {path}" if flag else f"kubeconfig {path}"
     try:
         text = path.read_bytes()
+    except FileNotFoundError:
+        if flag:  # the client would say only "No configuration found"
+            raise UserError(f"{where}: no such file; point --kubeconfig at one") from None
+        return  # one missing from $KUBECONFIG is skipped, as kubectl does
     except OSError:
-        return  # missing or unreadable: the client says so (or skips it, as kubectl does)
+        return  # unreadable: the client says so
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -32,15 +32,26 @@ def write_folder(out_dir: str, files: dict[str, str]) -> None:
         raise UserError("--out-dir: empty; name a folder (e.g. --out-dir deploy)")
     folder = Path(out_dir)
     created = _ensure_folder(folder, out_dir)
+    lock = None
     try:
+        # Before the record is read: a second render meanwhile would leave a mix of both.
+        lock = fs.FolderLock(folder, "--out-dir")
         recorded = _read_record(folder, out_dir)
         plan = plan_folder(out_dir, files, recorded, _disk_hashes(folder, [*files, *recorded]))
         _apply(folder, plan)
+    except fs.FolderBusy:
+        raise UserError(
+            f"--out-dir: another render is writing {out_dir}; wait for it to end, or render "
+            "into another folder"
+        ) from None
     except BaseException:
         if created:
             with contextlib.suppress(OSError):
                 folder.rmdir()  # only succeeds while still empty
         raise
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def _ensure_folder(folder: Path, shown: str) -> bool:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -110,7 +109,7 @@ class Destination:
         --overwrite is about to replace, so that a rollback can put it back."""
         if not os.path.lexists(target):
             return None
-        old = target.with_name(f".{target.name}.{secrets.token_hex(8)}{fs.TEMP_SUFFIX}")
+        old = fs.temp_beside(target)
         try:
             os.link(target, old, follow_symlinks=False)
         except OSError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -93,6 +94,11 @@ def collect(
     local_rel = local_checkpoints(name)
     report = ConsoleReport()
     source = _source(source, local_rel, report)
+    if source == "local" and os.path.realpath(to) == os.path.realpath(local_rel):
+        raise UserError(
+            f"--to: {to} is the local run's checkpoint folder itself; collect into another "
+            "folder (e.g. --to ./ckpt)"
+        )
     Destination(to, overwrite).check()  # before anything is read or started
     if debug:
         check_debug_folder(to)  # --to/debug: a folder or nothing, before a helper pod starts

@@ -187,7 +187,9 @@ def init(
     schema_existed = schema_path.exists()
     _write(schema_path, json.dumps(json_schema(), indent=2) + "\n")
     try:
-        _write(path, text)
+        _write(path, text, replace=force)
+    except _MadeMeanwhile:
+        raise  # by another init: the schema beside it is that one's too
     except BaseException:
         if not schema_existed:
             schema_path.unlink(missing_ok=True)  # nothing half-written
@@ -222,9 +224,19 @@ def _check_target(path: Path, force: bool) -> None:
         raise UserError(f"{path} exists; pass --force to overwrite it")
 
 
-def _write(path: Path, text: str) -> None:
+def _write(path: Path, text: str, replace: bool = True) -> None:
     """Replace ``path`` whole: never a half-written file. --force may replace a symlink (the
-    link itself, never the file it points to)."""
-    from ddpdeploy.fs import write_atomic
+    link itself, never the file it points to). Without ``replace`` only where nothing is
+    yet, at the moment of writing: a file made since `_check_target` is not replaced."""
+    from ddpdeploy.fs import Staged
 
-    write_atomic(path, text.encode("utf-8"), replace_link=True)
+    with Staged(path, replace_link=True) as out:
+        out.write(text.encode("utf-8"))
+        try:
+            out.commit(replace=replace)
+        except FileExistsError:
+            raise _MadeMeanwhile(f"{path} exists; pass --force to overwrite it") from None
+
+
+class _MadeMeanwhile(UserError):
+    """The file was made between `_check_target` and the write."""

@@ -99,7 +99,11 @@ def smoke(
     from ddpdeploy.smoke.local import WorkspaceRuns
 
     shown, chaos = _checked_flags(local, docker, ranks, kill_at, resume)
+    if not docker and (keep_volume or base_image is not None):
+        flag = "--keep-volume" if keep_volume else "--base-image"
+        raise UserError(f"{flag}: only with --docker (a --local run uses no image or volume)")
     spec = _runnable(spec, steps, force, docker)
+    shown.check(spec.nodes * spec.procs_per_node)
     restarts = None
     if chaos is not None:
         spec, restarts = _chaos_spec(spec, chaos)
@@ -121,7 +125,7 @@ def smoke(
         else:
             runs = WorkspaceRuns(Path.cwd())
             start = _local_target(spec, restarts, folder, resume, chaos, runs)
-            with _workspace_writes(spec, runs):
+            with _one_local_run(), _workspace_writes(spec, runs):
                 outcomes.update(runner.smoke(start, ConsoleReport(), options))
     except KeyboardInterrupt as exc:  # every target is torn down on its way out
         raise interrupted(exc, "the run was stopped and its processes ended") from None
@@ -228,6 +232,26 @@ def _checkpoint_folder(spec: JobSpec, chaos: bool) -> Path | None:
     from ddpdeploy.paths import local_checkpoints
 
     return local_checkpoints(spec.name).resolve()
+
+
+@contextlib.contextmanager
+def _one_local_run() -> Iterator[None]:
+    """One `smoke --local` per workspace at a time (a lock on its .ddpdeploy folder): a
+    second would empty the first's checkpoint folder under it and set aside its files."""
+    from ddpdeploy.fs import FolderBusy, FolderLock, own_folder
+    from ddpdeploy.paths import OWN_DIR
+
+    try:
+        lock = FolderLock(own_folder(Path.cwd() / OWN_DIR), "smoke")
+    except FolderBusy:
+        raise UserError(
+            f"smoke --local: another smoke --local is running in {Path.cwd()}; wait for it "
+            "to end (a second run would empty its checkpoint folder)"
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 @contextlib.contextmanager

@@ -68,6 +68,15 @@ class Ranks:
             raise UserError(f"--ranks: {text!r} is not `all` or a list of ranks such as 0,3")
         return cls(frozenset(int(r) for r in text.split(",")))
 
+    def check(self, world_size: int) -> None:
+        """Refuse a rank this run does not have: its output would never show."""
+        beyond = sorted(r for r in self.only or () if r >= world_size)
+        if beyond:
+            raise UserError(
+                f"--ranks: this run has ranks 0 to {world_size - 1} (world size {world_size}), "
+                f"not {beyond[0]}; pick ranks below {world_size}, or all"
+            )
+
     def shows(self, rank: int) -> bool:
         return self.only is None or rank in self.only
 

@@ -125,7 +125,7 @@ def quantity(value: Any) -> tuple[str, Decimal, str]:
     if not match:
         raise ValueError(f"{show(value)} is not a Kubernetes quantity: {_QUANTITY_HINT}")
     suffix = match["suffix"] or ""
-    if suffix[:1] in ("e", "E"):
+    if suffix[:1] in ("e", "E") and suffix not in _MULTIPLIERS:  # E and Ei: exa, exbi
         amount = _EXACT.create_decimal(match["number"] + suffix)
     else:
         amount = _EXACT.multiply(Decimal(match["number"]), _MULTIPLIERS[suffix])

@@ -228,6 +228,14 @@ def read_spec_file(path: Path, label: str = "-f/--file") -> dict[str, Any]:
     except SpecSyntaxError as exc:
         where = f"{path}:{exc.line}" if exc.line else str(path)
         raise UserError(f"{where}: {exc}") from None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow; no mark
+        before = text[: exc.position]
+        where = f"{path}:{before.count(chr(10)) + 1}:{len(before.rsplit(chr(10), 1)[-1]) + 1}"
+        code = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        raise UserError(
+            f"{where}: YAML syntax error: character U+{code:04X} is not allowed in YAML; remove "
+            f'it, or write it as an escape in a double-quoted string ("\\u{code:04x}")'
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)

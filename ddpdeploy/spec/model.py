@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from ddpdeploy.image_layout import TRAINER_DIR_IN_IMAGE, WORKSPACE_IN_IMAGE
 from ddpdeploy.rules import (
     DEFAULT_PORT,
     DEFAULT_RUNTIME,
@@ -395,6 +396,16 @@ class Diagnostics(Model):
     )
 
 
+# What a checkpoint volume mounted there would hide: the user's code (the working directory)
+# and ddpkit with the built-in trainer.
+IMAGE_CODE_DIRS = (WORKSPACE_IN_IMAGE, TRAINER_DIR_IN_IMAGE)
+
+
+def _at_or_above(mount: str, path: str) -> bool:
+    mount = posixpath.normpath(mount)
+    return path == mount or path.startswith(mount.rstrip("/") + "/")
+
+
 class JobSpec(Model):
     """One training job: what runs, on how many nodes, with what resources."""
 
@@ -543,6 +554,12 @@ class JobSpec(Model):
                 f"checkpoint.mountPath {LOG_DIR} is where torchrun's log volume mounts; use "
                 "another path"
             )
+        for code in IMAGE_CODE_DIRS:
+            if ckpt and _at_or_above(ckpt.mount_path, code):
+                raise ValueError(
+                    f"checkpoint.mountPath {ckpt.mount_path} would hide {code}, where the "
+                    "image keeps the code it runs; use another path, e.g. /checkpoints"
+                )
         if ckpt and self.security.read_only_root_filesystem:
             taken = [p for p in WRITABLE_DIRS if posixpath.normpath(ckpt.mount_path) == p]
             if taken:

@@ -457,3 +457,33 @@ def test_a_folder_removed_under_its_lock_is_no_lock(tmp_path):
     old.release()  # idempotent
     with pytest.raises(UserError, match=r"cannot lock .*/gone: No such file"):
         fs.FolderLock(tmp_path / "gone")
+
+
+@pytest.mark.parametrize("name", ["a" * 255, "é" * 125 + ".bin"])  # 255 and 254 bytes
+def test_a_name_as_long_as_the_file_system_allows_is_collected(tmp_path, name):
+    # Found by the second hostile pass: the temp file beside it was named .NAME.<hex>.
+    # ddpdeploy-tmp, 32 bytes longer than NAME: 'File name too long', blamed on --to (exit 2).
+    folder = tmp_path / "src"
+    folder.mkdir()
+    (folder / name).write_bytes(b"one")
+    dest = tmp_path / "out"
+    got, _ = run(folder, dest)
+    assert got.files == [name] and (dest / name).read_bytes() == b"one"
+    (folder / name).write_bytes(b"two")  # --overwrite keeps the old one under a temp name
+    run(folder, dest, overwrite=True)
+    assert (dest / name).read_bytes() == b"two"
+    assert sorted(p.name for p in dest.iterdir()) == sorted([name, "SHA256SUMS"])
+
+
+@pytest.mark.parametrize("to", [RUN, f"{RUN}/", f"./{RUN}/../j"])
+def test_to_the_checkpoint_folder_itself_is_refused(local_run, to):
+    # Found by the second hostile pass: collected "into" itself, writing SHA256SUMS or
+    # RUN.json into the run's own checkpoint folder.
+    before = listing(local_run / RUN)
+    out = run_main("collect", "j", "--to", to, "--from", "local", cwd=local_run)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.endswith(
+        "is the local run's checkpoint folder itself; collect into another folder (e.g. "
+        "--to ./ckpt)\n"
+    )
+    assert listing(local_run / RUN) == before

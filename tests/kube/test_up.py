@@ -157,7 +157,7 @@ def test_unreachable_api_and_bad_credentials(kube_cli, control_plane, tmp_path):
     assert out.returncode == 1
     assert "rejected the credentials" in out.stderr and "Traceback" not in out.stderr
     missing = kube_cli("list", "--kubeconfig", str(tmp_path / "none"))
-    assert missing.returncode == 1 and "no usable cluster credentials" in missing.stderr
+    assert missing.returncode == 2 and "none: no such file; point --kubeconfig" in missing.stderr
 
 
 def _run_to(admin, control_plane, namespace: str, drive, *extra: str) -> tuple[int, str]:

@@ -129,6 +129,53 @@ def test_load_latest_skips_what_it_cannot_use(
     assert "not a JSON object" in said[1] and "does not load (UnpicklingError" in said[2]
 
 
+@pytest.mark.parametrize("deep", ["[" * 100_000, '{"a":' * 100_000])
+def test_a_sidecar_nested_past_the_recursion_limit_is_skipped(
+    kit: ModuleType, tmp_path: Path, capfd: pytest.CaptureFixture[str], deep: str
+) -> None:
+    # Found by the second hostile pass: json.loads raised RecursionError, out of load_latest
+    # as a traceback and out of save's retention as "was not written" (it was written).
+    ck = tmp_path / "ck"
+    kit.save({"step": 1}, 1)
+    plant(ck, 2, b"x", {})
+    (ck / "ckpt-step-000000002.json").write_text(deep)
+    kit.save({"step": 3}, 3)
+    assert kit.load_latest()["step"] == 3
+    (ck / "ckpt-step-000000003.json").unlink()
+    capfd.readouterr()
+    assert kit.load_latest()["step"] == 1
+    (line,) = [x for x in capfd.readouterr().err.splitlines() if x.startswith("ddpkit:")]
+    assert "ckpt-step-000000002.pt: unreadable sidecar (maximum recursion depth" in line
+
+
+def test_a_temp_name_that_cannot_be_removed_is_left(kit: ModuleType, tmp_path: Path) -> None:
+    # Found by the second hostile pass: a folder named like a killed writer's temp file
+    # made load_latest raise IsADirectoryError (a read-only mount: the same, EROFS).
+    ck = tmp_path / "ck"
+    kit.save({"step": 1}, 1)
+    (ck / ".tmp-abc.pt").mkdir()
+    (ck / ".tmp-abc.pt" / "kept").write_text("someone's")
+    assert kit.load_latest()["step"] == 1
+    assert (ck / ".tmp-abc.pt" / "kept").is_file()
+
+
+def test_a_checkpoint_copied_under_another_step_is_skipped(
+    kit: ModuleType, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # Found by the second hostile pass: ckpt-step-5 copied to ckpt-step-50 was resumed from
+    # with resume_step 50 in the start line while the state was step 5's (collect refuses it).
+    ck = tmp_path / "ck"
+    kit.save({"step": 5}, 5)
+    for ext in (".pt", ".json"):
+        (ck / f"ckpt-step-000000050{ext}").write_bytes(
+            (ck / f"ckpt-step-000000005{ext}").read_bytes()
+        )
+    capfd.readouterr()
+    assert kit.load_latest()["step"] == 5
+    (line,) = [x for x in capfd.readouterr().err.splitlines() if x.startswith("ddpkit:")]
+    assert "ckpt-step-000000050.pt: its sidecar says step '5', its name 50" in line
+
+
 def test_load_latest_does_not_block_on_a_fifo(tmp_path: Path) -> None:
     """A payload that is a FIFO: opening it to read would wait for a writer forever."""
     ck = tmp_path / "ck"
@@ -164,10 +211,44 @@ def test_a_failed_save_fails_alike_on_every_rank(tmp_path: Path) -> None:
     assert steps_in(tmp_path / "ck") == {"pt": [2], "json": [2]}
 
 
+def test_a_full_disk_is_named_as_such(
+    kit: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by the second hostile pass: torch.save turned the write's ENOSPC into
+    # "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598".
+    from fs_helpers import mount_tmpfs
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mount_tmpfs(disk, "size=256k")
+    try:
+        kit.save({"w": torch.zeros(10)}, 1, directory=str(disk))
+        with pytest.raises(kit.CheckpointError, match=r"rank 0: OSError: \[Errno 28\] No space"):
+            kit.save({"w": torch.zeros(200_000)}, 2, directory=str(disk))
+        assert sorted(p.name for p in disk.iterdir()) == [
+            "ckpt-step-000000001.json",
+            "ckpt-step-000000001.pt",
+        ]
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True, check=False)
+
+
 @pytest.mark.parametrize("step", [-1, 10**18, 2.0, True])
 def test_a_step_the_name_cannot_hold_is_refused(kit: ModuleType, tmp_path: Path, step) -> None:
     with pytest.raises(ValueError, match="checkpoint step must be an integer from 0 to"):
         kit.save({}, step)
+    assert not (tmp_path / "ck").exists() or not list((tmp_path / "ck").iterdir())
+
+
+@pytest.mark.parametrize("keep", [0, 2.5, None, "3", True])
+def test_a_keep_retention_cannot_use_is_refused_before_writing(
+    kit: ModuleType, tmp_path: Path, keep
+) -> None:
+    # Found by the second hostile pass: keep=2.5 wrote the checkpoint, then retention's
+    # slice raised TypeError and save said "was not written"; keep=None raised a bare
+    # TypeError ('<' not supported).
+    with pytest.raises(ValueError, match="keep must be an integer >= 1, got "):
+        kit.save({}, 1, keep=keep)
     assert not (tmp_path / "ck").exists() or not list((tmp_path / "ck").iterdir())
 
 
