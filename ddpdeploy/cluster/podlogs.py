@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from ddpdeploy.adapters.kube import KubeApi
 from ddpdeploy.cluster.find import made_for
 from ddpdeploy.cluster.saved import saved_spec
-from ddpdeploy.cluster.watch import JobWatch, container_of, rank0_pod
+from ddpdeploy.cluster.watch import JobWatch, container_of, rank0_likeliest, rank0_pod
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.events import (
     NO_EVENTS,
@@ -412,11 +412,13 @@ def rank0_progress(kube: KubeApi, job: Obj, pods: list[Obj], now: float) -> Prog
     log cannot be read (no pod yet, no kubelet, forbidden)."""
 
     namespace = job["metadata"]["namespace"]
+    unseen = "training: no pod has logged rank 0's start yet"
     try:
         pod = rank0_pod(kube, job, pods)
+        guessed = pod is None and (pod := rank0_likeliest(job, pods)) is not None
         obj = next((p for p in pods if (p.get("metadata") or {}).get("name") == pod), None)
         if pod is None or obj is None:
-            return "training: no pod has logged rank 0's start yet"
+            return unseen
         container = container_of(job)
         tail = list(kube.logs(pod, namespace, container, tail=TAIL, timestamps=True))
         if not any(_kind(line) == "start" for line in tail):
@@ -435,7 +437,10 @@ def rank0_progress(kube: KubeApi, job: Obj, pods: list[Obj], now: float) -> Prog
             )
         except OperationError:
             previous = []
-    return replace(got, quiet=quiet_line(obj, container, tail, previous, now))
+    quiet = quiet_line(obj, container, tail, previous, now)
+    if guessed and quiet == NO_EVENTS:  # its workers print, but rank 0 may be elsewhere
+        return unseen
+    return replace(got, quiet=quiet)
 
 
 def _status(pod: Obj, container: str) -> Obj:

@@ -269,6 +269,17 @@ def rank0_pod(kube: KubeApi, job: Obj, pods: list[Obj]) -> str | None:
     return None
 
 
+def rank0_likeliest(job: Obj, pods: list[Obj]) -> str | None:
+    """Under c10d, before any pod's log shows rank 0: the pod c10d would rank first (its
+    log says whether the workers have started at all); None under static or with no pod
+    started."""
+    layout = layout_for_kind(job["apiVersion"], job["kind"])
+    if layout is None or layout.rank0_hostname(job) is not None:
+        return None
+    first = c10d_order(pods)[:1]
+    return str(first[0]["metadata"]["name"]) if first else None
+
+
 def c10d_order(pods: list[Obj]) -> list[Obj]:
     """Started pods, rank 0's likeliest first: c10d numbers the nodes of a round in the
     order of their addresses as strings (torch's sorted node descriptors; the pod's
