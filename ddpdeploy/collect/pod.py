@@ -129,16 +129,35 @@ def _refusals_as_unreadable(chunks: Iterator[bytes]) -> Iterator[bytes]:
         raise Unreadable(text.split(_REFUSED, 1)[1].splitlines()[0][:100]) from None
 
 
-class PodSource:
-    """The checkpoint folder as seen from inside one pod."""
+class ContainerGone(OperationError):
+    """The job's container stopped before the first read (a run ending as collect began):
+    nothing was read, so the helper pod can read the volume instead."""
 
-    def __init__(self, kube: KubeApi, pod: str, namespace: str, container: str, folder: str):
+
+class PodSource:
+    """The checkpoint folder as seen from inside one pod (``job_pod``: one of the job's,
+    whose container may end under us, rather than the helper pod)."""
+
+    def __init__(
+        self,
+        kube: KubeApi,
+        pod: str,
+        namespace: str,
+        container: str,
+        folder: str,
+        job_pod: bool = False,
+    ):
         self.kube, self.pod, self.namespace, self.container = kube, pod, namespace, container
-        self.folder = folder
+        self.folder, self.job_pod = folder, job_pod
         self.where = f"pod {pod}:{folder}"
 
     def entries(self) -> dict[str, str]:
-        out = b"".join(self.run(LIST, self.folder))
+        try:
+            out = b"".join(self.run(LIST, self.folder))
+        except OperationError as exc:
+            if self.job_pod:
+                raise ContainerGone(str(exc)) from None
+            raise
         entries: dict[str, str] = {}
         for record in out.split(b"\0"):
             kind, _, name = record.decode(errors="surrogateescape").partition(" ")
@@ -181,17 +200,21 @@ def _running_pod(kube: KubeApi, spec: JobSpec) -> str | None:
 
 @contextlib.contextmanager
 def pod_source(
-    kube: KubeApi, spec: JobSpec, timeout: float, image: str | None = None
+    kube: KubeApi,
+    spec: JobSpec,
+    timeout: float,
+    image: str | None = None,
+    job_pods: bool = True,
 ) -> Iterator[PodSource]:
-    """A source reading the job's checkpoint folder from a running or a helper pod (run
-    with ``image``, default the job's own)."""
+    """A source reading the job's checkpoint folder from a running pod of the job (unless
+    not ``job_pods``) or a helper pod (run with ``image``, default the job's own)."""
     if spec.checkpoint is None:
         raise OperationError(f"job {spec.name} has no checkpoint volume (checkpoint: in the spec)")
     folder = spec.checkpoint.mount_path
-    pod = _running_pod(kube, spec)
+    pod = _running_pod(kube, spec) if job_pods else None
     if pod is not None:
         container = layout_of(spec.target).container  # the training container
-        source = PodSource(kube, pod, spec.namespace, container, folder)
+        source = PodSource(kube, pod, spec.namespace, container, folder, job_pod=True)
         if _answers(source):
             yield source
             return

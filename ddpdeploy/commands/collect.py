@@ -200,9 +200,13 @@ def _from_cluster(
 ) -> Collected:
     from ddpdeploy.cluster.apply import saved_spec_of
     from ddpdeploy.cluster.find import open_job
-    from ddpdeploy.collect.pod import pod_source
+    from ddpdeploy.collect.pod import ContainerGone, pod_source
 
     found = open_job(kubeconfig, context, name, namespace, verb="read", required=False)
     spec = saved_spec_of(found)
-    with pod_source(found.kube, spec, timeout, image) as src:
-        return copy(src)
+    try:
+        with pod_source(found.kube, spec, timeout, image) as src:
+            return copy(src)
+    except ContainerGone:  # its container ended before the first read: nothing was read
+        with pod_source(found.kube, spec, timeout, image, job_pods=False) as src:
+            return copy(src)

@@ -326,3 +326,23 @@ def test_a_running_pod_between_two_container_restarts_is_not_read_through():
     ok["metadata"]["labels"] = labels
     kube.add(ok)
     assert _running_pod(kube, spec) == "j-worker-2"
+
+
+def test_a_job_pods_container_gone_before_the_first_read_leaves_it_to_the_helper():
+    """The hang watchdog ends the run as collect begins: exec into the ending container
+    fails (exit 126) on the first read, nothing is read, and the command retries through
+    the helper pod (ContainerGone); the helper pod's own failure stays an error."""
+    from ddpdeploy.collect.pod import ContainerGone
+    from ddpdeploy.errors import OperationError
+
+    def gone() -> None:
+        raise OperationError("running sh in pod j-worker-0: exit code 126: ")
+
+    kube = FakeKube()
+    kube.hooks[("exec", "Pod")] = gone
+    with pytest.raises(ContainerGone):
+        PodSource(kube, "j-worker-0", "default", "pytorch", "/ck", job_pod=True).entries()
+    kube.hooks[("exec", "Pod")] = gone
+    with pytest.raises(OperationError) as err:
+        PodSource(kube, "j-collect", "default", "reader", "/ck").entries()
+    assert not isinstance(err.value, ContainerGone)
