@@ -130,8 +130,9 @@ def _refusals_as_unreadable(chunks: Iterator[bytes]) -> Iterator[bytes]:
 
 
 class ContainerGone(OperationError):
-    """The job's container stopped before the first read (a run ending as collect began):
-    nothing was read, so the helper pod can read the volume instead."""
+    """An exec into the job's pod failed: its container ended under us (a run ending as
+    collect read). collect leaves --to as it was on any failure, so the helper pod can read
+    the volume instead."""
 
 
 class PodSource:
@@ -152,12 +153,7 @@ class PodSource:
         self.where = f"pod {pod}:{folder}"
 
     def entries(self) -> dict[str, str]:
-        try:
-            out = b"".join(self.run(LIST, self.folder))
-        except OperationError as exc:
-            if self.job_pod:
-                raise ContainerGone(str(exc)) from None
-            raise
+        out = b"".join(self.run(LIST, self.folder))
         entries: dict[str, str] = {}
         for record in out.split(b"\0"):
             kind, _, name = record.decode(errors="surrogateescape").partition(" ")
@@ -176,7 +172,18 @@ class PodSource:
 
     def run(self, program: str, *args: str) -> Iterator[bytes]:
         argv = ["sh", "-c", program, "sh", *args]
-        return self.kube.exec_stream(self.pod, self.namespace, self.container, argv)
+        chunks = self.kube.exec_stream(self.pod, self.namespace, self.container, argv)
+        return self._gone_if_ended(chunks) if self.job_pod else chunks
+
+    def _gone_if_ended(self, chunks: Iterator[bytes]) -> Iterator[bytes]:
+        """A failed exec in the job's pod is its container ending under us (exit 126 as it
+        stops, 137 when it is killed, 'container not running'): ContainerGone."""
+        try:
+            yield from chunks
+        except OperationError as exc:
+            if _REFUSED in str(exc):  # the program's own refusal: a file it cannot read
+                raise
+            raise ContainerGone(str(exc)) from None
 
 
 def _running_pod(kube: KubeApi, spec: JobSpec) -> str | None:

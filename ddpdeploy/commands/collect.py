@@ -207,6 +207,6 @@ def _from_cluster(
     try:
         with pod_source(found.kube, spec, timeout, image) as src:
             return copy(src)
-    except ContainerGone:  # its container ended before the first read: nothing was read
+    except ContainerGone:  # its container ended under the read; --to is as it was
         with pod_source(found.kube, spec, timeout, image, job_pods=False) as src:
             return copy(src)

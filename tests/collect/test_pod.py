@@ -330,7 +330,7 @@ def test_a_running_pod_between_two_container_restarts_is_not_read_through():
 
 def test_a_job_pods_container_gone_before_the_first_read_leaves_it_to_the_helper():
     """The hang watchdog ends the run as collect begins: exec into the ending container
-    fails (exit 126) on the first read, nothing is read, and the command retries through
+    fails (exit 126, or 137 mid-read), --to is left as it was, and the command retries through
     the helper pod (ContainerGone); the helper pod's own failure stays an error."""
     from ddpdeploy.collect.pod import ContainerGone
     from ddpdeploy.errors import OperationError
