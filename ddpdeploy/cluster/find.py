@@ -96,7 +96,7 @@ def made_for(pod: Obj, job: Obj) -> bool:
 def holds_its_name(pod: Obj, job: Obj) -> bool:
     """Whether ``pod`` is an earlier run's pod of ``job``'s name (our labels for it, another
     uid), deleted but kept by finalizers: it holds the name the job's own pod needs, which
-    is why that pod cannot start. A wait and `status` show it; nothing reads its log."""
+    is why that pod cannot start. A wait and `status` show it with the job's pods."""
     meta = pod.get("metadata") or {}
     if not (meta.get("deletionTimestamp") and meta.get("finalizers")):
         return False
