@@ -77,9 +77,7 @@ def made_for(pod: Obj, job: Obj) -> bool:
     matches (another job's pod, one made by hand) is never read."""
 
     meta = pod.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    name = (job.get("metadata") or {}).get("name")
-    if any(labels.get(k) != v for k, v in ours(name).items()):
+    if not _labelled_for(pod, job):
         return False
     for owner in meta.get("ownerReferences") or []:
         if not isinstance(owner, dict):
@@ -100,7 +98,12 @@ def holds_its_name(pod: Obj, job: Obj) -> bool:
     meta = pod.get("metadata") or {}
     if not (meta.get("deletionTimestamp") and meta.get("finalizers")):
         return False
-    labels = meta.get("labels") or {}
+    return _labelled_for(pod, job)
+
+
+def _labelled_for(pod: Obj, job: Obj) -> bool:
+    """Our labels for ``job``'s name are on ``pod`` (the controllers copy the template's)."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
     name = (job.get("metadata") or {}).get("name")
     return all(labels.get(k) == v for k, v in ours(name).items())
 

@@ -221,10 +221,8 @@ def pod_source(
     pod = _running_pod(kube, spec) if job_pods else None
     if pod is not None:
         container = layout_of(spec.target).container  # the training container
-        source = PodSource(kube, pod, spec.namespace, container, folder, job_pod=True)
-        if _answers(source):
-            yield source
-            return
+        yield PodSource(kube, pod, spec.namespace, container, folder, job_pod=True)
+        return
     if not (image or spec.image):
         raise UserError(
             f"--image: job {spec.name}'s saved spec names no image to read its volume with; "
@@ -238,18 +236,6 @@ def pod_source(
         yield PodSource(kube, name, spec.namespace, COLLECT_CONTAINER, folder)
     finally:
         kube.delete("v1", "Pod", name, spec.namespace)
-
-
-def _answers(source: PodSource) -> bool:
-    """Whether the pod's container takes an exec now: one that is ending (a crash, the hang
-    watchdog's end of the run) refuses it ('container not running', exit 126), and then
-    the helper pod reads the volume instead."""
-    try:
-        for _ in source.run("true"):
-            pass
-    except OperationError:
-        return False
-    return True
 
 
 def _wait_running(kube: KubeApi, name: str, namespace: str, timeout: float) -> None:
