@@ -568,11 +568,24 @@ class CheckpointStore:
         os.makedirs(self.dir, exist_ok=True)
         final = self.payload_path(step)
         with _without_zip_crc32():
-            digest = _atomic_write(final, lambda f: torch.save(state, f), self.pause_mid_write)
+            payload, digest = _write_temp(
+                final, lambda f: torch.save(state, f), self.pause_mid_write
+            )
+        sidecar = dict(meta, run_id=_own_run_id(), sha256=digest, file=os.path.basename(final))
+        try:
+            # Both written before either is renamed: a save of a step that exists which fails
+            # (a full disk) leaves the old pair whole.
+            side, _ = _write_temp(
+                self.sidecar_path(step), lambda f: f.write(json.dumps(sidecar).encode())
+            )
+        except BaseException:
+            _unlink_quietly(payload)
+            raise
+        os.replace(payload, final)
+        os.replace(side, self.sidecar_path(step))
+        _fsync_dir(self.dir)
         with contextlib.suppress(OSError):  # unknown: then retention hashes it again
             _verified[os.path.abspath(final)] = (digest, _identity(os.lstat(final)))
-        sidecar = dict(meta, run_id=_own_run_id(), sha256=digest, file=os.path.basename(final))
-        _atomic_write(self.sidecar_path(step), lambda f: f.write(json.dumps(sidecar).encode()))
         self._apply_retention()
         fields = {"step": step, "path": final, "host": meta.get("host"), "rank": meta.get("rank")}
         emit({"event": "checkpoint", **fields})  # the writer is rank 0 by construction
@@ -720,13 +733,11 @@ class _HashingFile:
         self.f.flush()
 
 
-def _atomic_write(
+def _write_temp(
     path: str, fill: Callable[[BinaryIO], object], pause_mid_write: float = 0.0
-) -> str:
-    """Temp file in the same folder, fsync, rename, fsync the folder: whole or absent.
-
-    ``fill`` writes the content to the file object it is given. Returns its sha256.
-    """
+) -> tuple[str, str]:
+    """A synced temp file beside ``path`` that ``fill`` wrote: (its name, its sha256). The
+    caller renames it into place (whole or absent); on failure nothing is left."""
     d = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=os.path.splitext(path)[1])
     out: _HashingFile | None = None
@@ -736,15 +747,17 @@ def _atomic_write(
             fill(cast(BinaryIO, out))  # its write() is all torch.save and the sidecar use
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
     except BaseException as e:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        _unlink_quietly(tmp)
         if out is not None and out.error is not None and not isinstance(e, OSError):
             raise out.error from e  # the disk's error (no space), not torch's wording of it
         raise
-    _fsync_dir(d)
-    return out.sha256.hexdigest()
+    return tmp, out.sha256.hexdigest()
+
+
+def _unlink_quietly(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 def _fsync_dir(path: str) -> None:

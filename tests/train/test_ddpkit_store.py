@@ -233,6 +233,32 @@ def test_a_full_disk_is_named_as_such(
         subprocess.run(["umount", str(disk)], capture_output=True, check=False)
 
 
+def test_a_failed_save_of_a_step_that_exists_keeps_the_old_copy(
+    kit: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by the third hostile pass: the new payload was renamed over the old before the
+    # sidecar was written; when that write failed the step's pair no longer matched. A
+    # stand-in for the disk: a real one fills between the two writes only when another
+    # writer shares it, which no test can time.
+    kit.save({"w": torch.ones(3)}, 1)
+
+    class FullDisk:
+        loads = staticmethod(json.loads)
+
+        @staticmethod
+        def dumps(obj: object) -> str:
+            raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as m, pytest.raises(kit.CheckpointError, match="No space left"):
+        m.setattr(kit, "json", FullDisk)
+        kit.save({"w": torch.zeros(3)}, 1)
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [
+        "ckpt-step-000000001.json",
+        "ckpt-step-000000001.pt",
+    ]
+    assert torch.equal(kit.load_latest()["w"], torch.ones(3))
+
+
 @pytest.mark.parametrize("step", [-1, 10**18, 2.0, True])
 def test_a_step_the_name_cannot_hold_is_refused(kit: ModuleType, tmp_path: Path, step) -> None:
     with pytest.raises(ValueError, match="checkpoint step must be an integer from 0 to"):
