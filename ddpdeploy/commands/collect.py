@@ -26,7 +26,7 @@ SOURCES = ("local", "compose", "cluster")
 
 def collect(
     name: NameArg,
-    to: Annotated[Path, typer.Option("--to", help="Folder to copy the checkpoint into.")],
+    to_: Annotated[str, typer.Option("--to", help="Folder to copy the checkpoint into.")],
     step: Annotated[
         int | None, typer.Option("--step", min=0, help="This step instead of the newest.")
     ] = None,
@@ -59,7 +59,10 @@ def collect(
         ),
     ] = False,
     volume: Annotated[
-        str | None, typer.Option("--volume", help="--from compose: the checkpoint volume.")
+        str | None,
+        typer.Option(
+            "--volume", help="--from compose: the checkpoint volume (implies --from compose)."
+        ),
     ] = None,
     image: Annotated[
         str | None,
@@ -91,9 +94,10 @@ def collect(
     from ddpdeploy.commands.console import ConsoleReport
     from ddpdeploy.paths import local_checkpoints
 
+    to = _checked_flags(to_, source, files or [], volume, image)
     local_rel = local_checkpoints(name)
     report = ConsoleReport()
-    source = _source(source, local_rel, report)
+    source = _source("compose" if source is None and volume else source, local_rel, report)
     if source == "local" and os.path.realpath(to) == os.path.realpath(local_rel):
         raise UserError(
             f"--to: {to} is the local run's checkpoint folder itself; collect into another "
@@ -115,6 +119,24 @@ def collect(
         report.say(f"collected {got.describe()} into {to}")
     if debug:
         _say_debug(report, got, to)
+
+
+def _checked_flags(
+    to: str, source: str | None, files: list[str], volume: str | None, image: str | None
+) -> Path:
+    """The flags no source reads alike, checked before anything is read: --to as a Path."""
+    if not to.strip():
+        # Path("") is the current folder: collect would fill it without being asked to.
+        raise UserError("--to: give the folder to collect into (e.g. --to ./ckpt)")
+    if any(not f for f in files):
+        raise UserError("--file: an empty name; give a file name of the checkpoint folder")
+    if source is not None and source not in SOURCES:
+        raise UserError(f"--from: {source!r} is not a source; use local, compose or cluster")
+    if volume is not None and source not in (None, "compose"):
+        raise UserError(f"--volume: only --from compose reads a volume, not --from {source}")
+    if image is not None and source == "local":
+        raise UserError("--image: --from local starts no container; drop --image")
+    return Path(to)
 
 
 def _source(source: str | None, local_rel: Path, report: ConsoleReport) -> str:

@@ -64,3 +64,38 @@ def test_no_local_folder_and_no_from_never_turns_to_the_cluster(tmp_path):
     assert "no local run's folder .ddpdeploy/checkpoints/j" in line
     assert "--from cluster" in line and "--from compose --volume" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+# Found by the second hostile pass: --to '' collected into the current folder (typer reads ''
+# as Path('.')), --file '' said "--file:  is not ...", and --volume or --image with a source
+# that reads neither was ignored.
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--to", ""], "error: --to: give the folder to collect into (e.g. --to ./ckpt)"),
+        (["--to", "out", "--file", ""], "error: --file: an empty name; give a file name"),
+        (["--to", "out", "--from", "local", "--volume", "v"], "error: --volume: only --from"),
+        (["--to", "out", "--from", "cluster", "--volume", "v"], "error: --volume: only --from"),
+        (["--to", "out", "--from", "local", "--image", "i"], "error: --image: --from local"),
+    ],
+)
+def test_flags_no_source_reads_are_refused_before_anything_is_read(
+    local_run, monkeypatch, capsys, flags, said
+):
+    from ddpdeploy.cli import main
+
+    monkeypatch.chdir(local_run)
+    before = sorted(p.relative_to(local_run) for p in local_run.rglob("*"))
+    with pytest.raises(SystemExit) as stop:
+        main(["collect", "j", *flags])
+    assert stop.value.code == 2
+    assert one_line(capsys.readouterr().err).startswith(said)
+    assert sorted(p.relative_to(local_run) for p in local_run.rglob("*")) == before
+
+
+def test_a_volume_alone_reads_the_compose_volume(tmp_path):
+    # --volume names a compose run's volume: it needs no --from compose beside it.
+    out = run_cli("collect", "j", "--to", "out", "--volume", "v", cwd=tmp_path,
+                  env={"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})  # fmt: skip
+    assert out.returncode == 1
+    assert one_line(out.stderr).startswith("error: cannot reach the Docker engine at unix://")
