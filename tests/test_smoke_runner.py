@@ -285,3 +285,14 @@ def test_a_docker_flag_without_docker_is_refused(tmp_path, flags, said):
     assert out.returncode == 2 and out.stderr == (
         f"error: {said}: only with --docker (a --local run uses no image or volume)\n"
     )
+
+
+def test_local_and_docker_together_are_refused(tmp_path):
+    # Found by the second hostile pass: `smoke --local --docker` ran a compose project.
+    from cli_runner import run_main
+
+    out = run_main("smoke", "--local", "--docker", cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr == (
+        "error: --local and --docker: pick one (processes here, or a compose project)\n"
+    )
+    assert list(tmp_path.iterdir()) == []

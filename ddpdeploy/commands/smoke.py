@@ -30,8 +30,9 @@ if TYPE_CHECKING:
 def smoke(
     spec: JobSpec,
     local: Annotated[
-        bool, typer.Option("--local", help="Run the nodes as local processes (no Docker).")
-    ] = True,
+        bool | None,
+        typer.Option("--local", help="Run the nodes as local processes (no Docker); the default."),
+    ] = None,
     steps: Annotated[
         int | None,
         typer.Option(
@@ -137,13 +138,13 @@ def smoke(
 
 
 def _checked_flags(
-    local: bool, docker: bool, ranks: str, kill_at: str | None, resume: bool
+    local: bool | None, docker: bool, ranks: str, kill_at: str | None, resume: bool
 ) -> tuple[Ranks, KillAt | None]:
     """The flags that go together, and the ranks shown and the kill, parsed."""
     from ddpdeploy.smoke import runner
 
-    if not (local or docker):
-        raise UserError("--no-local: pass --local (processes here) or --docker (compose)")
+    if local and docker:
+        raise UserError("--local and --docker: pick one (processes here, or a compose project)")
     shown = runner.Ranks.parse(ranks)
     chaos = runner.KillAt.parse(kill_at) if kill_at is not None else None
     if resume and docker:
