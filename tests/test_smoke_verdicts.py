@@ -189,3 +189,17 @@ def test_kill_at_checkpoint_with_no_checkpoint_seen_says_where_smoke_looked(tmp_
         "`checkpoint` event, no new file in its checkpoint folder "
     ), line
     assert "save under $DDPDEPLOY_CHECKPOINT_DIR" in line and "--kill-at 20s" in line, line
+
+
+@pytest.mark.slow
+def test_a_kill_step_past_the_clean_runs_last_is_refused_before_the_kill_run(tmp_path):
+    # Found by the second hostile pass: with the steps in the spec (not --steps), both runs
+    # went by before "the job ended before step 500".
+    ws = workspace(tmp_path, 'nodes: 1\nprocs: 2\ncommand: {args: ["--steps", "6"]}\n')
+    res = smoke(ws, "--kill-at", "500")
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert res.stderr.strip().splitlines()[-1] == (
+        "error: --kill-at: step 500 is not before the clean run's last step (6), so no worker "
+        "would be killed; choose an earlier step"
+    )
+    assert "kill at step 500" not in res.stdout + res.stderr, res.stdout

@@ -511,6 +511,12 @@ def smoke(
         return
     clean = run_once(start, report, "clean run", options)
     yield "clean", clean
+    if kill_at.step is not None and clean.steps is not None and kill_at.step >= clean.steps:
+        # Known only now (the trainer's default steps, a script's own): no run would kill.
+        raise UserError(
+            f"--kill-at: step {kill_at.step} is not before the clean run's last step "
+            f"({clean.steps}), so no worker would be killed; choose an earlier step"
+        )
     chaos = run_once(start, report, f"kill at {kill_at}", options, kill=True)
     yield "kill", chaos
     if same_weights(chaos, clean) is False:
