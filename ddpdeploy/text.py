@@ -22,10 +22,12 @@ _SEQUENCE = re.compile(
     r"|(?:\x1b\]|\x9d)[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
     r"|\x1b[\s\S]?"
 )
-# Characters a line must not hold: C0 and C1 controls but tab, DEL, and the Unicode line
-# and paragraph separators, bidirectional overrides (they reorder what is shown), and lone
-# surrogates (no terminal encoding can write them).
-_BIDI = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+# Characters a line must not hold: C0 and C1 controls but tab, DEL, the Unicode line and
+# paragraph separators, lone surrogates (no terminal encoding can write them), and the
+# format characters (Cf): bidirectional overrides reorder what is shown, zero-width spaces
+# and the BOM hide text between what is shown. Zero-width (non-)joiners stay: emoji
+# sequences and scripts such as Persian need them, and they join, not hide.
+_JOINERS = "\u200c\u200d"
 _BREAKS = "\r\n"
 
 
@@ -34,7 +36,8 @@ def _safe(ch: str) -> str:
         return ch
     if ch in _BREAKS:
         return " "
-    if unicodedata.category(ch) in ("Cc", "Cs") or ch in _BIDI or ch in "\u2028\u2029":
+    category = unicodedata.category(ch)
+    if category in ("Cc", "Cs", "Zl", "Zp") or (category == "Cf" and ch not in _JOINERS):
         return REPLACEMENT
     return ch
 

@@ -36,11 +36,24 @@ def test_escape_sequences_and_controls_are_replaced():
     assert plain("\u202egnp.exe") == f"{REPLACEMENT}gnp.exe"  # a bidi override
 
 
+def test_characters_that_hide_text_are_shown():
+    # Found by the second hostile pass: a zero-width space and a BOM reached the terminal,
+    # so "rank\u200b0" read as "rank0" and a BOM hid where a line began.
+    assert plain("rank\u200b0") == f"rank{REPLACEMENT}0"
+    assert plain("\ufeffstep 5") == f"{REPLACEMENT}step 5"
+    assert plain("a\u2060b\U000e0041") == f"a{REPLACEMENT}b{REPLACEMENT}"  # word joiner, tag
+    # The joiners that build emoji and scripts (Persian) are kept.
+    assert plain("\U0001f469\u200d\U0001f4bb \u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645") == (
+        "\U0001f469\u200d\U0001f4bb \u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645"
+    )
+
+
 @given(hostile)
 def test_any_text_is_one_plain_line(text):
     out = plain(text)
     assert len(out.splitlines()) <= 1
-    assert all(ch == "\t" or unicodedata.category(ch) not in ("Cc", "Cs") for ch in out)
+    hidden = ("Cc", "Cs", "Cf", "Zl", "Zp")
+    assert all(ch in "\t\u200c\u200d" or unicodedata.category(ch) not in hidden for ch in out)
     assert plain(out) == out  # already plain: nothing more to do
     # Through rich as a Text (how the views pass it): no markup error, no escape out.
     console = Console(width=80, color_system=None, force_terminal=False)
