@@ -223,6 +223,9 @@ def test_bad_flags_one_line_exit_2(args, expected):
         ),
         ({"checkpoint": {"claimName": "c", "mountPath": "/tmp"}}, "mountPath /tmp is where"),
         ({"security": {"runAsUser": 0}}, "security.runAsUser"),
+        # Found by the second hostile pass: accepted, and refused by the API server at apply.
+        ({"security": {"runAsUser": 2**31}}, "security.runAsUser"),
+        ({"security": {"fsGroup": 2**32}}, "security.fsGroup"),
     ],
 )
 def test_spec_refusals_name_the_field(tmp_path, doc, expected):

@@ -89,9 +89,9 @@ VALID: dict[str, st.SearchStrategy[Any]] = {
         max_size=2,
     ),
     "security": opt(
-        runAsUser=st.integers(1, 2**31),
-        runAsGroup=st.integers(0, 2**31),
-        fsGroup=st.integers(0, 2**31),
+        runAsUser=st.integers(1, 2**31 - 1),
+        runAsGroup=st.integers(0, 2**31 - 1),
+        fsGroup=st.integers(0, 2**31 - 1),
         readOnlyRootFilesystem=st.booleans(),
         automountServiceAccountToken=st.booleans(),
     ),

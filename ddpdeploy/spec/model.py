@@ -262,6 +262,11 @@ class SecretRef(Model):
     )
 
 
+# The API server's range for UIDs and GIDs (IsValidUserID/IsValidGroupID): larger ones are
+# refused at apply, and no Linux ID is larger than 32 bits.
+MAX_ID = 2**31 - 1
+
+
 class Security(Model):
     """The pods' security settings: hardened by default, each loosened by name."""
 
@@ -269,17 +274,17 @@ class Security(Model):
         default=IMAGE_UID,
         strict=True,
         ge=1,
-        le=INT64_MAX,
+        le=MAX_ID,
         description="UID the container runs as (runAsNonRoot); the built image's user is 10001.",
     )
     run_as_group: int = Field(
-        default=IMAGE_UID, strict=True, ge=0, le=INT64_MAX, description="Primary GID."
+        default=IMAGE_UID, strict=True, ge=0, le=MAX_ID, description="Primary GID."
     )
     fs_group: int = Field(
         default=IMAGE_UID,
         strict=True,
         ge=0,
-        le=INT64_MAX,
+        le=MAX_ID,
         description="Group that owns the volumes (fsGroup): a new checkpoint PVC is root's "
         "until Kubernetes hands it to this group, and the trainer's first checkpoint would fail.",
     )
