@@ -228,10 +228,12 @@ def _listing(
     """(the regular files to collect, the diagnostics files among them with ``debug``); a
     link or special file is never opened, only named to ``warn``."""
     entries = source.entries()
-    for name, kind in sorted(entries.items()):
-        if kind in (SYMLINK, SPECIAL):
-            warn(f"skipping {shown(name)} in {source.where}: a {kind}, not a regular file")
     regular = sorted(n for n, kind in entries.items() if kind == FILE)
+    # A payload of a committed step is the checkpoint's to judge, in its own line.
+    payloads = set() if files else {payload_name(s) for s in steps_newest_first(regular)}
+    for name, kind in sorted(entries.items()):
+        if kind in (SYMLINK, SPECIAL) and name not in payloads:
+            warn(f"skipping {shown(name)} in {source.where}: a {kind}, not a regular file")
     # A diagnostics file named with --file is that plain file; the rest go to debug/.
     diagnostics = [n for n in regular if debug_kind(n) and n not in files] if debug else []
     if diagnostics:  # theirs is debug/, not the plain files' SHA256SUMS
