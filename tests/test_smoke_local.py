@@ -9,6 +9,7 @@ import signal
 import time
 
 import pytest
+from cli_runner import run_cli
 from local_smoke import HASH, leftovers, smoke, start_smoke, workers
 
 pytest.importorskip("torch")
@@ -135,3 +136,34 @@ def test_every_targets_layout_trains_to_the_same_weights(tmp_path, marker):
     assert re.fullmatch(r"ddp-train-worker-[01]", first_node["pytorchjob"]), first_node
     assert re.fullmatch(r"ddp-train-node-0-[01]", first_node["trainjob"]), first_node
     assert re.fullmatch(r"ddp-train-[01]", first_node["indexed-job"]), first_node
+
+
+THREADS = """\
+import os
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+print(f"threads {os.environ.get('OMP_NUM_THREADS')} {torch.get_num_threads()}", flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("given", [None, "3"])
+def test_one_process_per_node_gets_a_share_of_the_cores(tmp_path, marker, monkeypatch, given):
+    # Found running minGPT: with one process per node torchrun leaves OMP_NUM_THREADS
+    # unset, and two nodes on this host's cores ran twice as many threads as it has cores.
+    (tmp_path / "threads.py").write_text(THREADS)
+    (tmp_path / "ddpdeploy.yaml").write_text("nodes: 2\nprocs: 1\ncommand: {script: threads.py}\n")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    env = {"DDPDEPLOY_TEST_MARKER": marker}
+    if given is not None:
+        env["OMP_NUM_THREADS"] = given
+    res = run_cli("smoke", "--local", "--ranks", "all", cwd=tmp_path, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr
+    share = given or str(max(1, len(os.sched_getaffinity(0)) // 2))
+    said = re.findall(r"threads (\S+) (\d+)", res.stdout + res.stderr)
+    assert [env for env, _ in said] == [share] * 2, res.stdout + res.stderr
+    if given is None:  # (torch takes no more threads than this host has cores)
+        assert [int(n) for _, n in said] == [int(share)] * 2, said
