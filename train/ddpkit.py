@@ -138,7 +138,11 @@ def emit(line: dict[str, Any]) -> None:
     with _print_lock:
         if line.get("event") == "start":
             _started.append(True)
-        print(json.dumps(line), flush=True)
+        # One write, newline included: print() writes the text and the newline apart, and
+        # under PYTHONUNBUFFERED torchrun's tee can prefix the lone newline as a line of
+        # its own, leaving "[rank0]:" glued to the end of this one.
+        sys.stdout.write(json.dumps(line) + "\n")
+        sys.stdout.flush()
 
 
 def _start_fields() -> dict[str, Any]:

@@ -227,3 +227,29 @@ def test_the_chaos_hold_is_read_at_the_first_step_not_at_import(
     for step in (1, 2, 3):
         ddpkit.step_done(step)
     assert capsys.readouterr().out.splitlines() == ['{"event": "step", "step": 2, "hold": true}']
+
+
+def test_an_event_line_is_one_write_with_its_newline(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Found running nanoGPT: under PYTHONUNBUFFERED print() writes a line and its newline
+    # in two writes, and torchrun's tee printed the lone newline as a line of its own, so
+    # "[rank0]:" ended the line before it; an event line split so would not parse.
+    import io
+
+    monkeypatch.syspath_prepend(str(ROOT / "train"))
+    import ddpkit
+
+    writes: list[bytes] = []
+
+    class Fd(io.RawIOBase):
+        def writable(self) -> bool:
+            return True
+
+        def write(self, b: Any) -> int:
+            writes.append(bytes(b))
+            return len(b)
+
+    # As python -u makes stdout: unbuffered, each text write passed through at once.
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(Fd(), write_through=True))
+    ddpkit.emit({"event": "step", "step": 3})
+    assert [json.loads(w) for w in writes] == [{"event": "step", "step": 3}]
+    assert writes[0].endswith(b"\n")
