@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_runner import run_cli
 from local_smoke import leftovers, smoke, start_smoke, workers
 
 pytest.importorskip("torch")
@@ -215,11 +216,11 @@ def test_kill_at_a_time_for_a_script_without_events(tmp_path, marker):
     ("args", "message"),
     [
         (["--docker", "--resume"], "error: --resume: only with --local"),
-        (["--resume", "--kill-at", "3"], "error: --resume: not with --kill-at"),
+        (["--local", "--resume", "--kill-at", "3"], "error: --resume: not with --kill-at"),
     ],
 )
 def test_resume_refusals_are_one_line(tmp_path, marker, args, message):
-    res = smoke(tmp_path, marker, *args)
+    res = run_cli("smoke", *args, cwd=tmp_path, env={"DDPDEPLOY_TEST_MARKER": marker})
     assert res.returncode == 2 and res.stderr.startswith(message), res.stderr
     assert res.stderr.count("\n") == 1
 
