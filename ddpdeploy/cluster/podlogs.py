@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any
 from ddpdeploy.adapters.kube import KubeApi
 from ddpdeploy.cluster.find import made_for
 from ddpdeploy.cluster.saved import saved_spec
-from ddpdeploy.cluster.watch import JobWatch, container_of, rank0_likeliest, rank0_pod
+from ddpdeploy.cluster.watch import (
+    HEAD_BYTES,
+    JobWatch,
+    container_of,
+    rank0_likeliest,
+    rank0_search,
+)
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.events import (
     NO_EVENTS,
@@ -402,8 +408,7 @@ def _follow_loop(
 
 # ---- rank 0's progress, for `status` --------------------------------------------------------
 
-TAIL = 200  # rank 0's latest lines that `status` reads
-HEAD_BYTES = 64 * 1024  # ...and, when they hold no `start`, the log's head for it
+TAIL = 200  # rank 0's latest lines that `status` reads (and, with no `start`, its head)
 
 
 def rank0_progress(kube: KubeApi, job: Obj, pods: list[Obj], now: float) -> Progress | str:
@@ -414,7 +419,7 @@ def rank0_progress(kube: KubeApi, job: Obj, pods: list[Obj], now: float) -> Prog
     namespace = job["metadata"]["namespace"]
     unseen = "training: no pod has logged rank 0's start yet"
     try:
-        pod = rank0_pod(kube, job, pods)
+        pod, heads = rank0_search(kube, job, pods)
         guessed = pod is None and (pod := rank0_likeliest(job, pods)) is not None
         obj = next((p for p in pods if (p.get("metadata") or {}).get("name") == pod), None)
         if pod is None or obj is None:
@@ -422,7 +427,11 @@ def rank0_progress(kube: KubeApi, job: Obj, pods: list[Obj], now: float) -> Prog
         container = container_of(job)
         tail = list(kube.logs(pod, namespace, container, tail=TAIL, timestamps=True))
         if not any(_kind(line) == "start" for line in tail):
-            head = kube.logs(pod, namespace, container, timestamps=True, limit_bytes=HEAD_BYTES)
+            head = heads.get(pod)  # read a moment ago when looking for rank 0
+            if head is None:
+                head = list(
+                    kube.logs(pod, namespace, container, timestamps=True, limit_bytes=HEAD_BYTES)
+                )
             tail = [line for line in head if _kind(line) in ("start", "probe")] + tail
     except OperationError as exc:
         return f"training: cannot read rank 0's log: {exc}"

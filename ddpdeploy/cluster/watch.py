@@ -21,7 +21,7 @@ from ddpdeploy.cluster.jobstate import JobState, job_state, logs_show_rank0
 from ddpdeploy.cluster.labels import selector
 from ddpdeploy.contract import CONTAINER_NAME
 from ddpdeploy.errors import OperationError
-from ddpdeploy.events import probe_line
+from ddpdeploy.events import probe_line, split_timestamp
 from ddpdeploy.obj import Obj
 from ddpdeploy.targets import DEFAULT_TARGET, TARGETS, Layout, layout_for_kind
 from ddpdeploy.text import plain
@@ -247,26 +247,36 @@ def node_pod(job: Obj, pods: list[Obj], replica: str | None, index: int | None) 
 # Under c10d, how many pods' log heads `status` reads looking for rank 0, whatever the
 # job's size: torch's order puts rank 0 first, the next one covers a round in flux.
 RANK0_READS = 2
+HEAD_BYTES = 64 * 1024  # how much of a log's head is read for rank 0's `start` and `probe`
 
 
 def rank0_pod(kube: KubeApi, job: Obj, pods: list[Obj]) -> str | None:
     """The pod hosting global rank 0: node 0 under static rendezvous; under c10d the pod
     whose log shows rank 0 (its `start` event or a line torchrun prefixed with rank 0),
     read in the order c10d gives ranks (running pods first, then ended ones)."""
+    return rank0_search(kube, job, pods)[0]
+
+
+def rank0_search(
+    kube: KubeApi, job: Obj, pods: list[Obj]
+) -> tuple[str | None, dict[str, list[str]]]:
+    """``rank0_pod``, and the log heads it read to find it (timestamped, by pod; none under
+    static rendezvous), so that a caller that needs a head too reads none twice."""
     layout = layout_for_kind(job["apiVersion"], job["kind"])
     host = layout.rank0_hostname(job) if layout else None
     if layout is not None and host is not None:
-        return _by_hostname(pods, host, layout) or node_pod(job, pods, None, 0)
+        return _by_hostname(pods, host, layout) or node_pod(job, pods, None, 0), {}
     namespace = job["metadata"]["namespace"]
+    heads: dict[str, list[str]] = {}
     for pod in c10d_order(pods)[:RANK0_READS]:
-        head: list[str] = []
-        for line in kube.logs(pod["metadata"]["name"], namespace, container_of(job)):
-            head.append(line)
-            if len(head) >= 200:
-                break
-        if logs_show_rank0(head):
-            return str(pod["metadata"]["name"])
-    return None
+        name = str(pod["metadata"]["name"])
+        logs = kube.logs(
+            name, namespace, container_of(job), timestamps=True, limit_bytes=HEAD_BYTES
+        )
+        heads[name] = list(logs)
+        if logs_show_rank0([split_timestamp(line)[1] for line in heads[name]]):
+            return name, heads
+    return None, heads
 
 
 def rank0_likeliest(job: Obj, pods: list[Obj]) -> str | None:
