@@ -26,7 +26,14 @@ SOURCES = ("local", "compose", "cluster")
 
 def collect(
     name: NameArg,
-    to_: Annotated[str, typer.Option("--to", help="Folder to copy the checkpoint into.")],
+    to_: Annotated[
+        str,
+        typer.Option(
+            "--to",
+            metavar="DIR",
+            help="Folder to copy the checkpoint into.",
+        ),
+    ],
     step: Annotated[
         int | None, typer.Option("--step", min=0, help="This step instead of the newest.")
     ] = None,
