@@ -214,11 +214,27 @@ def write_atomic(
 OWN_GITIGNORE = b"*\n"
 
 
+def linked_below(root: Path, rel: Path) -> None:
+    """Refuse (UserError) when a part of ``rel`` below ``root`` is a symlink: ddpdeploy
+    empties and writes folders in its own place, never through a link to another one."""
+    path = root
+    for part in rel.parts:
+        path = path / part
+        if path.is_symlink():
+            shown = path.relative_to(root) if root != Path() else path
+            raise UserError(
+                f"{shown} is a symlink (to {os.readlink(path)}); ddpdeploy empties and writes "
+                "folders there, so it must be a folder of its own: remove the link"
+            )
+
+
 def own_folder(folder: Path) -> Path:
     """ddpdeploy's own folder in the user's workspace (paths.OWN_DIR), made when missing,
     with a ``.gitignore`` of ``*`` inside, so that the user's `git status` never shows it
     (nor the .gitignore itself): written atomically, and again if it went missing. The one
-    way the folder is made; returns ``folder``."""
+    way the folder is made; returns ``folder``. A symlink in its place is refused: smoke
+    empties folders below it and moves files into it, which must not happen elsewhere."""
+    linked_below(folder.parent, Path(folder.name))
     try:
         folder.mkdir(exist_ok=True)
         ignore = folder / ".gitignore"

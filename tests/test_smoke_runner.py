@@ -296,3 +296,25 @@ def test_local_and_docker_together_are_refused(tmp_path):
         "error: --local and --docker: pick one (processes here, or a compose project)\n"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("link", [".ddpdeploy", ".ddpdeploy/checkpoints/ddp-train"])
+def test_a_linked_checkpoint_folder_is_refused_and_its_target_kept(tmp_path, link):
+    # Found by the third hostile pass: the link was followed and its target emptied
+    # ("smoke: emptied /tmp/victim"), the user's files with it.
+    from cli_runner import run_main
+
+    victim = tmp_path / "victim"
+    (victim / "sub").mkdir(parents=True)
+    (victim / "thesis.txt").write_text("precious")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "ddpdeploy.yaml").write_text("nodes: 1\ncheckpoint: {size: 1Gi}\n")
+    (ws / link).parent.mkdir(parents=True, exist_ok=True)
+    (ws / link).symlink_to(victim)
+    out = run_main("smoke", "--local", "--steps", "2", cwd=ws)
+    assert out.returncode == 2 and out.stderr == (
+        f"error: {link} is a symlink (to {victim}); ddpdeploy empties and writes folders "
+        "there, so it must be a folder of its own: remove the link\n"
+    )
+    assert sorted(p.name for p in victim.iterdir()) == ["sub", "thesis.txt"]

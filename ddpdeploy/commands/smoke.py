@@ -108,8 +108,8 @@ def smoke(
     restarts = None
     if chaos is not None:
         spec, restarts = _chaos_spec(spec, chaos)
-    world = _announce(spec, docker)
     folder = None if docker else _checkpoint_folder(spec, chaos is not None)
+    world = _announce(spec, docker)
     options = runner.RunOptions(
         world_size=world,
         steps=steps,
@@ -230,9 +230,12 @@ def _checkpoint_folder(spec: JobSpec, chaos: bool) -> Path | None:
     checkpoint volume (a chaos run of the built-in trainer gets one)."""
     if spec.checkpoint is None and not chaos:
         return None
+    from ddpdeploy.fs import linked_below
     from ddpdeploy.paths import local_checkpoints
 
-    return local_checkpoints(spec.name).resolve()
+    # Never through a link: the folder is emptied before each run.
+    linked_below(Path.cwd(), local_checkpoints(spec.name))
+    return Path.cwd() / local_checkpoints(spec.name)
 
 
 @contextlib.contextmanager
