@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from ddpdeploy.smoke.runner import _as_printed
+from ddpdeploy.smoke.workspace import ASIDE
 
 SCRIPTS = Path(__file__).parent / "scripts"
 TRAIN = Path(__file__).resolve().parents[1] / "train"
@@ -102,7 +103,43 @@ def test_only_files_a_run_created_are_set_aside(tmp_path):
     again = WorkspaceRuns(tmp_path)
     assert again.begin(keep=False) == ["snapshot.pt"]
     assert (tmp_path / "notes.txt").read_text() == "mine, edited during the run"
-    assert (tmp_path / ".ddpdeploy" / "smoke" / "previous" / "snapshot.pt").is_file()
+    assert again.aside_rel is not None and again.aside_rel.parent == Path(ASIDE)
+    assert (tmp_path / again.aside_rel / "snapshot.pt").read_bytes() == b"the run's"
+
+
+def test_what_was_set_aside_before_is_never_replaced(tmp_path):
+    # Found by the third hostile pass: a file of the same name set aside by a later smoke
+    # replaced the earlier one in .ddpdeploy/smoke/previous/ (the user's notes.md, made
+    # during a run, was lost that way).
+    from ddpdeploy.smoke.local import WorkspaceRuns
+
+    kept = []
+    for text in ("my notes", "notes v3"):
+        runs = WorkspaceRuns(tmp_path)
+        runs.begin(keep=False)
+        (tmp_path / "notes.md").write_text(text)
+        runs.end()
+        later = WorkspaceRuns(tmp_path)
+        assert later.begin(keep=False) == ["notes.md"]
+        assert later.aside_rel is not None
+        kept.append(later.aside_rel)
+    assert kept[0] != kept[1]
+    assert [(tmp_path / k / "notes.md").read_text() for k in kept] == ["my notes", "notes v3"]
+
+
+def test_files_are_never_set_aside_through_a_link(tmp_path):
+    from ddpdeploy.errors import UserError
+    from ddpdeploy.smoke.local import WorkspaceRuns
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    ws = tmp_path / "ws"
+    (ws / ".ddpdeploy").mkdir(parents=True)
+    (ws / ".ddpdeploy" / "smoke").symlink_to(elsewhere)
+    runs = WorkspaceRuns(ws)
+    with pytest.raises(UserError, match=r"^\.ddpdeploy/smoke is a symlink"):
+        runs.begin(keep=False)
+    assert list(elsewhere.iterdir()) == []
 
 
 def test_smokes_own_output_redirected_into_the_workspace_is_left_alone(tmp_path):
@@ -134,7 +171,7 @@ def test_a_run_does_not_start_from_a_file_an_earlier_run_left(tmp_path):
     assert second.returncode == 0, second.stderr
     assert "set aside snapshot.pt, written in the workspace by an earlier run" in second.stderr
     assert "starting at iteration 0" in second.stderr  # not 3: it started fresh
-    assert (ws / ".ddpdeploy" / "smoke" / "previous" / "snapshot.pt").is_file()
+    assert len(list((ws / ASIDE).glob("*/snapshot.pt"))) == 1
     # --resume keeps it, as it keeps the checkpoint folder.
     kept = smoke(ws, "--resume")
     assert kept.returncode == 0, kept.stderr

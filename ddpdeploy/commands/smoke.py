@@ -299,7 +299,8 @@ def _local_target(
     from ddpdeploy.smoke.local import LocalRun, fresh_folder
 
     def start(kill: bool = False) -> LocalRun:
-        note = workspace.set_aside_note(runs.begin(keep=resume))
+        moved = runs.begin(keep=resume)
+        note = workspace.set_aside_note(moved, str(runs.aside_rel)) if moved else None
         if note:
             typer.echo(f"smoke: {note}", err=True)
         checkpoint_dir = None

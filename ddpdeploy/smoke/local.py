@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddpdeploy.errors import OperationError
-from ddpdeploy.fs import write_atomic
+from ddpdeploy.fs import linked_below, write_atomic
 from ddpdeploy.paths import helpers_dir
 from ddpdeploy.smoke import workspace
 from ddpdeploy.smoke.backend import Line, Node, NoWorker, RunBackend
@@ -261,6 +261,7 @@ class WorkspaceRuns:
         self.before: dict[str, tuple[int, int]] | None = None
         self.wrote: set[str] = set()  # every run's, for the read-only root's warning
         self.own = _own_streams(root)
+        self.aside: Path | None = None  # where the last begin() set files aside
 
     def begin(self, keep: bool) -> list[str]:
         """Before a run: set aside what earlier runs wrote (unless ``keep``) and note the
@@ -271,10 +272,12 @@ class WorkspaceRuns:
             recorded |= {p: now[p] for p in workspace.created(self.before, now, recorded)}
             self.wrote |= set(workspace.written(self.before, now))
         moved = [] if keep else workspace.unchanged(recorded, now)
-        for rel in moved:
-            target = self.root / workspace.ASIDE / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(self.root / rel, target)
+        self.aside = None
+        if moved:  # into a folder of its own: nothing set aside before is replaced
+            self.aside = aside = self._aside_folder()
+            for rel in moved:
+                (aside / rel).parent.mkdir(parents=True, exist_ok=True)
+                os.replace(self.root / rel, aside / rel)
         self._record({} if not keep else recorded)
         self.before = self._listing() if moved else now
         return moved
@@ -290,6 +293,24 @@ class WorkspaceRuns:
         made = workspace.created(self.before, now, recorded)
         self._record({**recorded, **{p: now[p] for p in made}})
         return sorted(self.wrote)
+
+    @property
+    def aside_rel(self) -> Path | None:
+        """``aside`` relative to the workspace, as a note names it."""
+        return self.aside.relative_to(self.root) if self.aside is not None else None
+
+    def _aside_folder(self) -> Path:
+        """A new folder under workspace.ASIDE, named by the time, for this set-aside."""
+        linked_below(self.root, Path(workspace.ASIDE))  # never moved through a link
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        for n in range(1000):
+            folder = self.root / workspace.ASIDE / (stamp if n == 0 else f"{stamp}-{n}")
+            try:
+                folder.mkdir(parents=True)
+            except FileExistsError:
+                continue
+            return folder
+        raise OperationError(f"cannot make a folder under {workspace.ASIDE} to set files aside")
 
     def _listing(self) -> dict[str, tuple[int, int]]:
         listing = workspace_listing(self.root, workspace.IGNORED)
@@ -312,6 +333,7 @@ class WorkspaceRuns:
         }
 
     def _record(self, files: Mapping[str, tuple[int, int]]) -> None:
+        linked_below(self.root, Path(workspace.RECORD).parent)
         (self.root / workspace.RECORD).parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps({p: list(s) for p, s in sorted(files.items())}, indent=1) + "\n"
         write_atomic(self.root / workspace.RECORD, text.encode(), "smoke")

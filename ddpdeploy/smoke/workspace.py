@@ -22,7 +22,7 @@ IGNORED = frozenset({".ddpdeploy", "__pycache__", ".git"})
 Listing = Mapping[str, tuple[int, int]]  # relative path -> (mtime in ns, size)
 
 # Under the workspace: what the last runs wrote (path -> stamp, JSON), and where those files
-# go when a new run starts.
+# go when a new run starts (a folder of their own below it, named by the time).
 RECORD = ".ddpdeploy/smoke/written.json"
 ASIDE = ".ddpdeploy/smoke/previous"
 
@@ -58,13 +58,15 @@ def unchanged(recorded: Listing, now: Listing) -> list[str]:
     return sorted(p for p, stamp in recorded.items() if now.get(p) == tuple(stamp))
 
 
-def set_aside_note(files: list[str]) -> str | None:
+def set_aside_note(files: list[str], into: str) -> str | None:
+    """The line for ``files`` set aside into the folder ``into`` (relative to the
+    workspace; a new one under ASIDE each time, so nothing set aside before is replaced)."""
     if not files:
         return None
     more = f" and {len(files) - 1} more" if len(files) > 1 else ""
     return (
         f"set aside {files[0]}{more}, written in the workspace by an earlier run, into "
-        f"{ASIDE}/: a run starts fresh, as a pod does (--resume keeps them)"
+        f"{into}/: a run starts fresh, as a pod does (--resume keeps them)"
     )
 
 
