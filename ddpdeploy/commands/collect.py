@@ -105,11 +105,7 @@ def collect(
     local_rel = local_checkpoints(name)
     report = ConsoleReport()
     source = _source("compose" if source is None and volume else source, local_rel, report)
-    if source == "local" and os.path.realpath(to) == os.path.realpath(local_rel):
-        raise UserError(
-            f"--to: {to} is the local run's checkpoint folder itself; collect into another "
-            "folder (e.g. --to ./ckpt)"
-        )
+    _check_not_ours(to)
     Destination(to, overwrite).check()  # before anything is read or started
     if debug:
         check_debug_folder(to)  # --to/debug: a folder or nothing, before a helper pod starts
@@ -144,6 +140,19 @@ def _checked_flags(
     if image is not None and source == "local":
         raise UserError("--image: --from local starts no container; drop --image")
     return Path(to)
+
+
+def _check_not_ours(to: Path) -> None:
+    """--to may not be in ddpdeploy's own folder here: smoke --local empties the checkpoint
+    folders in it (the local source among them) and sets files aside there."""
+    from ddpdeploy.paths import OWN_DIR
+
+    own = os.path.realpath(OWN_DIR)
+    if os.path.commonpath([own, os.path.realpath(to)]) == own:
+        raise UserError(
+            f"--to: {to} is inside ddpdeploy's own folder {OWN_DIR}, which smoke --local "
+            "empties; collect into a folder outside it (e.g. --to ./ckpt)"
+        )
 
 
 def _source(source: str | None, local_rel: Path, report: ConsoleReport) -> str:

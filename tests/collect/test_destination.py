@@ -475,15 +475,28 @@ def test_a_name_as_long_as_the_file_system_allows_is_collected(tmp_path, name):
     assert sorted(p.name for p in dest.iterdir()) == sorted([name, "SHA256SUMS"])
 
 
-@pytest.mark.parametrize("to", [RUN, f"{RUN}/", f"./{RUN}/../j"])
-def test_to_the_checkpoint_folder_itself_is_refused(local_run, to):
+@pytest.mark.parametrize(
+    ("to", "source"),
+    [
+        (RUN, "local"),
+        (f"{RUN}/", "local"),
+        (f"./{RUN}/../j", "local"),
+        # Found by the third hostile pass: a folder inside it was taken, and the next
+        # smoke --local emptied the copy with its checkpoint folder.
+        (f"{RUN}/sub", "local"),
+        (".ddpdeploy/checkpoints/other", "compose"),
+        (".ddpdeploy", "cluster"),
+    ],
+)
+def test_to_inside_ddpdeploys_own_folder_is_refused(local_run, to, source):
     # Found by the second hostile pass: collected "into" itself, writing SHA256SUMS or
     # RUN.json into the run's own checkpoint folder.
-    before = listing(local_run / RUN)
-    out = run_main("collect", "j", "--to", to, "--from", "local", cwd=local_run)
+    before = listing(local_run / ".ddpdeploy")
+    volume = ["--volume", "v"] if source == "compose" else []
+    out = run_main("collect", "j", "--to", to, "--from", source, *volume, cwd=local_run)
     assert out.returncode == 2, out.stderr
-    assert out.stderr.endswith(
-        "is the local run's checkpoint folder itself; collect into another folder (e.g. "
-        "--to ./ckpt)\n"
+    assert out.stderr == (
+        f"error: --to: {Path(to)} is inside ddpdeploy's own folder .ddpdeploy, which smoke "
+        "--local empties; collect into a folder outside it (e.g. --to ./ckpt)\n"
     )
-    assert listing(local_run / RUN) == before
+    assert listing(local_run / ".ddpdeploy") == before
