@@ -40,6 +40,7 @@ from ddpdeploy.collect.destination import Destination
 from ddpdeploy.collect.plain import SUMS, collect_plain
 from ddpdeploy.collect.source import (
     FILE,
+    FOLDER,
     SPECIAL,
     SYMLINK,
     Mismatch,
@@ -172,14 +173,14 @@ def _collect_into(
     out.check()
     if debug:
         check_debug_folder(dest)
-    regular, diagnostics = _listing(source, files, debug, warn)
+    regular, diagnostics, folders = _listing(source, files, debug, warn)
     if files and step is not None:
         raise UserError("--step and --file: pick one (--step is for ddpdeploy checkpoints)")
     debug_out = Destination(dest / DEBUG_DIR, overwrite)
     try:
         out.lock()  # before anything in --to is looked at: a parallel collect there is refused
         try:
-            got = _collect_any(source, regular, files, step, out, warn, progress)
+            got = _collect_any(source, regular, folders, files, step, out, warn, progress)
         except NoCheckpoint as exc:
             if not debug:
                 raise
@@ -204,6 +205,7 @@ def _collect_into(
 def _collect_any(
     source: Source,
     regular: list[str],
+    folders: list[str],
     files: Sequence[str],
     step: int | None,
     out: Destination,
@@ -217,16 +219,16 @@ def _collect_any(
                 f"--step: {source.where} holds no ddpdeploy checkpoint (no sidecar such as "
                 "ckpt-step-000000005.json); leave --step out to collect its plain files"
             )
-        copied = collect_plain(source, regular, list(files), out, warn, progress)
+        copied = collect_plain(source, regular, list(files), out, warn, progress, folders)
         return Collected(None, copied, source.where)
     return _collect_checkpoint(source, steps, step, out, warn, progress)
 
 
 def _listing(
     source: Source, files: Sequence[str], debug: bool, warn: Callable[[str], None]
-) -> tuple[list[str], list[str]]:
-    """(the regular files to collect, the diagnostics files among them with ``debug``); a
-    link or special file is never opened, only named to ``warn``."""
+) -> tuple[list[str], list[str], list[str]]:
+    """(the regular files to collect, the diagnostics files among them with ``debug``, the
+    folders); a link or special file is never opened, only named to ``warn``."""
     entries = source.entries()
     regular = sorted(n for n, kind in entries.items() if kind == FILE)
     # A payload of a committed step is the checkpoint's to judge, in its own line.
@@ -238,7 +240,8 @@ def _listing(
     diagnostics = [n for n in regular if debug_kind(n) and n not in files] if debug else []
     if diagnostics:  # theirs is debug/, not the plain files' SHA256SUMS
         regular = [n for n in regular if n not in diagnostics]
-    return regular, diagnostics
+    folders = sorted(n for n, kind in entries.items() if kind == FOLDER)
+    return regular, diagnostics, folders
 
 
 def _collect_checkpoint(

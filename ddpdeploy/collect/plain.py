@@ -5,7 +5,7 @@ names a writer uses while a file is incomplete are left out."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ddpdeploy.collect.destination import Destination
 from ddpdeploy.collect.source import (
@@ -34,10 +34,16 @@ def collect_plain(
     out: Destination,
     warn: Callable[[str], None],
     progress: Callable[[int], None],
+    folders: Sequence[str] = (),
 ) -> list[str]:
-    """Every regular file (or the ``named`` ones), each read twice, plus SHA256SUMS."""
+    """Every regular file (or the ``named`` ones), each read twice, plus SHA256SUMS; the
+    ``folders`` in it are not copied, and said so."""
     _check_named(source, regular, named)
-    names = _collectable(source, regular, named, warn)
+    if not named:
+        for folder in folders:
+            where = f"{shown(folder)}/ in {source.where}"
+            warn(f"skipping {where}: a folder (collect copies the files directly in the folder)")
+    names = _collectable(source, regular, named, warn, folders)
     first = _first_reads(source, names, bool(named), out, warn)
     copied = _copy_plain(source, first, bool(named), out, warn, progress)
     sums = "".join(f"{first[n][1]}  {n}\n" for n in copied).encode()
@@ -57,7 +63,11 @@ def _check_named(source: Source, regular: list[str], named: list[str]) -> None:
 
 
 def _collectable(
-    source: Source, regular: list[str], named: list[str], warn: Callable[[str], None]
+    source: Source,
+    regular: list[str],
+    named: list[str],
+    warn: Callable[[str], None],
+    folders: Sequence[str] = (),
 ) -> list[str]:
     """The names to copy: a name collect must not take is refused when named, else skipped."""
     names = []
@@ -70,7 +80,12 @@ def _collectable(
         else:
             names.append(name)
     if not names:
-        what = "is empty" if not regular else "holds no file to collect"
+        listed = ", ".join(f"{shown(f)}/" for f in folders[:5]) + (
+            ", …" if len(folders) > 5 else ""
+        )
+        what = "holds no file to collect"
+        if not regular:
+            what = f"holds only folders ({listed})" if folders else "is empty"
         raise NoCheckpoint(
             f"no checkpoint in {source.where}: the folder {what} (a ddpdeploy checkpoint is "
             "ckpt-step-000000005.pt and its .json; any other script's files are collected as "

@@ -129,8 +129,8 @@ def volume_source(
     volume: str, image: str | None, to: Path, debug: bool, warn: Callable[[str], None]
 ) -> Iterator[LocalSource]:
     """The volume's regular files staged, as a source (with ``debug``, a diagnostics file
-    staged only as far as collect reads it); each other entry but a folder is one line to
-    ``warn``. ``image``: a local image to mount the volume with."""
+    staged only as far as collect reads it); each other entry is one line to ``warn``.
+    ``image``: a local image to mount the volume with."""
 
     def limit_of(entry: str) -> int | None:
         return MAX_DEBUG + 1 if debug and debug_kind(entry) else None
@@ -138,7 +138,10 @@ def volume_source(
     with _staging(to) as folder:
         where = f"volume {volume}"
         for entry, kind in sorted(copy_out(volume, ".", Path(folder), image, limit_of).items()):
-            if kind != "folder":
+            if kind == "folder":  # not staged: the staged folder cannot tell of it
+                warn(f"skipping {shown(entry)}/ in {where}: a folder (collect copies the "
+                     "files directly in the folder)")  # fmt: skip
+            else:
                 warn(f"skipping {shown(entry)} in {where}: a {kind}, not a regular file")
         yield LocalSource(Path(folder), where)
 

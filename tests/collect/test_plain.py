@@ -41,11 +41,25 @@ def test_plain_files_are_copied_with_sha256sums(tmp_path):
     assert check.stdout.count(": OK") == 3
     for name in ("config.json", "notes v2.txt", "snapshot.pt"):
         assert (tmp_path / "out" / name).read_bytes() == (src / name).read_bytes()
+    # Found by the third hostile pass: the subfolder went unsaid (a Hugging Face run's
+    # checkpoint-500/ is one).
     assert sorted(w.split(" in ")[0] for w in warnings) == [
         "skipping .snapshot.pt.swp",
         "skipping link",
         "skipping snapshot.pt.tmp",
+        "skipping sub/",
     ]
+    assert any(w.endswith("a folder (collect copies the files directly in the folder)")
+               for w in warnings)  # fmt: skip
+
+
+def test_a_folder_of_folders_is_not_called_empty(tmp_path):
+    # Found by the third hostile pass: "the folder is empty" of one that held checkpoint-500/.
+    src = tmp_path / "src"
+    (src / "checkpoint-500").mkdir(parents=True)
+    (src / "checkpoint-500" / "model.safetensors").write_bytes(b"w")
+    with pytest.raises(OperationError, match=r"the folder holds only folders \(checkpoint-500/\)"):
+        run(src, tmp_path / "out")
 
 
 def test_named_plain_files_and_their_errors(tmp_path):
