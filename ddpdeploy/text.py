@@ -61,6 +61,18 @@ def plain_lines(text: object) -> str:
     return "\n".join(plain(line) for line in value.replace("\r\n", "\n").split("\n"))
 
 
+# A kept line of a job's output (the last lines a failure shows) is at most this long: a rank
+# printing lines of 50 MB made a summary of 600 MB and a process of 4.5 GB.
+KEPT_LINE = 2000
+
+
+def clip(text: str, limit: int = KEPT_LINE) -> str:
+    """``text`` cut to ``limit`` characters, saying how many more there were."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit} more characters)"
+
+
 def show(value: Any) -> str:
     """repr for one-line messages, cut short: a value can be a megabyte long."""
     try:

@@ -82,3 +82,32 @@ def test_a_failing_runs_summary_shows_the_jobs_text_plain(tmp_path, marker):
     summary = res.stderr[res.stderr.index("error: ") :]
     assert "exited with code 3" in summary
     assert "err csi <\N{REPLACEMENT CHARACTER}\N{REPLACEMENT CHARACTER}> end" in summary
+
+
+LONG_LINES = """
+import os, sys
+import torch.distributed as dist
+dist.init_process_group("gloo")
+if os.environ.get("RANK") == "1":
+    for i in range(6):
+        print(f"line {i} " + "x" * 1_000_000, file=sys.stderr, flush=True)
+    sys.exit(3)
+dist.barrier()
+"""
+
+
+@pytest.mark.slow
+def test_a_failures_last_lines_are_cut_to_a_readable_length(tmp_path, marker):
+    # Found by the third hostile pass: a rank's 50 MB lines were shown whole in the failure
+    # summary (600 MB on the terminal) and kept whole in memory (4.5 GB).
+    (tmp_path / "long.py").write_text(LONG_LINES)
+    (tmp_path / "ddpdeploy.yaml").write_text("procs: 2\ncommand: {script: long.py}\n")
+    res = run_cli(
+        "smoke", "--local", "--ranks", "0", cwd=tmp_path,
+        env={"DDPDEPLOY_TEST_MARKER": marker}, timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 1, res.stderr[-2000:]
+    summary = res.stderr.split("error: ", 1)[1]
+    assert "rank 1" in summary.splitlines()[0], summary[:500]
+    assert "line 5 xxx" in summary and "… (998007 more characters)" in summary
+    assert len(summary) < 30_000, len(summary)

@@ -36,6 +36,7 @@ from ddpdeploy.paths import package_file
 from ddpdeploy.render.output import to_yaml
 from ddpdeploy.smoke.backend import Line, Node, NoWorker, RunBackend
 from ddpdeploy.streams import LineSplitter
+from ddpdeploy.text import clip
 
 PROJECT_LABEL = "com.docker.compose.project"
 SERVICE_LABEL = "com.docker.compose.service"
@@ -151,7 +152,7 @@ class ComposeRun(RunBackend):
 
     def _put(self, node: str, stream: str, raw: bytes) -> None:
         text = raw.decode(errors="replace").rstrip("\r")
-        self.containers[node].lines.append(text)
+        self.containers[node].lines.append(clip(text))  # kept: bounded; shown live: whole
         self._feed(Line(node, stream, text))
 
     def poll(self, every: float = 0.5) -> None:

@@ -29,6 +29,7 @@ from ddpdeploy.paths import helpers_dir
 from ddpdeploy.smoke import workspace
 from ddpdeploy.smoke.backend import Line, Node, NoWorker, RunBackend
 from ddpdeploy.smoke.launch import HOLD_RELEASE_ENV, HOLD_STEP_ENV, LocalNode
+from ddpdeploy.text import clip
 
 RUN_MARKER = "DDPDEPLOY_SMOKE_RUN"  # this run's id, in the env of its agents and workers
 NODE_MARKER = "DDPDEPLOY_SMOKE_NODE"  # the node (hostname) an agent or worker belongs to
@@ -100,7 +101,7 @@ class LocalRun(RunBackend):
     def _read(self, agent: Agent, stream: str) -> None:
         for raw in getattr(agent.proc, stream):
             text = raw.rstrip("\n")
-            agent.tail.append(text)
+            agent.tail.append(clip(text))  # kept: bounded; shown live: whole
             self._feed(Line(agent.node.hostname, stream, text))
 
     def exit_codes(self) -> dict[str, int | None]:

@@ -35,7 +35,7 @@ from ddpdeploy.events import (
 )
 from ddpdeploy.report import Progress, Report
 from ddpdeploy.smoke.backend import Line, Node, NoWorker, RunBackend
-from ddpdeploy.text import plain, plain_lines
+from ddpdeploy.text import clip, plain, plain_lines
 
 SETTLE_S = 5.0  # after the first failure, how long the other nodes get to report theirs
 # torch's own record of what a process used (PYTORCH_API_USAGE_STDERR=1, a smoke run's env):
@@ -283,7 +283,7 @@ class _Run:
         if text.startswith(FATAL):
             self.fatal = text
         if rank is not None:
-            self.rank_tails.setdefault(rank, deque(maxlen=100)).append((line.stream, text))
+            self.rank_tails.setdefault(rank, deque(maxlen=100)).append((line.stream, clip(text)))
             self.rank_seen[rank] = time.time()
             if rank == 0:
                 self.rank0_node = line.node
