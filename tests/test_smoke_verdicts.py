@@ -240,3 +240,30 @@ def test_a_kill_step_past_the_clean_runs_last_is_refused_before_the_kill_run(tmp
         "would be killed; choose an earlier step"
     )
     assert "kill at step 500" not in res.stdout + res.stderr, res.stdout
+
+
+@pytest.mark.slow
+def test_a_resume_past_the_last_step_trains_nothing_and_is_not_green(tmp_path):
+    # Found by the third hostile pass: exit 0, "6/4 done", "steps/s 0.5" for a run that
+    # trained no step.
+    ws = workspace(tmp_path, "nodes: 1\nprocs: 1\ncheckpoint: {size: 1Gi}\n")
+    first = smoke(ws, "--steps", "6")
+    assert first.returncode == 0, first.stderr[-3000:]
+    past = smoke(ws, "--steps", "4", "--resume")
+    assert past.returncode == 1, past.stderr[-3000:]
+    assert past.stderr.strip().splitlines()[-1] == (
+        "error: the run trained no step: it resumed from the checkpoint at step 6, at or past "
+        "its last step (4); run without --resume, or with more --steps"
+    )
+    more = smoke(ws, "--steps", "9", "--resume")
+    assert more.returncode == 0, more.stderr[-3000:]
+    assert re.search(r"^steps\s+9$", more.stdout, re.M), more.stdout
+
+
+def test_steps_per_s_counts_the_steps_this_run_trained():
+    from ddpdeploy.smoke.runner import Outcome
+
+    done = {"step": 9}
+    assert Outcome(wall=9, exit_codes={}, done=done, train_time=1.5).steps_per_s == 6
+    resumed = Outcome(wall=9, exit_codes={}, done=done, train_time=1.5, resumed_from=6)
+    assert resumed.steps_per_s == 2  # 3 steps: from the checkpoint's 6 to 9

@@ -145,6 +145,7 @@ class Outcome:
     train_time: float = 0.0  # from the first step event to the end
     kill: Kill | None = None
     warnings: list[str] = field(default_factory=list)  # what the run did that it should not
+    resumed_from: int | None = None  # the checkpoint's step a --resume run started from
 
     @property
     def steps(self) -> int | None:
@@ -160,7 +161,7 @@ class Outcome:
     def steps_per_s(self) -> float | None:
         if self.steps is None or self.train_time <= 0:
             return None
-        return self.steps / self.train_time
+        return (self.steps - (self.resumed_from or 0)) / self.train_time  # this run's steps
 
 
 @dataclass
@@ -176,6 +177,9 @@ class _Run:
     done: Event | None = None
     last_step: int | None = None
     first_step_at: float | None = None
+    resumed_from: int | None = None  # the step the run's first `start` resumed from
+    resumed_total: int | None = None  # ...and the last step it said it would train to
+    started_once: bool = False
     started: float = field(default_factory=time.monotonic)
     ticked: float = 0.0
     rank_tails: dict[int, deque[tuple[str, str]]] = field(default_factory=dict)  # stream, text
@@ -206,6 +210,7 @@ class _Run:
                 raise OperationError(f"--timeout: the job did not finish within {timeout:g}s")
         end = time.monotonic()
         self.require_a_process_group()
+        self.require_a_step()
         if self.done is None and self.last_step is None:
             self.view.update(info=f"finished, {end - self.started:.0f} s")
         return Outcome(
@@ -214,6 +219,7 @@ class _Run:
             done=self.done.fields if self.done else None,
             last_step=self.last_step,
             train_time=end - (self.first_step_at or self.started),
+            resumed_from=self.resumed_from,
             kill=self.kill,
             diagnostics=dict(self.diagnostics),
             warnings=self.saving_nodes(),
@@ -232,6 +238,21 @@ class _Run:
             f"nothing (torch.distributed.init_process_group was never called); {who} last "
             f"lines:\n{shown}"
         )
+
+    def require_a_step(self) -> None:
+        """A run that resumed at or past its last step trained nothing: not green (its
+        `done` step is the checkpoint's, and a steps/s from it would be made up)."""
+        resumed, done = self.resumed_from, self.done
+        if resumed is None or self.first_step_at is not None or done is None:
+            return
+        last = done.step
+        if last is not None and last <= resumed:
+            past = self.resumed_total if self.resumed_total is not None else last
+            raise OperationError(
+                f"the run trained no step: it resumed from the checkpoint at step {resumed}, "
+                f"at or past its last step ({past}); run without --resume, or with more "
+                "--steps"
+            )
 
     def saving_nodes(self) -> list[str]:
         """One line when ranks on two or more nodes saved with torch.save: on a shared
@@ -332,6 +353,12 @@ class _Run:
             total = event.fields.get("total_steps")
             if isinstance(total, int) and total > 0:
                 self.view.update(total=total)
+            if event.kind == "start" and not self.started_once:
+                self.started_once = True
+                resumed = event.fields.get("resume_step")
+                if event.fields.get("resumed") and isinstance(resumed, int):
+                    self.resumed_from = resumed
+                    self.resumed_total = total if isinstance(total, int) else None
             kill = self.kill
             if event.kind == "start" and kill is not None and kill.at:
                 if not kill.restarted:
