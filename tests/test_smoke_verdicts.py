@@ -267,3 +267,31 @@ def test_steps_per_s_counts_the_steps_this_run_trained():
     assert Outcome(wall=9, exit_codes={}, done=done, train_time=1.5).steps_per_s == 6
     resumed = Outcome(wall=9, exit_codes={}, done=done, train_time=1.5, resumed_from=6)
     assert resumed.steps_per_s == 2  # 3 steps: from the checkpoint's 6 to 9
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("saves", [True, False], ids=["saves", "saves-nothing"])
+def test_kill_at_a_script_that_starts_over(tmp_path, saves):
+    # Found by the third hostile pass: green ("no torch.load: it started over") for a
+    # script that had saved before the kill and lost that progress on the restart.
+    args = '["save"]' if saves else "[]"
+    command = f"command: {{script: never_loads.py, args: {args}}}\n"
+    spec = "nodes: 2\nprocs: 1\ncheckpoint: {size: 1Gi}\n" + command
+    res = smoke(workspace(tmp_path, spec), "--kill-at", "10", timeout=600)
+    out = res.stdout
+    assert re.search(
+        r"^restarted +[\d.]+ s after the kill; no torch.load: it started over", out, re.M
+    ), out
+    if saves:
+        assert res.returncode == 1, res.stderr[-3000:]
+        assert (
+            res.stderr.strip()
+            .splitlines()[-1]
+            .startswith(
+                "error: --kill-at: the restarted workers started over (no torch.load after the "
+                "restart) although the job had saved with torch.save before the kill"
+            )
+        )
+    else:
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert "it started over (it had saved no checkpoint before the kill)" in out, out

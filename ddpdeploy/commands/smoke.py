@@ -410,8 +410,11 @@ def _report_kill(outcome: Outcome, kill: Kill, clean: Outcome, again: Outcome | 
     # When it struck (a checkpoint's step, the clock's second), and what was asked if other.
     asked = "" if kill.when in ("", str(kill.at_)) else f" (asked: {kill.at_})"
     echo(f"killed          {kill.what} of {kill.node} at {kill.when or kill.at_}{asked}")
+    started_over = kill.restarted_at is not None and not kill.loaded and kill.resumed_step is None
     if kill.restarted_at is not None:
         how = "it loaded a file (torch.load)" if kill.loaded else "no torch.load: it started over"
+        if started_over and not kill.saved_before:
+            how += " (it had saved no checkpoint before the kill)"
         if kill.resumed_step is not None:
             how = f"it resumed from step {kill.resumed_step}"
         echo(f"restarted       {kill.restarted_at - kill.at:.1f} s after the kill; {how}")
@@ -423,6 +426,13 @@ def _report_kill(outcome: Outcome, kill: Kill, clean: Outcome, again: Outcome | 
             f"(kill -> step {kill.recovered_step} after torchrun restarted the workers)"
         )
     echo(f"finished        every node exited 0 after the kill{_steps_of(outcome)}")
+    if started_over and kill.saved_before:
+        raise OperationError(
+            "--kill-at: the restarted workers started over (no torch.load after the restart) "
+            "although the job had saved with torch.save before the kill, so it lost that "
+            "progress: load the newest checkpoint when the script starts (ddpkit.load_latest, "
+            "or torch.load of your snapshot under $DDPDEPLOY_CHECKPOINT_DIR)"
+        )
     _report_weights(outcome, clean, again)
 
 

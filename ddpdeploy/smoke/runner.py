@@ -128,6 +128,7 @@ class Kill:
     restarted: bool = False
     restarted_at: float | None = None
     loaded: bool = False  # a restarted worker called torch.load (it resumed from a file)
+    saved_before: bool = False  # some rank had called torch.save when the kill struck
     resumed_step: int | None = None  # the step its `start` event says it resumed from
     recovered_at: float | None = None
     recovered_step: int | None = None
@@ -389,6 +390,8 @@ class _Run:
         kill.node = others[-1]
         kill.what = self.target.kill_worker(kill.node)
         kill.at, kill.when = time.monotonic(), when
+        # torch's usage line may trail the step line (another stream); the folder does not.
+        kill.saved_before = bool(self.saved_on or self._checkpoint_files() - self.known_files)
         self.view.note(f"kill-at: SIGKILL {kill.what} of {kill.node}, {when}")
 
     def recovered(self, step: int | None) -> None:
