@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import faulthandler
 import glob
 import hashlib
@@ -324,13 +325,14 @@ def _warn_if_counts_can_differ() -> None:
 # ---- where checkpoints go ----------------------------------------------------------------
 def checkpoint_dir(directory: str | os.PathLike[str] | None = None) -> str:
     """``directory`` if given, else ``$DDPDEPLOY_CHECKPOINT_DIR``; exits 2 with one line if
-    neither is set (the job has no checkpoint volume)."""
+    neither is set, or the variable is empty (the job has no checkpoint volume)."""
     if directory is not None:
         return os.fspath(directory)
     found = os.environ.get(CHECKPOINT_DIR_ENV)
     if not found:
+        state = "is not set" if found is None else "is set but empty"
         print(
-            f"ddpkit: error: {CHECKPOINT_DIR_ENV} is not set; give the job a checkpoint "
+            f"ddpkit: error: {CHECKPOINT_DIR_ENV} {state}; give the job a checkpoint "
             "volume (checkpoint: in ddpdeploy.yaml) or pass directory= to ddpkit",
             file=sys.stderr,
             flush=True,
@@ -677,13 +679,26 @@ def _identity(st: os.stat_result) -> tuple[int, ...]:
 def _open_regular(path: str, limit: int | None = None) -> Iterator[tuple[BinaryIO, os.stat_result]]:
     """``path`` opened for reading if it is a regular file (OSError otherwise), and its
     stat. No link is followed (O_NOFOLLOW) and the open never blocks (O_NONBLOCK: a FIFO
-    would wait for a writer forever); fstat decides before anything is read."""
-    with open(os.open(path, _READ_FLAGS), "rb") as f:
-        st = os.fstat(f.fileno())
+    would wait for a writer forever); fstat decides before anything is read. Errors name
+    ``path`` and what it is instead: os.open's ELOOP ("Too many levels of symbolic links")
+    and open()'s EISDIR on the descriptor ("Is a directory: 3") say neither."""
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError as e:
+        if e.errno == errno.ELOOP and os.path.islink(path):
+            raise OSError(f"{path}: a symlink, not a regular file") from e
+        raise
+    try:
+        st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise OSError(f"{path}: not a regular file")
+            what = "a directory, not a regular file" if stat.S_ISDIR(st.st_mode) else None
+            raise OSError(f"{path}: {what or 'not a regular file'}")
         if limit is not None and st.st_size > limit:
             raise OSError(f"{path}: larger than {limit} bytes")
+    except BaseException:
+        os.close(fd)
+        raise
+    with open(fd, "rb") as f:  # a regular file: fstat said so
         yield f, st
 
 

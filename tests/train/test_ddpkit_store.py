@@ -176,6 +176,51 @@ def test_a_checkpoint_copied_under_another_step_is_skipped(
     assert "ckpt-step-000000050.pt: its sidecar says step '5', its name 50" in line
 
 
+def test_a_link_or_folder_in_a_checkpoints_place_is_named_as_such(
+    kit: ModuleType, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # Found by the third hostile pass: a symlinked sidecar (or payload) was skipped with
+    # "[Errno 40] Too many levels of symbolic links", and a folder in a sidecar's place
+    # with "[Errno 21] Is a directory: 3", a file descriptor where the path belongs.
+    ck = tmp_path / "ck"
+    for step in (1, 2, 3, 4):
+        kit.save({"step": step}, step, keep=4)
+    (ck / "ckpt-step-000000004.json").unlink()
+    (ck / "ckpt-step-000000004.json").mkdir()
+    for name in ("ckpt-step-000000003.pt", "ckpt-step-000000002.json"):
+        (ck / name).rename(tmp_path / name)  # whole, but reached through a link
+        (ck / name).symlink_to(tmp_path / name)
+    capfd.readouterr()
+    assert kit.load_latest()["step"] == 1
+    said = [x for x in capfd.readouterr().err.splitlines() if x.startswith("ddpkit:")]
+    assert said == [
+        f"ddpkit: skipping checkpoint {ck}/ckpt-step-000000004.pt: unreadable sidecar "
+        f"({ck}/ckpt-step-000000004.json: a directory, not a regular file); trying the one "
+        "before",
+        f"ddpkit: skipping checkpoint {ck}/ckpt-step-000000003.pt: unreadable "
+        f"({ck}/ckpt-step-000000003.pt: a symlink, not a regular file); trying the one before",
+        f"ddpkit: skipping checkpoint {ck}/ckpt-step-000000002.pt: unreadable sidecar "
+        f"({ck}/ckpt-step-000000002.json: a symlink, not a regular file); trying the one "
+        "before",
+    ]
+
+
+def test_an_empty_checkpoint_dir_variable_is_called_empty(
+    kit: ModuleType, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # Found by the third hostile pass: DDPDEPLOY_CHECKPOINT_DIR= (set, but to nothing) was
+    # reported as "is not set", sending the reader to look for a missing variable.
+    monkeypatch.setenv("DDPDEPLOY_CHECKPOINT_DIR", "")
+    capfd.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        kit.load_latest()
+    assert exited.value.code == 2
+    assert capfd.readouterr().err.splitlines() == [
+        "ddpkit: error: DDPDEPLOY_CHECKPOINT_DIR is set but empty; give the job a checkpoint "
+        "volume (checkpoint: in ddpdeploy.yaml) or pass directory= to ddpkit"
+    ]
+
+
 def test_load_latest_does_not_block_on_a_fifo(tmp_path: Path) -> None:
     """A payload that is a FIFO: opening it to read would wait for a writer forever."""
     ck = tmp_path / "ck"
