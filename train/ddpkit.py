@@ -89,6 +89,11 @@ DEFAULT_KEEP = 3
 _SIDECAR = re.compile(r"^ckpt-step-(\d{9,18})\.json$")
 MAX_STEP = 10**18 - 1
 MAX_SIDECAR = 1 << 20  # a sidecar is ~600 bytes; anything this big is not one
+# A temp file untouched this long is a dead writer's. A live writer moves its file's mtime
+# with every write(), and one still saving (a replaced pod in its SIGTERM grace, 30 s by
+# default) is seconds old; ten minutes leaves room for a slow mount's long write or fsync
+# and for clock skew between the nodes that share the folder.
+STALE_TEMP_S = 600.0
 _print_lock = threading.Lock()  # a background checkpoint writer logs too
 T = TypeVar("T")
 
@@ -422,7 +427,7 @@ def latest_verified(
 ) -> tuple[int, T] | None:
     """(step, ``load(payload)``) of the newest checkpoint every rank can use, or None.
 
-    Rank 0 lists the committed steps (after removing a killed writer's temp files) and
+    Rank 0 lists the committed steps (after removing a killed writer's stale temp files) and
     broadcasts them; each rank reads, checks the sha256 and loads the candidate itself,
     because the folder is shared but a rank may see it through another node's mount. The
     first that works on every rank wins; rank 0 says in one line why each newer one did
@@ -556,15 +561,20 @@ class CheckpointStore:
         return sorted((s for s in steps if self._name(s, ".json") in names), reverse=True)
 
     def remove_stale_temp_files(self) -> None:
-        """Delete what a killed writer left half-written: its temp files. A payload whose
-        sidecar never came stays: it is never loaded, nothing tells whose it is, and the
-        next save of that step replaces it. Rank 0, before the first save."""
+        """Delete what a killed writer left half-written: its temp files, once not modified
+        for STALE_TEMP_S. A younger one may be another process's write in progress (the
+        pod this one replaces, still saving). A payload whose sidecar never came stays: it
+        is never loaded, nothing tells whose it is, and the next save of that step replaces
+        it. Rank 0, before the first save."""
         if not os.path.isdir(self.dir):
             return
+        now = time.time()
         for n in os.listdir(self.dir):
             if n.startswith(".tmp-") and n.endswith((".pt", ".json")):
-                with contextlib.suppress(OSError):  # a folder of that name, a read-only mount
-                    os.unlink(os.path.join(self.dir, n))
+                path = os.path.join(self.dir, n)
+                with contextlib.suppress(OSError):  # gone already, a folder, a read-only mount
+                    if now - os.lstat(path).st_mtime >= STALE_TEMP_S:
+                        os.unlink(path)
 
     def write(self, state: Any, meta: dict[str, Any]) -> str:
         """Write one checkpoint atomically and durably, apply retention, print the
@@ -587,8 +597,15 @@ class CheckpointStore:
         except BaseException:
             _unlink_quietly(payload)
             raise
-        os.replace(payload, final)
-        os.replace(side, self.sidecar_path(step))
+        try:
+            os.replace(payload, final)
+            os.replace(side, self.sidecar_path(step))
+        except BaseException:
+            # Nothing else removes a fresh temp file (see remove_stale_temp_files).
+            for tmp in (payload, side):  # a renamed one is gone: nothing to remove
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            raise
         _fsync_dir(self.dir)
         with contextlib.suppress(OSError):  # unknown: then retention hashes it again
             _verified[os.path.abspath(final)] = (digest, _identity(os.lstat(final)))

@@ -13,6 +13,7 @@ import pickle
 import re
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from types import ModuleType
@@ -148,6 +149,12 @@ def test_a_sidecar_nested_past_the_recursion_limit_is_skipped(
     assert "ckpt-step-000000002.pt: unreadable sidecar (maximum recursion depth" in line
 
 
+def age(path: Path, seconds: float) -> None:
+    """Set ``path``'s modification time ``seconds`` into the past."""
+    then = time.time() - seconds
+    os.utime(path, (then, then), follow_symlinks=False)
+
+
 def test_a_temp_name_that_cannot_be_removed_is_left(kit: ModuleType, tmp_path: Path) -> None:
     # Found by the second hostile pass: a folder named like a killed writer's temp file
     # made load_latest raise IsADirectoryError (a read-only mount: the same, EROFS).
@@ -155,8 +162,64 @@ def test_a_temp_name_that_cannot_be_removed_is_left(kit: ModuleType, tmp_path: P
     kit.save({"step": 1}, 1)
     (ck / ".tmp-abc.pt").mkdir()
     (ck / ".tmp-abc.pt" / "kept").write_text("someone's")
+    age(ck / ".tmp-abc.pt", kit.STALE_TEMP_S + 60)  # old enough to be tried
     assert kit.load_latest()["step"] == 1
     assert (ck / ".tmp-abc.pt" / "kept").is_file()
+
+
+def test_load_latest_leaves_a_live_writers_temp_files(kit: ModuleType, tmp_path: Path) -> None:
+    # Found by the third hostile pass: load_latest deleted every .tmp-* file, also those of
+    # another process still writing (on a cluster: the replaced pod saving in its SIGTERM
+    # grace while the new one starts), whose rename then failed with FileNotFoundError.
+    ck = tmp_path / "ck"
+    env = base_env({"PYTHONPATH": str(TRAIN_DIR), "DDPDEPLOY_CHECKPOINT_DIR": str(ck)})
+    write = (
+        "import ddpkit, torch; ddpkit.CheckpointStore(ddpkit.checkpoint_dir(), 3, "
+        "pause_mid_write=3).write({'w': torch.ones(3)}, ddpkit.meta(7))"
+    )
+    writer = subprocess.Popen(
+        [sys.executable, "-c", write], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not list(ck.glob(".tmp-*.pt")) and writer.poll() is None:
+            assert time.monotonic() < deadline, "the writer never started its temp file"
+            time.sleep(0.05)
+        assert writer.poll() is None, writer.communicate()
+        assert kit.load_latest() is None  # nothing committed yet; the writer pauses
+        assert list(ck.glob(".tmp-*.pt"))
+        out, err = writer.communicate(timeout=120)
+    finally:
+        writer.kill()
+    assert writer.returncode == 0, err
+    assert torch.equal(kit.load_latest()["w"], torch.ones(3))
+    assert not list(ck.glob(".tmp-*"))
+
+
+def test_load_latest_removes_temp_files_untouched_for_ten_minutes(
+    kit: ModuleType, tmp_path: Path
+) -> None:
+    ck = tmp_path / "ck"
+    kit.save({"step": 1}, 1)
+    for name in (".tmp-dead.pt", ".tmp-dead.json", ".tmp-live.pt", ".tmp-live.json"):
+        (ck / name).write_bytes(b"half")
+    for name in (".tmp-dead.pt", ".tmp-dead.json"):
+        age(ck / name, kit.STALE_TEMP_S + 1)
+    assert kit.load_latest()["step"] == 1
+    assert sorted(p.name for p in ck.glob(".tmp-*")) == [".tmp-live.json", ".tmp-live.pt"]
+
+
+def test_a_save_whose_rename_fails_leaves_no_temp_file(kit: ModuleType, tmp_path: Path) -> None:
+    # Found by the third hostile pass: when renaming the payload failed, the sidecar's temp
+    # file (and the payload's) stayed in the folder, and since temp files younger than ten
+    # minutes are now left alone, the next start would not remove them either.
+    ck = tmp_path / "ck"
+    (ck / "ckpt-step-000000001.pt").mkdir(parents=True)  # a folder where the payload goes
+    (ck / "ckpt-step-000000001.pt" / "kept").write_text("someone's")
+    with pytest.raises(kit.CheckpointError, match="IsADirectoryError"):
+        kit.save({"step": 1}, 1)
+    assert sorted(p.name for p in ck.iterdir()) == ["ckpt-step-000000001.pt"]
 
 
 def test_a_checkpoint_copied_under_another_step_is_skipped(
