@@ -526,14 +526,15 @@ class CheckpointStore:
     No collectives: ``save``/``load_latest`` above add the agreement between ranks.
     ``pause_mid_write`` is a test hook: the writer sleeps after its first write.
 
-    Retention keeps the ``keep`` newest checkpoints of this run and deletes only this run's
-    older ones. A checkpoint is this run's own when its sidecar carries this process's
-    ``run_id`` (drawn at its first write, or taken over from the checkpoint that
-    ``load_latest`` resumed) and its payload matches the sidecar's sha256 (hashed once per
-    process and file). Anything else in the folder (another run's checkpoints, a corrupt
-    or hand-made one) is neither counted nor deleted: a newer stranger never pushes this
-    run's newest out. A script that saves without ever calling ``load_latest`` starts a new
-    run in every process, so its checkpoints from before a restart are kept.
+    Retention keeps the ``keep`` newest checkpoints of this run, and the one just written,
+    and deletes only this run's older ones. A checkpoint is this run's own when its sidecar
+    carries this process's ``run_id`` (drawn at its first write, or taken over from the
+    checkpoint that ``load_latest`` resumed) and its payload matches the sidecar's sha256
+    (hashed once per process and file). Anything else in the folder (another run's
+    checkpoints, a corrupt or hand-made one) is neither counted nor deleted: a newer
+    stranger never pushes this run's newest out. A script that saves without ever calling
+    ``load_latest`` starts a new run in every process, so its checkpoints from before a
+    restart are kept.
     """
 
     def __init__(self, directory: str, keep: int, pause_mid_write: float = 0.0) -> None:
@@ -609,14 +610,20 @@ class CheckpointStore:
         _fsync_dir(self.dir)
         with contextlib.suppress(OSError):  # unknown: then retention hashes it again
             _verified[os.path.abspath(final)] = (digest, _identity(os.lstat(final)))
-        self._apply_retention()
+        self._apply_retention(step)
         fields = {"step": step, "path": final, "host": meta.get("host"), "rank": meta.get("rank")}
         emit({"event": "checkpoint", **fields})  # the writer is rank 0 by construction
         return final
 
-    def _apply_retention(self) -> None:
+    def _apply_retention(self, written: int) -> None:
+        """Delete this run's checkpoints past its ``keep`` newest, never ``written``: a
+        step below ones the run saved before (it resumed from an older checkpoint) must
+        not be deleted as it is saved. That one stays beside the ``keep`` newest until the
+        run's later saves push it out."""
         own = [step for step in self.list_steps() if self._own(step)]
         for step in own[self.keep :]:
+            if step == written:
+                continue
             # Sidecar first: once it is gone the payload is no longer a candidate.
             for p in (self.sidecar_path(step), self.payload_path(step)):
                 with contextlib.suppress(FileNotFoundError):

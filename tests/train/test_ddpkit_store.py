@@ -105,6 +105,26 @@ def test_a_changed_payload_is_no_longer_this_runs(kit: ModuleType, tmp_path: Pat
     assert steps_in(ck)["pt"] == [1, 2]  # its sha256 no longer verifies: not deleted
 
 
+def test_retention_never_deletes_the_checkpoint_just_written(
+    kit: ModuleType, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # Found by the third hostile pass: save(..., 100, keep=1) then save(..., 50, keep=1)
+    # deleted step 50 as retention's oldest, yet returned its path and printed its
+    # `checkpoint` line.
+    ck = tmp_path / "ck"
+    kit.save({"a": 1}, 100, keep=1)
+    capfd.readouterr()
+    path = kit.save({"a": 2}, 50, keep=1)
+    assert Path(path).is_file() and path.endswith("ckpt-step-000000050.pt")
+    (line,) = capfd.readouterr().out.splitlines()
+    assert json.loads(line)["path"] == path
+    assert steps_in(ck) == {"pt": [50, 100], "json": [50, 100]}
+    kit.save({"a": 3}, 51, keep=1)  # no longer the one just written: 50 goes
+    assert steps_in(ck) == {"pt": [51, 100], "json": [51, 100]}
+    kit.save({"a": 4}, 101, keep=1)  # the newest again: back to keep
+    assert steps_in(ck) == {"pt": [101], "json": [101]}
+
+
 # ---- load_latest: every unusable candidate skipped in one line, the next older one used ----
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol")  # torch on the planted pickle
 def test_load_latest_skips_what_it_cannot_use(
