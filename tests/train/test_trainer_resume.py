@@ -158,9 +158,12 @@ def test_kill_during_save_leaves_previous_checkpoint(tmp_path: Path, reference: 
         p.wait_for(lambda: any(ck.glob(".tmp-*.pt")), timeout=60)
         p.kill(signal.SIGKILL)
         assert not (ck / "ckpt-step-000000010.json").exists()
+        killed = {x.name for x in ck.glob(".tmp-*")}
         q = L.run_ok(ckpt_args(ck), name="second")
     assert start_event(q)["resume_step"] == 5
-    assert not list(ck.glob(".tmp-*"))  # leftovers cleaned
+    # The killed writer's temp files stay until ten minutes old (a younger one may be a
+    # live writer's, test_ddpkit_store.py); the second run left none of its own.
+    assert {x.name for x in ck.glob(".tmp-*")} <= killed
     assert done_hash(q) == reference
 
 
