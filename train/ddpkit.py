@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import faulthandler
 import glob
 import hashlib
@@ -88,6 +89,11 @@ DEFAULT_KEEP = 3
 _SIDECAR = re.compile(r"^ckpt-step-(\d{9,18})\.json$")
 MAX_STEP = 10**18 - 1
 MAX_SIDECAR = 1 << 20  # a sidecar is ~600 bytes; anything this big is not one
+# A temp file untouched this long is a dead writer's. A live writer moves its file's mtime
+# with every write(), and one still saving (a replaced pod in its SIGTERM grace, 30 s by
+# default) is seconds old; ten minutes leaves room for a slow mount's long write or fsync
+# and for clock skew between the nodes that share the folder.
+STALE_TEMP_S = 600.0
 _print_lock = threading.Lock()  # a background checkpoint writer logs too
 T = TypeVar("T")
 
@@ -324,13 +330,14 @@ def _warn_if_counts_can_differ() -> None:
 # ---- where checkpoints go ----------------------------------------------------------------
 def checkpoint_dir(directory: str | os.PathLike[str] | None = None) -> str:
     """``directory`` if given, else ``$DDPDEPLOY_CHECKPOINT_DIR``; exits 2 with one line if
-    neither is set (the job has no checkpoint volume)."""
+    neither is set, or the variable is empty (the job has no checkpoint volume)."""
     if directory is not None:
         return os.fspath(directory)
     found = os.environ.get(CHECKPOINT_DIR_ENV)
     if not found:
+        state = "is not set" if found is None else "is set but empty"
         print(
-            f"ddpkit: error: {CHECKPOINT_DIR_ENV} is not set; give the job a checkpoint "
+            f"ddpkit: error: {CHECKPOINT_DIR_ENV} {state}; give the job a checkpoint "
             "volume (checkpoint: in ddpdeploy.yaml) or pass directory= to ddpkit",
             file=sys.stderr,
             flush=True,
@@ -420,7 +427,7 @@ def latest_verified(
 ) -> tuple[int, T] | None:
     """(step, ``load(payload)``) of the newest checkpoint every rank can use, or None.
 
-    Rank 0 lists the committed steps (after removing a killed writer's temp files) and
+    Rank 0 lists the committed steps (after removing a killed writer's stale temp files) and
     broadcasts them; each rank reads, checks the sha256 and loads the candidate itself,
     because the folder is shared but a rank may see it through another node's mount. The
     first that works on every rank wins; rank 0 says in one line why each newer one did
@@ -519,14 +526,15 @@ class CheckpointStore:
     No collectives: ``save``/``load_latest`` above add the agreement between ranks.
     ``pause_mid_write`` is a test hook: the writer sleeps after its first write.
 
-    Retention keeps the ``keep`` newest checkpoints of this run and deletes only this run's
-    older ones. A checkpoint is this run's own when its sidecar carries this process's
-    ``run_id`` (drawn at its first write, or taken over from the checkpoint that
-    ``load_latest`` resumed) and its payload matches the sidecar's sha256 (hashed once per
-    process and file). Anything else in the folder (another run's checkpoints, a corrupt
-    or hand-made one) is neither counted nor deleted: a newer stranger never pushes this
-    run's newest out. A script that saves without ever calling ``load_latest`` starts a new
-    run in every process, so its checkpoints from before a restart are kept.
+    Retention keeps the ``keep`` newest checkpoints of this run, and the one just written,
+    and deletes only this run's older ones. A checkpoint is this run's own when its sidecar
+    carries this process's ``run_id`` (drawn at its first write, or taken over from the
+    checkpoint that ``load_latest`` resumed) and its payload matches the sidecar's sha256
+    (hashed once per process and file). Anything else in the folder (another run's
+    checkpoints, a corrupt or hand-made one) is neither counted nor deleted: a newer
+    stranger never pushes this run's newest out. A script that saves without ever calling
+    ``load_latest`` starts a new run in every process, so its checkpoints from before a
+    restart are kept.
     """
 
     def __init__(self, directory: str, keep: int, pause_mid_write: float = 0.0) -> None:
@@ -554,15 +562,20 @@ class CheckpointStore:
         return sorted((s for s in steps if self._name(s, ".json") in names), reverse=True)
 
     def remove_stale_temp_files(self) -> None:
-        """Delete what a killed writer left half-written: its temp files. A payload whose
-        sidecar never came stays: it is never loaded, nothing tells whose it is, and the
-        next save of that step replaces it. Rank 0, before the first save."""
+        """Delete what a killed writer left half-written: its temp files, once not modified
+        for STALE_TEMP_S. A younger one may be another process's write in progress (the
+        pod this one replaces, still saving). A payload whose sidecar never came stays: it
+        is never loaded, nothing tells whose it is, and the next save of that step replaces
+        it. Rank 0, before the first save."""
         if not os.path.isdir(self.dir):
             return
+        now = time.time()
         for n in os.listdir(self.dir):
             if n.startswith(".tmp-") and n.endswith((".pt", ".json")):
-                with contextlib.suppress(OSError):  # a folder of that name, a read-only mount
-                    os.unlink(os.path.join(self.dir, n))
+                path = os.path.join(self.dir, n)
+                with contextlib.suppress(OSError):  # gone already, a folder, a read-only mount
+                    if now - os.lstat(path).st_mtime >= STALE_TEMP_S:
+                        os.unlink(path)
 
     def write(self, state: Any, meta: dict[str, Any]) -> str:
         """Write one checkpoint atomically and durably, apply retention, print the
@@ -585,19 +598,32 @@ class CheckpointStore:
         except BaseException:
             _unlink_quietly(payload)
             raise
-        os.replace(payload, final)
-        os.replace(side, self.sidecar_path(step))
+        try:
+            os.replace(payload, final)
+            os.replace(side, self.sidecar_path(step))
+        except BaseException:
+            # Nothing else removes a fresh temp file (see remove_stale_temp_files).
+            for tmp in (payload, side):  # a renamed one is gone: nothing to remove
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            raise
         _fsync_dir(self.dir)
         with contextlib.suppress(OSError):  # unknown: then retention hashes it again
             _verified[os.path.abspath(final)] = (digest, _identity(os.lstat(final)))
-        self._apply_retention()
+        self._apply_retention(step)
         fields = {"step": step, "path": final, "host": meta.get("host"), "rank": meta.get("rank")}
         emit({"event": "checkpoint", **fields})  # the writer is rank 0 by construction
         return final
 
-    def _apply_retention(self) -> None:
+    def _apply_retention(self, written: int) -> None:
+        """Delete this run's checkpoints past its ``keep`` newest, never ``written``: a
+        step below ones the run saved before (it resumed from an older checkpoint) must
+        not be deleted as it is saved. That one stays beside the ``keep`` newest until the
+        run's later saves push it out."""
         own = [step for step in self.list_steps() if self._own(step)]
         for step in own[self.keep :]:
+            if step == written:
+                continue
             # Sidecar first: once it is gone the payload is no longer a candidate.
             for p in (self.sidecar_path(step), self.payload_path(step)):
                 with contextlib.suppress(FileNotFoundError):
@@ -677,13 +703,26 @@ def _identity(st: os.stat_result) -> tuple[int, ...]:
 def _open_regular(path: str, limit: int | None = None) -> Iterator[tuple[BinaryIO, os.stat_result]]:
     """``path`` opened for reading if it is a regular file (OSError otherwise), and its
     stat. No link is followed (O_NOFOLLOW) and the open never blocks (O_NONBLOCK: a FIFO
-    would wait for a writer forever); fstat decides before anything is read."""
-    with open(os.open(path, _READ_FLAGS), "rb") as f:
-        st = os.fstat(f.fileno())
+    would wait for a writer forever); fstat decides before anything is read. Errors name
+    ``path`` and what it is instead: os.open's ELOOP ("Too many levels of symbolic links")
+    and open()'s EISDIR on the descriptor ("Is a directory: 3") say neither."""
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError as e:
+        if e.errno == errno.ELOOP and os.path.islink(path):
+            raise OSError(f"{path}: a symlink, not a regular file") from e
+        raise
+    try:
+        st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise OSError(f"{path}: not a regular file")
+            what = "a directory, not a regular file" if stat.S_ISDIR(st.st_mode) else None
+            raise OSError(f"{path}: {what or 'not a regular file'}")
         if limit is not None and st.st_size > limit:
             raise OSError(f"{path}: larger than {limit} bytes")
+    except BaseException:
+        os.close(fd)
+        raise
+    with open(fd, "rb") as f:  # a regular file: fstat said so
         yield f, st
 
 

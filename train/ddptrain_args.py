@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -38,6 +39,29 @@ def _non_negative(v: str) -> int:
     if n < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
     return n
+
+
+# Far above any useful value and far below where torch's float32 arithmetic overflows
+# (--lr 1e308 raised "value cannot be converted to type float without overflow"); for
+# --bucket-cap-mb, a terabyte (DDP holds the size in bytes as an int64).
+FLOAT_CAP, FLOAT_CAP_TEXT = 1e6, "1e6"
+
+
+def _number(ok: Callable[[float], bool], what: str) -> Callable[[str], float]:
+    """A float flag's type: a finite number for which ``ok`` holds, else argparse's error
+    ("argument --lr: must be a finite number > 0 (got nan)"). float() alone takes nan and
+    inf, with which the run trained to NaN weights and reported done."""
+
+    def parse(v: str) -> float:
+        try:
+            x = float(v)
+        except ValueError:
+            x = math.nan
+        if math.isfinite(x) and ok(x):
+            return x
+        raise argparse.ArgumentTypeError(f"must be {what} (got {v})")
+
+    return parse
 
 
 def _rank_spec(kind: str) -> Callable[[str], tuple[int, float]]:
@@ -81,17 +105,21 @@ class Args:
     epochs: int | None = flag(None, "epochs (default 1 when --steps is not given)",
                               type=_positive)
     batch_size: int = flag(32, "per-rank micro-batch size", type=_positive)
-    lr: float = flag(0.05, type=float)
+    lr: float = flag(0.05, type=_number(lambda x: 0 < x <= FLOAT_CAP,
+                                        f"a finite number > 0 and <= {FLOAT_CAP_TEXT}"))
     optimizer: str = flag("sgd", choices=["sgd", "adamw"])
-    momentum: float = flag(0.9, "SGD momentum", type=float)
-    weight_decay: float = flag(0.0, type=float)
+    momentum: float = flag(0.9, "SGD momentum", type=_number(lambda x: 0 <= x < 1,
+                                                             "a number >= 0 and < 1"))
+    weight_decay: float = flag(0.0, type=_number(lambda x: 0 <= x <= FLOAT_CAP,
+                                                 f"a finite number >= 0 and <= {FLOAT_CAP_TEXT}"))
     warmup_steps: int = flag(0, "linear LR warmup steps", type=_non_negative)
     seed: int = flag(0, "rank r is seeded with seed + r", type=int)
     grad_accum: int = flag(1, "micro-steps per optimizer step", type=_positive)
     bn: bool = flag(False, "built-in MLP: add a BatchNorm1d layer", action="store_true")
     amp: bool = flag(False, "bf16 autocast (GPU only; ignored with a warning)",
                      action="store_true")
-    clip_grad: float = flag(0.0, "max grad norm (0: off)", type=float)
+    clip_grad: float = flag(0.0, "max grad norm (0: off)",
+                            type=_number(lambda x: x >= 0, "a finite number >= 0"))
     model: str | None = flag(None, "pkg.mod:factory returning an nn.Module (default: "
                              "built-in MLP)")
     dataset: str | None = flag(None, "pkg.mod:factory returning a map-style Dataset of "
@@ -103,7 +131,8 @@ class Args:
     log_every: int = flag(1, type=_positive)
     # ---- distributed
     backend: str = flag("auto", choices=["auto", "nccl", "gloo"])
-    bucket_cap_mb: float = flag(25.0, type=float)
+    bucket_cap_mb: float = flag(25.0, type=_number(lambda x: 0 < x <= FLOAT_CAP,
+                                                   f"a finite number > 0 and <= {FLOAT_CAP_TEXT}"))
     static_graph: bool = flag(False, action="store_true")
     find_unused_parameters: bool = flag(False, action="store_true")
     sync_bn: bool = flag(False, "synchronise BatchNorm statistics across ranks",
@@ -117,17 +146,19 @@ class Args:
     probe_min_busbw: float | None = env_flag(
         lambda: float(_env("DDPDEPLOY_PROBE_MIN_BUSBW") or 0) or None,
         "fail at start (exit 3) when the probe's bus bandwidth is below this",
-        type=float, metavar="GBPS")
+        type=_number(lambda x: x >= 0, "a finite number >= 0"), metavar="GBPS")
     ranks_every: int | None = flag(None, "steps between `ranks` events (per-rank work times; "
                                    "0: only at the end; default: DDPDEPLOY_RANKS_EVERY, else "
                                    "50 steps, then about every 10 s)", type=_non_negative)
     straggler_factor: float = env_flag(
         lambda: float(_env("DDPDEPLOY_STRAGGLER_FACTOR") or 1.2),
-        "a rank whose work time exceeds the median by this factor is a straggler", type=float)
+        "a rank whose work time exceeds the median by this factor is a straggler",
+        type=_number(lambda x: x > 0, "a finite number > 0"))
     hang_timeout_s: float = env_flag(
         lambda: float(_env("DDPDEPLOY_HANG_TIMEOUT_S") or 0),
         "seconds without a step before the hang watchdog dumps stacks and ends the run "
-        "(0: max(60, 5x the slowest step); negative: off)", type=float)
+        "(0: max(60, 5x the slowest step); negative: off)",
+        type=_number(lambda x: True, "a finite number of seconds"))
     # ---- checkpoints (ddpdeploy sets the variable wherever the job has a checkpoint volume)
     checkpoint_dir: str | None = env_flag(
         lambda: _env("DDPDEPLOY_CHECKPOINT_DIR"),
@@ -140,8 +171,10 @@ class Args:
     debug_dump: str | None = flag(None, "every rank writes rank<R>.pt with per-rank state here")
     debug_desync_opt: bool = flag(False, "ranks != 0 use 2x lr: shows DDP does not sync "
                                   "optimizer state/hyperparameters", action="store_true")
-    debug_step_delay: float = flag(0.0, "sleep seconds per step", type=float)
-    debug_slow_save: float = flag(0.0, "writer sleeps mid-write", type=float)
+    debug_step_delay: float = flag(0.0, "sleep seconds per step",
+                                   type=_number(lambda x: x >= 0, "a finite number >= 0"))
+    debug_slow_save: float = flag(0.0, "writer sleeps mid-write",
+                                  type=_number(lambda x: x >= 0, "a finite number >= 0"))
     debug_slow_rank: tuple[int, float] | None = flag(
         None, "rank R sleeps SECONDS in each step's data loading",
         type=_rank_spec("SECONDS"), metavar="R:SECONDS")

@@ -19,7 +19,8 @@ A payload (torch.save, loaded with weights_only=True) is a dict:
                cuda if present), gathered to rank 0 by the checkpoint manager
 
 No collective here goes through numpy (torch's *_object collectives do, and numpy is
-optional): RNG states travel as serialised bytes in uint8 tensors.
+optional): RNG states travel as serialised bytes in uint8 tensors (``pack``: not torch.save,
+which smoke would count as a save on every rank).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import contextlib
 import ctypes
 import importlib
 import io
+import json
 import os
 import random
 import sys
@@ -370,10 +372,8 @@ def _copy_to_cpu(obj: Any) -> Any:
 def _gather_to_rank0(
     obj: dict[str, Any], group: dist.ProcessGroup, world_size: int
 ) -> list[dict[str, Any]] | None:
-    """gather_object without numpy: every rank's ``obj`` (torch.save-able) on rank 0."""
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    mine = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+    """gather_object without numpy: every rank's ``obj`` (see ``pack``) on rank 0."""
+    mine = torch.frombuffer(bytearray(pack(obj)), dtype=torch.uint8)
     sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world_size)]
     dist.all_gather(sizes, torch.tensor([mine.numel()], dtype=torch.int64), group=group)
     longest = max(int(s) for s in sizes)
@@ -385,4 +385,69 @@ def _gather_to_rank0(
     if parts is None:
         return None
     raw = [ctypes.string_at(p.data_ptr(), int(n)) for p, n in zip(parts, sizes, strict=True)]
-    return [torch.load(io.BytesIO(b), weights_only=True) for b in raw]
+    return [unpack(b) for b in raw]
+
+
+# ---- RNG states as bytes, without torch.save -------------------------------------------
+# torch.save (and pickle, whose tensors torch.save their storage) logs the "torch.save" API
+# usage, which smoke reads as "this rank saved": every rank serialising its RNG state for
+# the gather made smoke warn that ranks on several nodes save to the shared volume. So the
+# states travel as a JSON tree, each tensor replaced by its dtype, shape and place in the
+# raw bytes that follow. JSON also makes the bytes from other ranks plain data to rank 0.
+_HEADER = 8  # the tree's length, little-endian
+
+
+def pack(obj: Any) -> bytes:
+    """``obj`` (dicts with string keys, lists, tuples, tensors, str, int, float, bool,
+    None) as bytes that ``unpack`` turns back into an equal object of the same types."""
+    blobs: list[bytes] = []
+    offset = [0]
+
+    def tree(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            t = x.detach().cpu().contiguous()
+            raw = ctypes.string_at(t.data_ptr(), t.nbytes) if t.nbytes else b""
+            blobs.append(raw)
+            offset[0] += len(raw)
+            return {"tensor": [str(t.dtype).removeprefix("torch."), list(t.shape),
+                               offset[0] - len(raw), len(raw)]}  # fmt: skip
+        if isinstance(x, dict):
+            if not all(isinstance(k, str) for k in x):
+                raise TypeError(f"pack: dict keys must be str, got {list(x)!r}")
+            return {"dict": {k: tree(v) for k, v in x.items()}}
+        if isinstance(x, tuple):
+            return {"tuple": [tree(v) for v in x]}
+        if isinstance(x, list):
+            return [tree(v) for v in x]
+        if x is None or isinstance(x, str | int | float):  # bool is an int
+            return x
+        raise TypeError(f"pack: cannot pack a {type(x).__name__}")
+
+    head = json.dumps(tree(obj)).encode()
+    return len(head).to_bytes(_HEADER, "little") + head + b"".join(blobs)
+
+
+def unpack(data: bytes) -> Any:
+    """What ``pack`` packed; ValueError for anything else."""
+    n = int.from_bytes(data[:_HEADER], "little")
+    body = data[_HEADER + n :]
+
+    def value(x: Any) -> Any:
+        if isinstance(x, list):
+            return [value(v) for v in x]
+        if not isinstance(x, dict):
+            return x
+        if "dict" in x:
+            return {k: value(v) for k, v in x["dict"].items()}
+        if "tuple" in x:
+            return tuple(value(v) for v in x["tuple"])
+        name, shape, start, size = x["tensor"]
+        dtype = getattr(torch, name, None)
+        if not isinstance(dtype, torch.dtype) or start + size > len(body):
+            raise ValueError(f"unpack: not a packed tensor: {x!r}"[:200])
+        if not size:
+            return torch.empty(shape, dtype=dtype)
+        flat = torch.frombuffer(bytearray(body[start : start + size]), dtype=dtype)
+        return flat.reshape(shape)
+
+    return value(json.loads(data[_HEADER : _HEADER + n]))

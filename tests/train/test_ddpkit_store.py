@@ -13,6 +13,7 @@ import pickle
 import re
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from types import ModuleType
@@ -104,6 +105,26 @@ def test_a_changed_payload_is_no_longer_this_runs(kit: ModuleType, tmp_path: Pat
     assert steps_in(ck)["pt"] == [1, 2]  # its sha256 no longer verifies: not deleted
 
 
+def test_retention_never_deletes_the_checkpoint_just_written(
+    kit: ModuleType, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # Found by the third hostile pass: save(..., 100, keep=1) then save(..., 50, keep=1)
+    # deleted step 50 as retention's oldest, yet returned its path and printed its
+    # `checkpoint` line.
+    ck = tmp_path / "ck"
+    kit.save({"a": 1}, 100, keep=1)
+    capfd.readouterr()
+    path = kit.save({"a": 2}, 50, keep=1)
+    assert Path(path).is_file() and path.endswith("ckpt-step-000000050.pt")
+    (line,) = capfd.readouterr().out.splitlines()
+    assert json.loads(line)["path"] == path
+    assert steps_in(ck) == {"pt": [50, 100], "json": [50, 100]}
+    kit.save({"a": 3}, 51, keep=1)  # no longer the one just written: 50 goes
+    assert steps_in(ck) == {"pt": [51, 100], "json": [51, 100]}
+    kit.save({"a": 4}, 101, keep=1)  # the newest again: back to keep
+    assert steps_in(ck) == {"pt": [101], "json": [101]}
+
+
 # ---- load_latest: every unusable candidate skipped in one line, the next older one used ----
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol")  # torch on the planted pickle
 def test_load_latest_skips_what_it_cannot_use(
@@ -148,6 +169,12 @@ def test_a_sidecar_nested_past_the_recursion_limit_is_skipped(
     assert "ckpt-step-000000002.pt: unreadable sidecar (maximum recursion depth" in line
 
 
+def age(path: Path, seconds: float) -> None:
+    """Set ``path``'s modification time ``seconds`` into the past."""
+    then = time.time() - seconds
+    os.utime(path, (then, then), follow_symlinks=False)
+
+
 def test_a_temp_name_that_cannot_be_removed_is_left(kit: ModuleType, tmp_path: Path) -> None:
     # Found by the second hostile pass: a folder named like a killed writer's temp file
     # made load_latest raise IsADirectoryError (a read-only mount: the same, EROFS).
@@ -155,8 +182,64 @@ def test_a_temp_name_that_cannot_be_removed_is_left(kit: ModuleType, tmp_path: P
     kit.save({"step": 1}, 1)
     (ck / ".tmp-abc.pt").mkdir()
     (ck / ".tmp-abc.pt" / "kept").write_text("someone's")
+    age(ck / ".tmp-abc.pt", kit.STALE_TEMP_S + 60)  # old enough to be tried
     assert kit.load_latest()["step"] == 1
     assert (ck / ".tmp-abc.pt" / "kept").is_file()
+
+
+def test_load_latest_leaves_a_live_writers_temp_files(kit: ModuleType, tmp_path: Path) -> None:
+    # Found by the third hostile pass: load_latest deleted every .tmp-* file, also those of
+    # another process still writing (on a cluster: the replaced pod saving in its SIGTERM
+    # grace while the new one starts), whose rename then failed with FileNotFoundError.
+    ck = tmp_path / "ck"
+    env = base_env({"PYTHONPATH": str(TRAIN_DIR), "DDPDEPLOY_CHECKPOINT_DIR": str(ck)})
+    write = (
+        "import ddpkit, torch; ddpkit.CheckpointStore(ddpkit.checkpoint_dir(), 3, "
+        "pause_mid_write=3).write({'w': torch.ones(3)}, ddpkit.meta(7))"
+    )
+    writer = subprocess.Popen(
+        [sys.executable, "-c", write], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not list(ck.glob(".tmp-*.pt")) and writer.poll() is None:
+            assert time.monotonic() < deadline, "the writer never started its temp file"
+            time.sleep(0.05)
+        assert writer.poll() is None, writer.communicate()
+        assert kit.load_latest() is None  # nothing committed yet; the writer pauses
+        assert list(ck.glob(".tmp-*.pt"))
+        out, err = writer.communicate(timeout=120)
+    finally:
+        writer.kill()
+    assert writer.returncode == 0, err
+    assert torch.equal(kit.load_latest()["w"], torch.ones(3))
+    assert not list(ck.glob(".tmp-*"))
+
+
+def test_load_latest_removes_temp_files_untouched_for_ten_minutes(
+    kit: ModuleType, tmp_path: Path
+) -> None:
+    ck = tmp_path / "ck"
+    kit.save({"step": 1}, 1)
+    for name in (".tmp-dead.pt", ".tmp-dead.json", ".tmp-live.pt", ".tmp-live.json"):
+        (ck / name).write_bytes(b"half")
+    for name in (".tmp-dead.pt", ".tmp-dead.json"):
+        age(ck / name, kit.STALE_TEMP_S + 1)
+    assert kit.load_latest()["step"] == 1
+    assert sorted(p.name for p in ck.glob(".tmp-*")) == [".tmp-live.json", ".tmp-live.pt"]
+
+
+def test_a_save_whose_rename_fails_leaves_no_temp_file(kit: ModuleType, tmp_path: Path) -> None:
+    # Found by the third hostile pass: when renaming the payload failed, the sidecar's temp
+    # file (and the payload's) stayed in the folder, and since temp files younger than ten
+    # minutes are now left alone, the next start would not remove them either.
+    ck = tmp_path / "ck"
+    (ck / "ckpt-step-000000001.pt").mkdir(parents=True)  # a folder where the payload goes
+    (ck / "ckpt-step-000000001.pt" / "kept").write_text("someone's")
+    with pytest.raises(kit.CheckpointError, match="IsADirectoryError"):
+        kit.save({"step": 1}, 1)
+    assert sorted(p.name for p in ck.iterdir()) == ["ckpt-step-000000001.pt"]
 
 
 def test_a_checkpoint_copied_under_another_step_is_skipped(
@@ -174,6 +257,51 @@ def test_a_checkpoint_copied_under_another_step_is_skipped(
     assert kit.load_latest()["step"] == 5
     (line,) = [x for x in capfd.readouterr().err.splitlines() if x.startswith("ddpkit:")]
     assert "ckpt-step-000000050.pt: its sidecar says step '5', its name 50" in line
+
+
+def test_a_link_or_folder_in_a_checkpoints_place_is_named_as_such(
+    kit: ModuleType, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # Found by the third hostile pass: a symlinked sidecar (or payload) was skipped with
+    # "[Errno 40] Too many levels of symbolic links", and a folder in a sidecar's place
+    # with "[Errno 21] Is a directory: 3", a file descriptor where the path belongs.
+    ck = tmp_path / "ck"
+    for step in (1, 2, 3, 4):
+        kit.save({"step": step}, step, keep=4)
+    (ck / "ckpt-step-000000004.json").unlink()
+    (ck / "ckpt-step-000000004.json").mkdir()
+    for name in ("ckpt-step-000000003.pt", "ckpt-step-000000002.json"):
+        (ck / name).rename(tmp_path / name)  # whole, but reached through a link
+        (ck / name).symlink_to(tmp_path / name)
+    capfd.readouterr()
+    assert kit.load_latest()["step"] == 1
+    said = [x for x in capfd.readouterr().err.splitlines() if x.startswith("ddpkit:")]
+    assert said == [
+        f"ddpkit: skipping checkpoint {ck}/ckpt-step-000000004.pt: unreadable sidecar "
+        f"({ck}/ckpt-step-000000004.json: a directory, not a regular file); trying the one "
+        "before",
+        f"ddpkit: skipping checkpoint {ck}/ckpt-step-000000003.pt: unreadable "
+        f"({ck}/ckpt-step-000000003.pt: a symlink, not a regular file); trying the one before",
+        f"ddpkit: skipping checkpoint {ck}/ckpt-step-000000002.pt: unreadable sidecar "
+        f"({ck}/ckpt-step-000000002.json: a symlink, not a regular file); trying the one "
+        "before",
+    ]
+
+
+def test_an_empty_checkpoint_dir_variable_is_called_empty(
+    kit: ModuleType, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # Found by the third hostile pass: DDPDEPLOY_CHECKPOINT_DIR= (set, but to nothing) was
+    # reported as "is not set", sending the reader to look for a missing variable.
+    monkeypatch.setenv("DDPDEPLOY_CHECKPOINT_DIR", "")
+    capfd.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        kit.load_latest()
+    assert exited.value.code == 2
+    assert capfd.readouterr().err.splitlines() == [
+        "ddpkit: error: DDPDEPLOY_CHECKPOINT_DIR is set but empty; give the job a checkpoint "
+        "volume (checkpoint: in ddpdeploy.yaml) or pass directory= to ddpkit"
+    ]
 
 
 def test_load_latest_does_not_block_on_a_fifo(tmp_path: Path) -> None:

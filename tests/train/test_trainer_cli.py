@@ -23,6 +23,7 @@ pytestmark = pytest.mark.slow  # real trainer processes (torch start-up each)
         (["--model", "justamodule"], "pkg.mod:factory"),
         (["--checkpoint-every", "5"], "--checkpoint-dir"),
         (["--backend", "mpi"], "--backend"),
+        (["--lr", "nan"], "argument --lr: must be a finite number > 0"),  # third hostile pass
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(tmp_path: Path, args: list[str], needle: str) -> None:
