@@ -372,6 +372,21 @@ def read_at_most(source: IO[bytes], limit: int) -> bytes:
     return b"".join(parts)
 
 
+def starts_with(path: Path | str, head: bytes, label: str = "") -> bool | None:
+    """Whether the regular file ``path`` begins with ``head``; None when nothing is there.
+    Anything else at ``path`` (a symlink too) is NotRegularFile, one line ending in what to
+    do (the writer would not replace it either); OSError for the rest."""
+    try:
+        with open_regular(path, label, follow_symlinks=False) as fh:
+            return read_at_most(fh, len(head)).startswith(head)
+    except FileNotFoundError:
+        return None
+    except NotRegularFile as exc:
+        raise NotRegularFile(
+            f"{exc}; ddpdeploy replaces only regular files: name another path or move it away"
+        ) from None
+
+
 def read_regular(
     path: Path | str,
     label: str = "",

@@ -4,11 +4,17 @@ No apiserver needed: each fails while loading the kubeconfig, before any request
 
 from __future__ import annotations
 
+import os
+import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from cli_runner import run_cli, run_main
+
+from ddpdeploy.adapters.kube import KUBECONFIG_LIMIT
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -123,3 +129,73 @@ def test_unreachable_server_is_one_line_without_the_clients_retry_warning(tmp_pa
     # logger (the client's logging.error does): held now, it must stay out of the line.
     line = one_line(status(path, tmp_path))
     assert line.startswith("error: connecting: cannot reach the Kubernetes API at https://")
+
+
+def _capped() -> None:
+    # Without the size check the client read /dev/zero until the OOM killer came: a cap on
+    # the child's memory makes that a quick failure here instead.
+    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+
+def fresh(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """`python -m ddpdeploy ARGS` in a fresh interpreter, its memory capped; a FIFO that
+    hangs it ends in TimeoutExpired (the child killed), failing the test."""
+    return subprocess.run(
+        [sys.executable, "-m", "ddpdeploy", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=_capped,
+    )
+
+
+def not_a_kubeconfig(tmp_path: Path, kind: str) -> Path:
+    if kind == "device":
+        return Path("/dev/zero")
+    if kind == "folder":
+        return tmp_path
+    path = tmp_path / kind
+    if kind == "FIFO":
+        os.mkfifo(path)
+    else:  # one byte past the limit; real kubeconfigs are KBs
+        with path.open("wb") as out:
+            out.truncate(KUBECONFIG_LIMIT + 1)
+    return path
+
+
+SAYS = {
+    "device": "is not a regular file (a device)",
+    "FIFO": "is not a regular file (a FIFO)",
+    "folder": "is not a regular file (a folder)",
+    "huge": "is larger than 4 MiB; is it a kubeconfig?",
+}
+FIX = {
+    "--kubeconfig": "; point --kubeconfig at a kubeconfig file",
+    "KUBECONFIG": "; fix KUBECONFIG or pass --kubeconfig FILE",
+}
+
+
+@pytest.mark.parametrize("kind", list(SAYS))
+def test_a_kubeconfig_flag_that_is_no_regular_file_or_huge_is_one_line(tmp_path, kind):
+    # Found by the third hostile pass: --kubeconfig /dev/zero was read until the process was
+    # OOM-killed, a FIFO hung status forever, and a 50 MB file took more than 90 s.
+    path = not_a_kubeconfig(tmp_path, kind)
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "KUBECONFIG": ""}
+    res = fresh("status", "ddp-train", "--kubeconfig", str(path), env=env)
+    fix = "" if kind == "huge" else FIX["--kubeconfig"]
+    assert res.returncode == 2, res.stderr[-500:]
+    assert res.stderr == f"error: --kubeconfig: {path} {SAYS[kind]}{fix}\n"
+
+
+@pytest.mark.parametrize("kind", ["device", "FIFO", "huge"])
+def test_every_path_in_the_kubeconfig_variable_is_checked(tmp_path, kind):
+    # The same through KUBECONFIG, which may list several files (empty entries skipped, as
+    # the client does); `logs` here: every cluster verb loads the kubeconfig in one place.
+    good = exec_kubeconfig(tmp_path, "https://127.0.0.1:1", "#!/bin/sh\nexit 1\n")
+    path = not_a_kubeconfig(tmp_path, kind)
+    env = {"XDG_CACHE_HOME": str(tmp_path / "cache"), "KUBECONFIG": f"{good}::{path}"}
+    res = fresh("logs", "ddp-train", env=env)
+    fix = "" if kind == "huge" else FIX["KUBECONFIG"]
+    assert res.returncode == 2, res.stderr[-500:]
+    assert res.stderr == f"error: KUBECONFIG: {path} {SAYS[kind]}{fix}\n"

@@ -156,6 +156,17 @@ def test_unwritable_out_dir_is_one_line(target, code, text):
     one_line_error(run_main(*RENDER, "--out-dir", target), code, text)
 
 
+@pytest.mark.parametrize("under", ["sub", "sub/deeper"])
+def test_a_file_where_the_parent_folder_should_be_is_named(tmp_path, under):
+    # Found by the third hostile pass: `--out-dir afile/sub` said "the parent folder of
+    # afile/sub does not exist" while afile was right there, a regular file.
+    (tmp_path / "afile").write_text("keep\n")
+    res = run_main(*RENDER, "--out-dir", f"afile/{under}", cwd=tmp_path)
+    one_line_error(res, 2, f"--out-dir: afile is a file, not a folder, so afile/{under} cannot")
+    assert (tmp_path / "afile").read_text() == "keep\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
 def test_read_only_mount_is_one_line_exit_1(mountpoint):
     mount_tmpfs(mountpoint, "ro")
     # In a fresh interpreter: the system's refusal as a shell sees it (exit 1, one line).

@@ -275,6 +275,54 @@ def test_cli_stdout_out_file_and_missing_image(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_compose_out_never_writes_over_the_spec_it_read(tmp_path):
+    # Found by the third hostile pass: `init --script train.py; compose --image x:1 --out
+    # ddpdeploy.yaml` exited 0 with the spec replaced by the compose file.
+    assert run_main("init", "--script", "train.py", cwd=tmp_path).returncode == 0
+    spec = (tmp_path / "ddpdeploy.yaml").read_bytes()
+    (tmp_path / "other.yaml").write_bytes(spec)
+    (tmp_path / "hard.yaml").hardlink_to(tmp_path / "other.yaml")
+    for args, shown in [
+        (["--out", "ddpdeploy.yaml"], "ddpdeploy.yaml is the spec file this command read"),
+        (["--out", "./ddpdeploy.yaml", "--force"], "ddpdeploy.yaml is the spec file"),
+        (["-f", "other.yaml", "--out", "other.yaml", "--force"], "other.yaml is the spec"),
+        (["-f", "other.yaml", "--out", "hard.yaml"], "hard.yaml is the spec file this "
+         "command read (other.yaml)"),
+    ]:  # fmt: skip
+        res = run_main("compose", "--image", "x:1", *args, cwd=tmp_path)
+        assert res.returncode == 2 and res.stdout == "", res.stderr
+        assert res.stderr.startswith(f"error: --out: {shown}"), res.stderr
+        assert res.stderr.endswith("; name another file, e.g. --out compose.yaml\n")
+        assert res.stderr.count("\n") == 1
+    assert (tmp_path / "ddpdeploy.yaml").read_bytes() == spec
+    assert (tmp_path / "other.yaml").read_bytes() == spec
+
+
+def test_compose_out_replaces_only_a_compose_file_it_wrote_unless_forced(tmp_path):
+    # Found by the third hostile pass: --out replaced any existing file without a word.
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    res = run_main("compose", "--image", "x:1", "--out", "notes.txt", cwd=tmp_path)
+    assert res.returncode == 2 and res.stderr == (
+        "error: --out: notes.txt exists and is not a compose file ddpdeploy wrote; pass "
+        "--force to replace it, or name another file\n"
+    )
+    assert notes.read_text() == "mine\n"
+    forced = run_main("compose", "--image", "x:1", "--out", "notes.txt", "--force", cwd=tmp_path)
+    assert forced.returncode == 0, forced.stderr
+    assert notes.read_text().startswith("# Written by ddpdeploy compose;")
+    # Its own earlier output is replaced as before: from --out, or saved from stdout.
+    first = run_main("compose", "--image", "x:1", "--out", "c.yaml", cwd=tmp_path)
+    again = run_main("compose", "--image", "x:1", "--nodes", "3", "--out", "c.yaml", cwd=tmp_path)
+    assert first.returncode == again.returncode == 0, again.stderr
+    assert len(yaml.safe_load((tmp_path / "c.yaml").read_text())["services"]) == 3
+    saved = run_main("compose", "--image", "x:1", cwd=tmp_path).stdout
+    (tmp_path / "s.yaml").write_text(saved)
+    res = run_main("compose", "--image", "x:1", "--nodes", "2", "--out", "s.yaml", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert len(yaml.safe_load((tmp_path / "s.yaml").read_text())["services"]) == 2
+
+
 def test_no_engine_is_one_line_pointing_to_local(tmp_path, monkeypatch):
     from ddpdeploy.errors import OperationError
     from ddpdeploy.smoke.composerun import engine

@@ -125,10 +125,10 @@ def test_elastic_range_is_digits_only():
 
 BIG = 2**70
 API_LIMITS = [
-    ("", {"--nodes": 99999999999999999999999}, "--nodes: must be less than or equal to"),
-    ("", {"--gpus": 2**64}, "--gpus: must be less than or equal to 2147483647"),
-    ("", {"--procs": 2**40}, "--procs: must be less than or equal to"),
-    ("", {"--elastic": f"1:{10**20}"}, "--elastic: must be less than or equal to"),
+    ("", {"--nodes": 99999999999999999999999}, "--nodes: must be at most 100000"),
+    ("", {"--gpus": 2**64}, "--gpus: must be at most 1024 GPUs per node"),
+    ("", {"--procs": 2**40}, "--procs: must be at most 1024 processes per node"),
+    ("", {"--elastic": f"1:{10**20}"}, "--elastic: must be at most 100000"),
     ("", {"--elastic": "1:2", "--max-restarts": 2**40}, "--max-restarts: must be less"),
     (f"terminationGracePeriodSeconds: {BIG}\n", {}, "terminationGracePeriodSeconds: must"),
     (f"runPolicy: {{activeDeadlineSeconds: {BIG}}}\n", {}, "activeDeadlineSeconds: must"),

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from ddpdeploy import fs
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.obj import Obj
 from ddpdeploy.streams import LineSplitter
@@ -424,22 +425,43 @@ def _exec_failed(message: str) -> str:
 _KINDS = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
 
 
-def _check_kubeconfig(path: Path, flag: str) -> None:
-    """A kubeconfig file that is not YAML or not a mapping: one line naming it (the client
-    raises a bare TypeError or YAMLError). A missing --kubeconfig: one line too."""
+# Real kubeconfigs are KBs (a few per cluster, certificates included); the client reads a
+# file whole and parses it several times, so /dev/zero or a 50 MB file took all memory or
+# minutes, and a FIFO blocked forever.
+KUBECONFIG_LIMIT = 4 << 20
+_KUBECONFIG_FIX = {  # where the path came from -> how to give another
+    "--kubeconfig": "point --kubeconfig at a kubeconfig file",
+    "KUBECONFIG": "fix KUBECONFIG or pass --kubeconfig FILE",
+    "kubeconfig": "move it away or pass --kubeconfig FILE",  # ~/.kube/config
+}
+
+
+def _check_kubeconfig(path: Path, label: str, required: bool) -> None:
+    """Before the client reads ``path``: a regular file of at most KUBECONFIG_LIMIT bytes
+    (else one UserError line naming ``label``, the flag or variable it came from), holding a
+    YAML mapping (else one line naming it: the client raises a bare TypeError or YAMLError).
+    A missing file: one line when ``required`` (--kubeconfig), else skipped as kubectl does."""
     import yaml
 
-    where = f"{flag} {path}" if flag else f"kubeconfig {path}"
+    where = f"--kubeconfig {path}" if required else f"kubeconfig {path}"
     try:
-        text = path.read_bytes()
+        with fs.open_regular(path, label) as fh:  # O_NONBLOCK: a FIFO is refused, not waited on
+            text = fs.read_at_most(fh, KUBECONFIG_LIMIT)
     except FileNotFoundError:
-        if flag:  # the client would say only "No configuration found"
+        if required:  # the client would say only "No configuration found"
             raise UserError(f"{where}: no such file; point --kubeconfig at one") from None
         return  # one missing from $KUBECONFIG is skipped, as kubectl does
+    except fs.NotRegularFile as exc:
+        raise UserError(f"{exc}; {_KUBECONFIG_FIX[label]}") from None
     except OSError:
         return  # unreadable: the client says so
+    if len(text) > KUBECONFIG_LIMIT:
+        raise UserError(
+            f"{label}: {path} is larger than {KUBECONFIG_LIMIT >> 20} MiB; is it a kubeconfig?"
+        )
     try:
-        doc = yaml.safe_load(text)
+        # libyaml's reader when there is one: the client parses the file again anyway.
+        doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
@@ -693,8 +715,11 @@ class Kube:
         default = Path("~/.kube/config").expanduser()
         if kubeconfig or context or env or default.exists() or not _SA_DIR.is_dir():
             files = [kubeconfig] if kubeconfig else env.split(os.pathsep) if env else [default]
-            for name in files:
-                _check_kubeconfig(Path(name), "--kubeconfig" if kubeconfig else "")
+            label = "--kubeconfig" if kubeconfig else "KUBECONFIG" if env else "kubeconfig"
+            # The one place every cluster verb's kubeconfig passes, before the client reads
+            # it; the paths as the client takes them (empty entries skipped, ~ expanded).
+            for name in filter(None, map(str, files)):
+                _check_kubeconfig(Path(name).expanduser(), label, required=bool(kubeconfig))
             try:
                 config.load_kube_config(
                     config_file=kubeconfig, context=context, client_configuration=cfg

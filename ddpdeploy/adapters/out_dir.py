@@ -16,6 +16,7 @@ folder's state and carries the plan out:
 from __future__ import annotations
 
 import contextlib
+import stat
 from pathlib import Path
 
 from ddpdeploy import fs
@@ -62,11 +63,27 @@ def _ensure_folder(folder: Path, shown: str) -> bool:
         if folder.exists() or folder.is_symlink():
             raise UserError(f"--out-dir: {shown} exists and is not a folder")
         if not folder.absolute().parent.is_dir():
-            raise UserError(f"--out-dir: the parent folder of {shown} does not exist")
+            raise UserError(f"--out-dir: {_missing_parent(folder.parent, shown)}")
         folder.mkdir()
         return True
     except OSError as exc:
         raise _system(shown, exc) from None
+
+
+def _missing_parent(parent: Path, shown: str) -> str:
+    """Why ``shown`` cannot be made in ``parent`` (as typed): the nearest thing above it that
+    is there may be a file, not a folder (then "does not exist" would send the user looking
+    for it)."""
+    for above in (parent, *parent.parents):
+        try:
+            mode = above.stat().st_mode
+        except OSError:
+            continue  # missing, or below a file: look further up
+        if not stat.S_ISDIR(mode):
+            what = "a file" if stat.S_ISREG(mode) else fs.kind_of(mode)
+            return f"{above} is {what}, not a folder, so {shown} cannot be made in it"
+        break
+    return f"the parent folder of {shown} does not exist"
 
 
 def _read_record(folder: Path, shown: str) -> dict[str, set[str]]:

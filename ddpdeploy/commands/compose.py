@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ddpdeploy.commands.options import spec_command
+from ddpdeploy.errors import UserError
 
 if TYPE_CHECKING:
     from ddpdeploy.spec import JobSpec
@@ -30,6 +31,13 @@ def compose(
     out: Annotated[
         Path | None, typer.Option("--out", help="Write the compose file here instead of stdout.")
     ] = None,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="Let --out replace a file that is not a compose file ddpdeploy wrote."
+        ),
+    ] = False,
+    spec_file: Path | None = None,
 ) -> None:
     """Render the job as a docker-compose file: one service per node, named like its pod,
     with the env the cluster's operator would give it.
@@ -37,16 +45,71 @@ def compose(
     Example: ddpdeploy compose --image ghcr.io/me/train:v1 --nodes 2 --procs 2 --out compose.yaml
     """
     from ddpdeploy.adapters.stdout import write_stdout
-    from ddpdeploy.fs import write_atomic
-    from ddpdeploy.render.output import to_yaml
+    from ddpdeploy.render.output import to_yaml, written_by
     from ddpdeploy.smoke.compose import render_compose, secret_env_note
 
-    text = to_yaml(render_compose(spec, cpu))
+    # The header, on stdout too: a file saved from it is one --out may replace later.
+    text = written_by("compose") + to_yaml(render_compose(spec, cpu))
+    if out is not None:
+        replace = _may_replace(out, spec_file, force)
     note = secret_env_note(spec)
     if note:
         typer.echo(f"compose: {note}", err=True)
     if out is None:
         write_stdout(text)
         return
-    write_atomic(out, text.encode("utf-8"), "--out")
+    _write(out, text.encode("utf-8"), replace)
     typer.echo(f"wrote {out}", err=True)
+
+
+def _may_replace(out: Path, spec_file: Path | None, force: bool) -> bool:
+    """Whether a file is at ``out`` that --out may replace (False: none is there); one
+    line when it may not: the spec this run read (never), or a file that is not a compose
+    file ddpdeploy wrote (not without --force)."""
+    import os
+
+    from ddpdeploy import fs
+    from ddpdeploy.render.output import written_by
+
+    if spec_file is not None:
+        try:
+            same = os.path.samefile(out, spec_file)
+        except OSError:
+            same = False  # nothing at --out yet (or the spec is not there to compare)
+        if same:
+            also = "" if os.path.normpath(out) == os.path.normpath(spec_file) else f" ({spec_file})"
+            raise UserError(
+                f"--out: {out} is the spec file this command read{also}; name another file, "
+                "e.g. --out compose.yaml"
+            )
+    try:
+        ours = fs.starts_with(out, written_by("compose").encode(), "--out")
+    except fs.NotRegularFile:
+        raise
+    except OSError as exc:
+        raise fs.write_error(out, exc, "--out", verb="read") from None
+    if ours is None:
+        return False
+    if not ours and not force:
+        raise _not_ours(out)
+    return True
+
+
+def _write(out: Path, data: bytes, replace: bool) -> None:
+    """``data`` at ``out``, whole; where nothing was, only while nothing is (a file made
+    meanwhile is not ddpdeploy's to replace)."""
+    from ddpdeploy.fs import Staged
+
+    with Staged(out, "--out") as staged:
+        staged.write(data)
+        try:
+            staged.commit(replace=replace)
+        except FileExistsError:
+            raise _not_ours(out) from None
+
+
+def _not_ours(out: Path) -> UserError:
+    return UserError(
+        f"--out: {out} exists and is not a compose file ddpdeploy wrote; pass --force to "
+        "replace it, or name another file"
+    )

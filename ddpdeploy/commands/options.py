@@ -289,7 +289,7 @@ def _hints_but_spec(fn: Callable[..., Any]) -> dict[str, Any]:
     ``spec``'s: a command module imports JobSpec for type checking only."""
     hints = {}
     for name, annotation in fn.__annotations__.items():
-        if name not in ("spec", "return"):
+        if name not in ("spec", "spec_file", "return"):
             is_text = isinstance(annotation, str)
             hints[name] = eval(annotation, fn.__globals__) if is_text else annotation
     return hints
@@ -305,14 +305,17 @@ def spec_command(fn: Callable[..., Any] | None = None, *, without: tuple[str, ..
     """Give ``fn(spec, ...)`` the spec flags; Typer reads the merged signature.
 
     ``without``: spec flags (by parameter) the command does not take because one of its own
-    options has that name (compose's ``--cpu/--gpu``); any other clash is a TypeError here."""
+    options has that name (compose's ``--cpu/--gpu``); any other clash is a TypeError here.
+    A ``spec_file`` parameter of ``fn`` (no option) gets the file the spec was read from,
+    or None (spec.load.spec_file)."""
     if fn is None:
         return functools.partial(spec_command, without=without)
     hints = _hints_but_spec(fn)
+    given = inspect.signature(fn).parameters
     own = [
         p.replace(annotation=hints.get(p.name, p.annotation))
-        for p in inspect.signature(fn).parameters.values()
-        if p.name != "spec"
+        for p in given.values()
+        if p.name not in ("spec", "spec_file")
     ]
     taken = [(name, ann) for name, ann in _SPEC_PARAMS if name not in without]
     clash = {p.name for p in own} & {name for name, _ in taken}
@@ -326,7 +329,12 @@ def spec_command(fn: Callable[..., Any] | None = None, *, without: tuple[str, ..
     @functools.wraps(fn)
     def wrapper(**kwargs: Any) -> Any:
         values = {name: kwargs.pop(name) for name, _ in taken}
-        return fn(spec=spec_from_params(values), **kwargs)
+        spec = spec_from_params(values)
+        if "spec_file" in given:
+            from ddpdeploy.spec import spec_file
+
+            kwargs["spec_file"] = spec_file(values.get("file"))
+        return fn(spec=spec, **kwargs)
 
     params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + extra
     wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]

@@ -22,7 +22,16 @@ KUSTOMIZATION = "kustomization.yaml"
 # `sha256sum -c .ddpdeploy-render.sha256` checks them too. Not .yaml/.json: `kubectl apply -f
 # DIR` reads only those extensions.
 RECORD = ".ddpdeploy-render.sha256"
-_MARKER = "# Written by ddpdeploy render; edit ddpdeploy.yaml and render again.\n"
+
+
+def written_by(command: str) -> str:
+    """The first line of a file a ddpdeploy command writes whole (`render --out-dir`'s
+    kustomization.yaml, `compose`'s file): where it comes from, and how `compose --out` tells
+    its own earlier output from a file it must not replace."""
+    return f"# Written by ddpdeploy {command}; edit ddpdeploy.yaml and {command} again.\n"
+
+
+_MARKER = written_by("render")
 
 # A plain scalar that some YAML reader in use could take for something other than a string:
 # YAML 1.1 (PyYAML; go-yaml v2 under sigs.k8s.io/yaml, i.e. kubectl, which also tries Go's

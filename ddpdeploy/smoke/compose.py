@@ -36,6 +36,9 @@ NETWORK = "ddp"
 CHECKPOINT_VOLUME = "checkpoints"
 ROLE_LABEL = "ddpdeploy.role"  # "node" for a node of the job, "volume-init" for the helper
 LOCAL_REPO = "ddpdeploy-smoke"  # where a smoke run's own build is tagged
+# Every node is a container on this one Docker host: past a few hundred the host, not the
+# job, is under test (and rendering 2**31 services took GBs first).
+MAX_COMPOSE_NODES = 256
 
 
 # Docker wants shm_size in bytes.
@@ -196,6 +199,11 @@ def render_compose(
         raise UserError(
             "image: required to render a compose file; set image in ddpdeploy.yaml or pass "
             "--image (ddpdeploy build prints one)"
+        )
+    if spec.nodes > MAX_COMPOSE_NODES:
+        raise UserError(
+            f"nodes: compose runs every node on this host, at most {MAX_COMPOSE_NODES} (got "
+            f"{spec.nodes}); use fewer nodes (--nodes), or render the job for the cluster"
         )
     job = compose_job(spec, cpu)
     contract = launch_contract(job, run_env=run_env, record=(record or RunRecord()).of(spec))

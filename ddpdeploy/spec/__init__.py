@@ -35,7 +35,7 @@ try:
         is_reserved_env,
         quantity,
     )
-    from ddpdeploy.spec.load import Override, load_spec, spec_with
+    from ddpdeploy.spec.load import Override, load_spec, spec_file, spec_with
     from ddpdeploy.spec.model import (
         IMAGE_UID,
         NCCL_FIELDS,
@@ -79,6 +79,7 @@ __all__ = [
     "json_schema",
     "load_spec",
     "quantity",
+    "spec_file",
     "spec_sha256",
     "spec_with",
 ]

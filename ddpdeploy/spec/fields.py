@@ -28,6 +28,12 @@ from ddpdeploy.text import show
 MAX_DNS_SUBDOMAIN = 253
 INT32_MAX = 2**31 - 1  # replicas, counts and most seconds fields are int32 in the API
 INT64_MAX = 2**63 - 1  # activeDeadlineSeconds, terminationGracePeriodSeconds, tolerationSeconds
+# Kubernetes refuses an Indexed Job running more pods at once (maxParallelismForIndexedJob), and
+# every node of a job runs at once. Above it, rendering alone took GBs and minutes.
+MAX_NODES = 100_000
+# Processes (and GPUs) per node: no machine has more. With MAX_NODES it keeps the world size
+# (nodes x procs, at most ~1e8) well within torch's int32 ranks.
+MAX_PER_NODE = 1024
 # Kubernetes caps all annotations of an object at 256 KiB; ddpdeploy adds a few of its own.
 MAX_USER_ANNOTATIONS = 256 * 1024 - 1024
 MAX_IMAGE_NAME = 255  # the registry's limit on [domain/]path
@@ -386,6 +392,38 @@ AnnotationMap = Annotated[dict[str, Str], AfterValidator(_annotations)]
 # strict: `nodes: true` or `nodes: 2.0` is refused instead of read as 1 or 2.
 Int32 = Annotated[int, Field(strict=True, ge=0, le=INT32_MAX)]
 Count = Annotated[int, Field(strict=True, ge=1, le=INT32_MAX)]
+
+
+def at_most(limit: int, why: str) -> Callable[[int], int]:
+    """A bound whose one-line error says why it is there (pydantic's `le` says only
+    "less than or equal to")."""
+
+    def check(value: int) -> int:
+        if value > limit:
+            raise ValueError(f"must be at most {limit}{why} (got {value})")
+        return value
+
+    return check
+
+
+# No int32 `le` under these: 2**31 too gets the line that names the real limit.
+NodeCount = Annotated[
+    int,
+    Field(strict=True, ge=1, json_schema_extra={"maximum": MAX_NODES}),
+    AfterValidator(
+        at_most(MAX_NODES, ", Kubernetes' limit on the pods an Indexed Job runs at once")
+    ),
+]
+ProcCount = Annotated[
+    int,
+    Field(strict=True, ge=1, json_schema_extra={"maximum": MAX_PER_NODE}),
+    AfterValidator(at_most(MAX_PER_NODE, " processes per node; no machine runs more")),
+]
+GpuCount = Annotated[
+    int,
+    Field(strict=True, ge=0, json_schema_extra={"maximum": MAX_PER_NODE}),
+    AfterValidator(at_most(MAX_PER_NODE, " GPUs per node; no machine has more")),
+]
 
 
 def secret_key(value: str) -> str:

@@ -268,10 +268,18 @@ _HINTS = {
 }
 
 
-def _default_document() -> tuple[dict[str, Any], str]:
+def spec_file(path: Path | None = None) -> Path | None:
+    """The file `load_spec` reads for ``path``: ``path``, else ./ddpdeploy.yaml when there is
+    one, else None (the defaults)."""
     # lexists: a directory, a dangling link or a loop named ddpdeploy.yaml is refused, not
     # silently skipped.
-    if os.path.lexists(DEFAULT_FILE):
+    if path is None and os.path.lexists(DEFAULT_FILE):
+        return Path(DEFAULT_FILE)
+    return path
+
+
+def _default_document() -> tuple[dict[str, Any], str]:
+    if spec_file() is not None:
         return read_spec_file(Path(DEFAULT_FILE), f"./{DEFAULT_FILE}"), DEFAULT_FILE
     return {}, "defaults"
 

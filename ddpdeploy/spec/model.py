@@ -34,10 +34,13 @@ from ddpdeploy.spec.fields import (
     CpuQuantity,
     DnsName,
     EnvMap,
+    GpuCount,
     ImageRef,
     Int32,
     LabelMap,
     Namespace,
+    NodeCount,
+    ProcCount,
     Subdomain,
     check_env,
     extended_resource,
@@ -117,8 +120,8 @@ class Rendezvous(Model):
         "a restart a plain init_process_group can fail or hang (ddpkit.init_process_group "
         "handles it). elastic: c10d between minNodes and maxNodes (--elastic MIN:MAX).",
     )
-    min_nodes: Count | None = Field(default=None, description="Elastic only: fewest nodes.")
-    max_nodes: Count | None = Field(default=None, description="Elastic only: most nodes.")
+    min_nodes: NodeCount | None = Field(default=None, description="Elastic only: fewest nodes.")
+    max_nodes: NodeCount | None = Field(default=None, description="Elastic only: most nodes.")
     max_restarts: Int32 | None = Field(
         default=None,
         description="c10d and elastic: torchrun restarts of the worker group (static jobs "
@@ -438,9 +441,9 @@ class JobSpec(Model):
         description="Training image, [registry[:port]/]repo[:tag][@sha256:…]; "
         "`ddpdeploy build` prints one.",
     )
-    nodes: Count = Field(default=1, description="Number of nodes (pods).")
-    gpus: Int32 = Field(default=0, description="GPUs per node; 0 is a CPU job.")
-    procs: Count | None = Field(
+    nodes: NodeCount = Field(default=1, description="Number of nodes (pods).")
+    gpus: GpuCount = Field(default=0, description="GPUs per node; 0 is a CPU job.")
+    procs: ProcCount | None = Field(
         default=None, description="Processes per node (default: gpus, or 1 on CPU)."
     )
     cpu: CpuQuantity | None = Field(
