@@ -30,7 +30,11 @@ class Progress(Protocol):
         line of its own in a log."""
 
     def output(self, text: str) -> None:
-        """A line the work itself printed (a rank's output), as written."""
+        """A line the work itself printed (a rank's output), as written; a view may hold
+        it back briefly to show lines in batches."""
+
+    def flush(self) -> None:
+        """Show what ``output`` holds back (the work calls it when it is idle)."""
 
     def note(self, text: str) -> None:
         """Our own word during the work (an event, a kill)."""
@@ -64,6 +68,9 @@ class _Nothing:
         pass
 
     def output(self, text: str) -> None:
+        pass
+
+    def flush(self) -> None:
         pass
 
     def note(self, text: str) -> None:

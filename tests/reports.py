@@ -46,5 +46,8 @@ class _Work:
     def output(self, text: str) -> None:
         self.report.said.append(text)
 
+    def flush(self) -> None:
+        pass
+
     def note(self, text: str) -> None:
         self.report.said.append(text)

@@ -35,3 +35,27 @@ def test_every_way_a_report_prints_is_plain():
 def test_plain_lines_keeps_the_breaks_between_lines():
     assert plain_lines("one\x1b[2J\r\ntwo\rthree\n") == f"one{MARK}\ntwo three\n"
     assert plain_lines("no break \x07") == f"no break {MARK}"
+
+
+def test_a_jobs_lines_go_out_in_batches_in_order():
+    # Found by the third hostile pass: one print per line beside the bar showed a chatty
+    # rank at ~6k lines/s, minutes behind the job. Lines are now printed in batches; a
+    # note, an update and the end show what is held back first, in order.
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=False, width=400)
+    prints = []
+    real = console.print
+    console.print = lambda *a, **k: (prints.append(a), real(*a, **k))  # type: ignore[method-assign]
+    report = ConsoleReport(console)
+    with report.progress("job", 10, keep=True) as shown:
+        for i in range(1000):
+            shown.output(f"line {i}")
+        shown.note("a note")
+        shown.output("after the note")
+        shown.update(completed=1)
+        shown.output("last")
+    lines = [
+        x for x in out.getvalue().splitlines() if x.startswith(("line", "a note", "after", "last"))
+    ]
+    assert lines == [f"line {i}" for i in range(1000)] + ["a note", "after the note", "last"]
+    assert len(prints) < 20, len(prints)

@@ -198,6 +198,8 @@ class _Run:
         for line in self.target.events():
             if line is not None:
                 self.take(line)
+            else:  # quiet for a poll: the lines held back for a batch are shown now
+                self.view.flush()
             self.tick()
             failed = self.target.failed()
             if failed is not None:
