@@ -8,6 +8,9 @@ import torch.distributed as dist
 
 dist.init_process_group("gloo")
 start = torch.load("snapshot.pt")["next"] if os.path.exists("snapshot.pt") else 0
+# Every rank has read it before rank 0 may write it anew (a resumed run trains no
+# iteration here, so rank 0 would reach its save while rank 1 still reads).
+dist.barrier()
 if dist.get_rank() == 0:
     print(f"starting at iteration {start}", flush=True)
 for _ in range(start, 3):
