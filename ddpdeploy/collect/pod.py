@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import posixpath
+import secrets
+import string
 import time
 from collections.abc import Iterator
 from typing import BinaryIO
@@ -30,8 +32,10 @@ from ddpdeploy.render.pod import (
     pod_security,
     require_image,
 )
+from ddpdeploy.signals import interrupted
 from ddpdeploy.spec import ISTIO_INJECT_ANNOTATION, OWN_DOMAIN, JobSpec
 from ddpdeploy.targets import layout_of
+from ddpdeploy.text import clip, plain
 
 # `sh -c` programs, POSIX only (busybox runs them too). The listing tests each entry without
 # following symlinks; NUL-separated, so any name survives.
@@ -63,6 +67,21 @@ _KINDS = {"f": FILE, "l": SYMLINK, "d": FOLDER, "o": SPECIAL}
 
 
 COLLECT_CONTAINER = "reader"
+COLLECT_ROLE = "collect"  # the helper's {OWN_DOMAIN}/role label: how it is found again
+
+# A pod name is a DNS-1123 label here (63 characters): the job's name, cut if need be, then
+# `-collect-` and a random suffix, so two collects at once, or one just after another whose
+# helper is still Terminating, never ask for the same name.
+_SUFFIX = 5
+_LABEL_MAX = 63
+
+
+def helper_pod_name(job: str) -> str:
+    """A fresh name for one collect's helper pod: ``JOB-collect-xxxxx``."""
+    tail = "-collect-" + "".join(
+        secrets.choice(string.ascii_lowercase + string.digits) for _ in range(_SUFFIX)
+    )
+    return job[: _LABEL_MAX - len(tail)] + tail
 
 
 def collect_helper_pod(spec: JobSpec, image: str | None = None) -> Obj:
@@ -112,8 +131,8 @@ def collect_helper_pod(spec: JobSpec, image: str | None = None) -> Obj:
     }
     # Where the job's pods may run (and the claim can attach), the reader may too.
     pod |= placement(spec)
-    meta = metadata(spec, f"{spec.name}-collect")
-    meta["labels"][f"{OWN_DOMAIN}/role"] = "collect"
+    meta = metadata(spec, helper_pod_name(spec.name))
+    meta["labels"][f"{OWN_DOMAIN}/role"] = COLLECT_ROLE
     meta["annotations"] = {**meta.get("annotations", {}), ISTIO_INJECT_ANNOTATION: "false"}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": pod}
 
@@ -230,22 +249,81 @@ def pod_source(
         )
     body = collect_helper_pod(spec, image)
     name = body["metadata"]["name"]
-    kube.create(body)
     try:
+        kube.create(body)
         _wait_running(kube, name, spec.namespace, timeout)
         yield PodSource(kube, name, spec.namespace, COLLECT_CONTAINER, folder)
-    finally:
+    except KeyboardInterrupt as exc:
+        # A helper pod was (maybe) made: say what became of it, not "nothing was done".
+        # checkpoint.collect has already put --to back as it was.
+        gone = _delete_helper(kube, name, spec.namespace)
+        raise interrupted(exc, f"{gone}; --to is as it was") from None
+    except BaseException:
         kube.delete("v1", "Pod", name, spec.namespace)
+        raise
+    kube.delete("v1", "Pod", name, spec.namespace)
+
+
+def _delete_helper(kube: KubeApi, name: str, namespace: str) -> str:
+    """Delete the helper pod after an interrupt; what became of it, for the one line."""
+    try:
+        existed = kube.delete("v1", "Pod", name, namespace)
+    except OperationError as exc:
+        return (
+            f"the helper pod {name} could not be deleted ({exc}); "
+            f"delete it: kubectl delete pod {name} -n {namespace}"
+        )
+    # Not there: the interrupt came before the create reached the API server.
+    return f"the helper pod {name} was deleted" if existed else "no helper pod was created"
+
+
+# A container waiting for one of these reasons will not start without a change (another
+# image, a fixed registry or pull secret): waiting the whole --timeout for it only hides why.
+_HOPELESS = (
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+)
+
+
+def _hopeless(pod: Obj) -> str | None:
+    """Why the helper's container can never start (its waiting reason and message), or None."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    for box in statuses:
+        state = box.get("state") or {}
+        waiting = state.get("waiting") or {}
+        reason = waiting.get("reason")
+        if reason in _HOPELESS:
+            message = plain(waiting.get("message") or "").strip()
+            return f"{reason}: {clip(message, 300)}" if message else str(reason)
+        ended = state.get("terminated") or {}
+        if ended:  # restartPolicy Never: an ended container stays ended (no sleep in it...)
+            why = ended.get("reason") or f"exit code {ended.get('exitCode')}"
+            message = plain(ended.get("message") or "").strip()
+            return f"it ended ({why}{': ' + clip(message, 300) if message else ''})"
+    return None
 
 
 def _wait_running(kube: KubeApi, name: str, namespace: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     phase = "Pending"
     while time.monotonic() < deadline:
-        pod = kube.get("v1", "Pod", name, namespace)
-        phase = ((pod or {}).get("status") or {}).get("phase") or "Pending"
+        pod = kube.get("v1", "Pod", name, namespace) or {}
+        phase = (pod.get("status") or {}).get("phase") or "Pending"
         if phase == "Running":
             return
+        why = _hopeless(pod)
+        if why is not None:
+            boxes: list[Obj] = (pod.get("spec") or {}).get("containers") or [{}]
+            image = boxes[0].get("image")
+            raise OperationError(
+                f"the helper pod {name} that reads the checkpoint volume cannot start its "
+                f"container: {why} (image {image}; --image names another, any image with sh, "
+                "cat and sleep); it has been deleted"
+            )
         if phase in ("Failed", "Succeeded"):
             break
         time.sleep(1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -22,6 +23,13 @@ if TYPE_CHECKING:
 
 
 SOURCES = ("local", "compose", "cluster")
+
+
+def _seconds(value: float) -> float:
+    """--timeout: a finite number of seconds above 0 (nan passes typer's own `min`)."""
+    if not (math.isfinite(value) and value > 0):
+        raise typer.BadParameter(f"{value:g} is not a number of seconds above 0 (e.g. 300)")
+    return value
 
 
 def collect(
@@ -80,7 +88,10 @@ def collect(
         ),
     ] = None,
     timeout: Annotated[
-        float, typer.Option("--timeout", help="Seconds to wait for the helper pod to start.")
+        float,
+        typer.Option(
+            "--timeout", callback=_seconds, help="Seconds to wait for the helper pod to start."
+        ),
     ] = 300,
     namespace: NamespaceOpt = None,
     kubeconfig: KubeconfigOpt = None,
@@ -139,7 +150,22 @@ def _checked_flags(
         raise UserError(f"--volume: only --from compose reads a volume, not --from {source}")
     if image is not None and source == "local":
         raise UserError("--image: --from local starts no container; drop --image")
+    if image is not None and source == "cluster":
+        _check_image(image)  # else the helper pod is made, then waits on an unpullable name
     return Path(to)
+
+
+def _check_image(image: str) -> None:
+    """--image for the cluster's helper pod: the spec's own image-reference rule, as `up`."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from ddpdeploy.spec import ImageRef
+
+    try:
+        TypeAdapter(ImageRef).validate_python(image)
+    except ValidationError as exc:
+        message = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
+        raise UserError(f"--image: {message}") from None
 
 
 def _check_not_ours(to: Path) -> None:

@@ -99,3 +99,32 @@ def test_a_volume_alone_reads_the_compose_volume(tmp_path):
                   env={"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})  # fmt: skip
     assert out.returncode == 1
     assert one_line(out.stderr).startswith("error: cannot reach the Docker engine at unix://")
+
+
+# Found by the third hostile pass: `--from cluster --image` took any text (the helper pod was
+# made, then waited out --timeout on a name no registry has), and --timeout took nan, 0 and
+# negative numbers (`--timeout nan` made a helper pod, then said "Pending after nans").
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--image", "Not An/Image"], "error: --image: 'Not An/Image' is not an image reference"),
+        (["--image", "t:1@sha256:12"], "error: --image: digest sha256:12… is invalid"),
+        (["--timeout", "nan"], "error: Invalid value for '--timeout': nan is not a number of"),
+        (["--timeout", "inf"], "error: Invalid value for '--timeout': inf is not a number of"),
+        (["--timeout", "0"], "error: Invalid value for '--timeout': 0 is not a number of"),
+        (["--timeout", "-5"], "error: Invalid value for '--timeout': -5 is not a number of"),
+    ],
+)
+def test_a_bad_image_or_timeout_for_the_cluster_is_refused_before_the_cluster_is_asked(
+    tmp_path, monkeypatch, capsys, flags, said
+):
+    from ddpdeploy.cli import main
+
+    kubeconfig = tmp_path / "kubeconfig"  # read, it would say it is not there: never read
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        main(["collect", "j", "--to", "out", "--from", "cluster", *flags])
+    assert stop.value.code == 2
+    assert one_line(capsys.readouterr().err).startswith(said)
+    assert list(tmp_path.iterdir()) == []

@@ -283,7 +283,7 @@ def test_collect_creates_the_rendered_helper_pod_and_removes_it(
     deadline = time.monotonic() + 30
     while seen is None and proc.poll() is None and time.monotonic() < deadline:
         items = res(admin, "v1", "Pod").get(namespace=namespace).to_dict()["items"]
-        seen = next((p for p in items if p["metadata"]["name"] == "j-collect"), None)
+        seen = next((p for p in items if p["metadata"]["name"].startswith("j-collect-")), None)
         time.sleep(0.2)
     _, stderr = proc.communicate(timeout=60)
     assert seen is not None, stderr
@@ -291,7 +291,7 @@ def test_collect_creates_the_rendered_helper_pod_and_removes_it(
     assert box["image"] == IMAGE  # the job's own image
     assert box["securityContext"]["runAsNonRoot"] is True
     assert seen["spec"]["automountServiceAccountToken"] is False
-    assert proc.returncode == 1 and "helper pod j-collect" in stderr
+    assert proc.returncode == 1 and f"helper pod {seen['metadata']['name']} " in stderr
     assert len(stderr.strip().splitlines()) == 1
     assert res(admin, "v1", "Pod").get(namespace=namespace).to_dict()["items"] == []
     assert not dest.exists()
@@ -346,3 +346,147 @@ def test_a_job_pods_container_gone_before_the_first_read_leaves_it_to_the_helper
     with pytest.raises(OperationError) as err:
         PodSource(kube, "j-collect", "default", "reader", "/ck").entries()
     assert not isinstance(err.value, ContainerGone)
+
+
+# -- the helper pod's life: its name, a container that cannot start, an interrupt ---------
+
+
+class Kubelike(FakeKube):
+    """FakeKube whose created pods take ``status`` at once; a deleted pod's name can stay
+    taken (``terminating``), as the API server keeps a pod Terminating for its grace period.
+    The stand-in: a real kubelet starts or fails a container when it will, not on cue."""
+
+    def __init__(self, status: dict) -> None:
+        super().__init__()
+        self.status, self.terminating = status, False
+
+    def create(self, obj, dry_run=False):
+        created = super().create(obj, dry_run)
+        self.objects[("Pod", obj["metadata"]["namespace"], obj["metadata"]["name"])]["status"] = (
+            self.status
+        )
+        return created
+
+    def delete(self, api_version, kind, name, namespace):
+        gone = super().delete(api_version, kind, name, namespace)
+        if self.terminating and gone:  # still there, being deleted: its name is taken
+            self.add({"kind": kind, "metadata": {"name": name, "namespace": namespace}})
+        return gone
+
+
+RUNNING = {"phase": "Running", "containerStatuses": [{"name": "reader", "state": {"running": {}}}]}
+CKPT_JOB = {"name": "j", "namespace": "ns", "image": "t:1", "checkpoint": {"size": "1Gi"}}
+
+
+def _helpers(kube: FakeKube) -> list[str]:
+    return [n for k, n in kube.kinds() if k == "Pod"]
+
+
+# Found by the third hostile pass: the helper pod had a fixed name (JOB-collect), so a second
+# collect while the first one's helper was still Terminating (2-30 s), or two at once, failed
+# with `conflict: object is being deleted`.
+def test_two_collects_at_once_or_one_after_another_get_their_own_helper_pods():
+    from ddpdeploy.collect.pod import pod_source
+
+    spec = JobSpec.model_validate(CKPT_JOB)
+    kube = Kubelike(RUNNING)
+    kube.terminating = True
+    with pod_source(kube, spec, 5) as first, pod_source(kube, spec, 5) as second:
+        assert first.pod != second.pod  # two at once
+    with pod_source(kube, spec, 5) as third:  # both earlier ones still Terminating
+        assert third.pod not in (first.pod, second.pod)
+    for name in (first.pod, second.pod, third.pod):
+        assert name.startswith("j-collect-")
+        assert ("delete", "Pod", name) in kube.calls
+
+
+def test_the_helper_name_is_a_dns_label_for_the_longest_job_name():
+    import re
+
+    from ddpdeploy.spec import OWN_DOMAIN
+
+    # The longest name the spec takes (54), one cut just after a hyphen.
+    specs = [
+        JobSpec.model_validate({**CKPT_JOB, "name": n}) for n in ("a" * 54, "a" * 48 + "-b" * 3)
+    ]
+    pods = [collect_helper_pod(spec) for spec in specs for _ in range(10)]
+    names = {p["metadata"]["name"] for p in pods}
+    assert len(names) == 20
+    for name in names:
+        assert len(name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name), name
+    # Found again by its labels (the job's, and the collect role), whatever its name.
+    labels = pods[0]["metadata"]["labels"]
+    assert labels[f"{OWN_DOMAIN}/role"] == "collect"
+    assert labels["app.kubernetes.io/instance"] == specs[0].name
+
+
+# Found by the third hostile pass: an unpullable or invalid image kept collect waiting the
+# whole --timeout (300 s), then blamed the ReadWriteOnce volume.
+@pytest.mark.parametrize(
+    ("state", "said"),
+    [
+        (
+            {"waiting": {"reason": "ErrImagePull", "message": "pull access denied\nfor x"}},
+            "cannot start its container: ErrImagePull: pull access denied for x (image t:1;",
+        ),
+        ({"waiting": {"reason": "ImagePullBackOff"}}, "container: ImagePullBackOff (image"),
+        ({"waiting": {"reason": "InvalidImageName", "message": "bad"}}, "InvalidImageName: bad"),
+        (
+            {"waiting": {"reason": "CreateContainerConfigError", "message": "no user"}},
+            "CreateContainerConfigError: no user",
+        ),
+        (
+            {"terminated": {"reason": "StartError", "message": "exec: sleep: not found"}},
+            "container: it ended (StartError: exec: sleep: not found)",
+        ),
+    ],
+)
+def test_a_container_that_cannot_start_is_said_at_once_and_the_helper_deleted(state, said):
+    from ddpdeploy.collect.pod import pod_source
+    from ddpdeploy.errors import OperationError
+
+    spec = JobSpec.model_validate(CKPT_JOB)
+    status = {"phase": "Pending", "containerStatuses": [{"name": "reader", "state": state}]}
+    kube = Kubelike(status)
+    began = time.monotonic()
+    with pytest.raises(OperationError) as err, pod_source(kube, spec, 30):
+        pass
+    assert time.monotonic() - began < 5  # not the whole --timeout
+    line = str(err.value)
+    assert said in line and line.endswith("it has been deleted"), line
+    assert "ReadWriteOnce" not in line and "\n" not in line
+    assert _helpers(kube) == []
+
+
+# Found by the third hostile pass: Ctrl-C or SIGTERM while the helper pod started said
+# `aborted (SIGINT); nothing more was done`, though a helper pod had been made and deleted.
+@pytest.mark.parametrize(("signum", "code"), [(2, 130), (15, 143)])
+def test_an_interrupt_while_the_helper_starts_says_it_was_deleted(signum, code):
+    from ddpdeploy.collect.pod import pod_source
+    from ddpdeploy.errors import OperationError
+    from ddpdeploy.signals import Interrupted
+
+    spec = JobSpec.model_validate(CKPT_JOB)
+    kube = Kubelike({"phase": "Pending"})
+
+    def interrupt() -> None:
+        raise Interrupted(signum)
+
+    kube.hooks[("get", "Pod")] = interrupt  # as the wait polls the helper pod
+    with pytest.raises(BaseException) as err, pod_source(kube, spec, 30):
+        pass
+    assert isinstance(err.value, OperationError), err.value  # not the bare interrupt
+    (name,) = [n for verb, kind, n in kube.calls if verb == "create"]
+    name_ = "SIGINT" if signum == 2 else "SIGTERM"
+    assert str(err.value) == (
+        f"interrupted ({name_}): the helper pod {name} was deleted; --to is as it was"
+    )
+    assert err.value.exit_code == code
+    assert _helpers(kube) == []
+    # Before the create reached the API server: nothing was made, and that is what is said.
+    kube = Kubelike({"phase": "Pending"})
+    kube.hooks[("create", "Pod")] = interrupt
+    with pytest.raises(BaseException) as err, pod_source(kube, spec, 30):
+        pass
+    assert isinstance(err.value, OperationError), err.value  # not the bare interrupt
+    assert str(err.value) == f"interrupted ({name_}): no helper pod was created; --to is as it was"

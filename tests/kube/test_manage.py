@@ -134,7 +134,7 @@ def test_collect_from_cluster_cleans_up_its_helper_pod(kube_cli, admin, namespac
     args = ["collect", "j", "--from", "cluster", "--to", str(dest), "-n", namespace]
     out = kube_cli(*args, "--timeout", "2")
     assert out.returncode == 1
-    assert "helper pod j-collect" in out.stderr and "has been deleted" in out.stderr
+    assert "helper pod j-collect-" in out.stderr and "has been deleted" in out.stderr
     pods = res(admin, "v1", "Pod").get(namespace=namespace).to_dict()["items"]
     assert pods == []
     assert not dest.exists()
