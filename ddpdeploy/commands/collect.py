@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -10,7 +9,13 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ddpdeploy.commands.options import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt
+from ddpdeploy.commands.options import (
+    ContextOpt,
+    KubeconfigOpt,
+    NameArg,
+    NamespaceOpt,
+    seconds_above_0,
+)
 from ddpdeploy.errors import UserError
 from ddpdeploy.formats import size
 
@@ -23,13 +28,6 @@ if TYPE_CHECKING:
 
 
 SOURCES = ("local", "compose", "cluster")
-
-
-def _seconds(value: float) -> float:
-    """--timeout: a finite number of seconds above 0 (nan passes typer's own `min`)."""
-    if not (math.isfinite(value) and value > 0):
-        raise typer.BadParameter(f"{value:g} is not a number of seconds above 0 (e.g. 300)")
-    return value
 
 
 def collect(
@@ -90,7 +88,9 @@ def collect(
     timeout: Annotated[
         float,
         typer.Option(
-            "--timeout", callback=_seconds, help="Seconds to wait for the helper pod to start."
+            "--timeout",
+            callback=seconds_above_0,
+            help="Seconds to wait for the helper pod to start.",
         ),
     ] = 300,
     namespace: NamespaceOpt = None,

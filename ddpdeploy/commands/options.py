@@ -407,3 +407,12 @@ ListOutput = Annotated[
     Literal["table", "json"],
     typer.Option(*_OUTPUT, case_sensitive=False, help="Output format."),
 ]
+
+
+def seconds_above_0(value: float) -> float:
+    """A --timeout: a finite number of seconds above 0 (nan passes typer's own `min`)."""
+    import math
+
+    if not (math.isfinite(value) and value > 0):
+        raise typer.BadParameter(f"{value:g} is not a number of seconds above 0 (e.g. 300)")
+    return value
