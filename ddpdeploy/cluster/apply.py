@@ -350,6 +350,7 @@ class _Run:
         self.job_created = False
         self.job_applied = False  # an in-place change of the existing job went through
         self.kept: list[Obj] = []  # created meanwhile by a concurrent `up` of this job
+        self.removed: list[str] = []  # what the take-back deleted ("Kind ns/name")
 
     def take_back(self) -> str:
         """Delete what this run created, newest first; a summary of what went and what
@@ -365,6 +366,7 @@ class _Run:
                 try:
                     if self.kube.delete(api, kind, name, ns):
                         removed.append(ref)
+                        self.removed.append(ref)
                 except OperationError as exc:
                     kept.append(f"{ref} ({str(exc)[:160]})")
         if not removed and not kept:
@@ -449,7 +451,11 @@ def apply(
         if run.job_created and checked.existing_job is not None:
             raise interrupted(exc, f"{ref} was replaced (the change is complete)") from None
         old = "; the old job is untouched" if checked.existing_job is not None else ""
-        raise interrupted(exc, f"{ref} was not created; {run.take_back()}{old}") from None
+        back = run.take_back()
+        # The job may have been made (a create that went through, the interrupt during its
+        # answer): then it was created and deleted again, not "not created".
+        made = "was created" if run.job_created or ref in run.removed else "was not created"
+        raise interrupted(exc, f"{ref} {made}; {back}{old}") from None
     except OperationError as exc:
         if run.job_created and checked.existing_job is not None:
             run.created = [job]  # the replace happened: only the new job can go
