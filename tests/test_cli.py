@@ -147,6 +147,35 @@ def test_bad_input_one_line_exit_2_no_traceback(args, expected, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+KUBECONFIG_NOWHERE = """
+apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+"""
+
+
+@pytest.mark.parametrize("namespace", ["H4-A", "h4-a/../x", "a_b", "-x", "x" * 64])
+@pytest.mark.parametrize(
+    "command",
+    [["status", "j"], ["down", "j"], ["logs", "j"], ["list"], ["resume", "j"], ["collect", "j"]],
+)
+def test_a_bad_namespace_is_bad_input_before_any_request(command, namespace, tmp_path):
+    # Found by the third hostile pass: `-n H4-A` reached the API and came back as "no job
+    # ... in namespace H4-A" (exit 1). The kubeconfig's server answers nothing: a request
+    # made would fail otherwise.
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(KUBECONFIG_NOWHERE)
+    res = run_main(*command, "-n", namespace, cwd=tmp_path, env={"KUBECONFIG": str(kubeconfig)})
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("error: Invalid value for '-n' / '--namespace': ")
+    assert "must be a DNS-1123 label" in lines[0]
+
+
 @pytest.mark.parametrize(
     ("args", "expected"),
     [

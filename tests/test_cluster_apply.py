@@ -157,6 +157,24 @@ def test_an_interrupt_before_the_job_takes_back_what_was_created(kube, signals):
     assert ours(kube) == []
 
 
+def test_an_interrupt_after_the_job_says_it_was_created_then_taken_back(kube, signals):
+    # Found by the third hostile pass: SIGINT right after `created PyTorchJob` said the job
+    # "was not created" and then that it was deleted. The next call after the create (the
+    # check that the PVC is still there) is where the signal lands.
+    def after_create() -> None:
+        kube.hooks[("get", "PersistentVolumeClaim")] = lambda: os.kill(os.getpid(), signal.SIGINT)
+
+    kube.hooks[("create", "PyTorchJob")] = after_create
+    with pytest.raises(OperationError) as err:
+        up(kube)
+    assert err.value.exit_code == 130
+    assert str(err.value) == (
+        "interrupted (SIGINT): PyTorchJob ns/j was created; took back what it had created: "
+        "deleted PyTorchJob ns/j, NetworkPolicy ns/j, PersistentVolumeClaim ns/j-checkpoints"
+    )
+    assert ours(kube) == []
+
+
 def test_a_pvc_deleted_while_up_runs_takes_the_job_back(kube):
     # `down --purge` at the same moment: the claim goes Terminating after our create.
     def purge() -> None:

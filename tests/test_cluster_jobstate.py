@@ -267,8 +267,44 @@ def test_an_earlier_runs_pod_held_by_a_finalizer_is_shown_with_the_new_job():
     }
     # It keeps the name the new job's pod needs: that is what status and a wait must say.
     assert job_pods(job, [old]) == [old]
-    old["metadata"]["finalizers"] = []  # merely going: not the new job's
-    assert job_pods(job, [old]) == []
+    old["metadata"]["finalizers"] = []  # still stopping: it holds the name too
+    assert job_pods(job, [old]) == [old]
     old["metadata"]["finalizers"] = ["example.com/hold"]
     old["metadata"]["labels"] = {**ours("j"), "app.kubernetes.io/instance": "other"}
     assert job_pods(job, [old]) == []
+
+
+def test_an_earlier_runs_pod_still_stopping_is_why_the_new_pods_are_missing():
+    # Found by the third hostile pass: `down` then `resume` showed "Pending — no pods yet"
+    # for the 2 minutes the old pods (no finalizers) took to stop, holding the new names.
+    from ddpdeploy.cluster.labels import ours
+    from ddpdeploy.cluster.watch import job_pods
+
+    new = {**job(("Created", "")), "metadata": {"name": "j", "uid": "new"}}
+
+    def old_pod(name: str, phase: str) -> dict:
+        owner = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "uid": "old",
+                 "controller": True}  # fmt: skip
+        return {
+            "metadata": {"name": name, "labels": ours("j"), "ownerReferences": [owner],
+                         "deletionTimestamp": "2026-12-02T09:40:00Z",
+                         "deletionGracePeriodSeconds": 120},
+            "status": {"phase": phase, "containerStatuses": [
+                {"name": "pytorch", "state": {"running": {}}, "restartCount": 0}]},
+        }  # fmt: skip
+
+    olds = [old_pod("j-master-0", "Running"), old_pod("j-worker-0", "Running")]
+    pods = job_pods(new, olds)
+    assert pods == olds
+    state = job_state(new, pods)
+    assert (state.state, state.done) == ("Pending", False)
+    assert state.reason == (
+        "pods j-master-0, j-worker-0 of an earlier run of this job are still stopping (grace "
+        "period, until 2026-12-02T09:40:00Z at the latest); the new pods start when they are gone"
+    )
+    # One new pod runs beside an old one still stopping: it alone counts.
+    mine = pod(name="j-master-0", phase="Running")
+    mine["metadata"]["ownerReferences"] = [{"kind": "PyTorchJob", "uid": "new", "controller": True}]
+    state = job_state(new, [mine, olds[1]])
+    assert state.state == "Running"
+    assert state.reason.startswith("1/1 pods running; pod j-worker-0 of an earlier run")

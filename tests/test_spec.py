@@ -56,7 +56,11 @@ def test_elastic_flag_sets_range_and_restarts(tmp_path):
         ("memory: 4GB\n", {}, "memory: '4GB' is not a Kubernetes quantity"),
         ("cpu: lots\n", {}, "cpu: 'lots' is not a Kubernetes quantity"),
         ("shmSize: 1.5.3Gi\n", {}, "shmSize: '1.5.3Gi' is not a Kubernetes quantity"),
-        ("", {"--image": "Repo:tag"}, "--image: 'Repo:tag' is not an image reference"),
+        ("", {"--image": "Repo:tag"}, "--image: 'Repo:tag': the repository 'Repo' must be lowerc"),
+        # Found by the third hostile pass: UPPER read as a registry host, so this passed the
+        # checks and the server's dry run, and the kubelet refused it (InvalidImageName).
+        ("", {"--image": "UPPER/x:y"}, "--image: 'UPPER/x:y': the repository 'UPPER/x' must be"),
+        ("", {"--image": "ghcr.io/Team/t:1"}, "the repository 'Team/t' must be lowercase"),
         ("", {"--image": "repo:bad tag"}, "--image: 'repo:bad tag' is not an image reference"),
         ("", {"--elastic": "3:1"}, "--elastic: minNodes (3) must not exceed maxNodes (1)"),
         ("", {"--elastic": "2"}, "--elastic: '2' is not MIN:MAX"),
@@ -121,6 +125,9 @@ def test_env_and_label_scalars_become_strings(tmp_path):
         "localhost:5000/a/b_c__d-e:1.0",
         "registry.example.com/x@sha256:" + "a" * 64,
         "pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime",
+        "GHCR.IO/team/train:V1",  # the host is case-insensitive, a tag may have capitals
+        "Registry:5000/train:v1",
+        "localhost/train:v1",
     ],
 )
 def test_real_image_references_are_accepted(image):

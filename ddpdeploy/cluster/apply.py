@@ -350,6 +350,7 @@ class _Run:
         self.job_created = False
         self.job_applied = False  # an in-place change of the existing job went through
         self.kept: list[Obj] = []  # created meanwhile by a concurrent `up` of this job
+        self.removed: list[str] = []  # what the take-back deleted ("Kind ns/name")
 
     def take_back(self) -> str:
         """Delete what this run created, newest first; a summary of what went and what
@@ -365,6 +366,7 @@ class _Run:
                 try:
                     if self.kube.delete(api, kind, name, ns):
                         removed.append(ref)
+                        self.removed.append(ref)
                 except OperationError as exc:
                     kept.append(f"{ref} ({str(exc)[:160]})")
         if not removed and not kept:
@@ -449,7 +451,11 @@ def apply(
         if run.job_created and checked.existing_job is not None:
             raise interrupted(exc, f"{ref} was replaced (the change is complete)") from None
         old = "; the old job is untouched" if checked.existing_job is not None else ""
-        raise interrupted(exc, f"{ref} was not created; {run.take_back()}{old}") from None
+        back = run.take_back()
+        # The job may have been made (a create that went through, the interrupt during its
+        # answer): then it was created and deleted again, not "not created".
+        made = "was created" if run.job_created or ref in run.removed else "was not created"
+        raise interrupted(exc, f"{ref} {made}; {back}{old}") from None
     except OperationError as exc:
         if run.job_created and checked.existing_job is not None:
             run.created = [job]  # the replace happened: only the new job can go
@@ -733,19 +739,24 @@ def _saved(found: Found) -> tuple[JobSpec, Obj]:
 def delete(found: Found, purge: bool, say: Say) -> None:
     """`down`: the job (its pods and Services go with it), the objects we made beside it
     that deleting it does not delete, and with ``purge`` the checkpoint PVC. Everything is
-    checked to be ours before anything is deleted (``found`` was found with a verb)."""
+    checked to be ours before anything is deleted (``found`` was found with a verb); an
+    object beside the job that is not ours is kept and named, not a reason to refuse."""
     kube, name, ns, layout, job = found.kube, found.name, found.namespace, found.layout, found.job
     done: list[str] = []
     try:
         beside = [*layout.companions(name), (*NETWORK_POLICY, name)]
-        gone_with_job = []
+        gone_with_job, foreign = [], []
         for api, kind, other in beside:
             got = kube.get(api, kind, other, ns)
-            if got is not None and job is not None:
-                require_ours(got, name, "deleted")
-                gone_with_job.append((api, kind, other))
-            elif got is not None and not_ours(got, name) is None:
-                gone_with_job.append((api, kind, other))  # left by an interrupted `up`
+            if got is None:
+                continue
+            why = not_ours(got, name)
+            if why is None:
+                gone_with_job.append((api, kind, other))  # also one an interrupted `up` left
+            else:
+                # Someone else's object of the job's name (e.g. after `up
+                # --no-network-policy`): kept, and no reason to keep our job running.
+                foreign.append(f"kept {_ref(got)}: not ours ({why})")
         claims = kube.list("v1", "PersistentVolumeClaim", ns, labels=ours_selector(name))
         if purge:
             for claim in claims:
@@ -760,6 +771,8 @@ def delete(found: Found, purge: bool, say: Say) -> None:
             if kube.delete(api, kind, other, ns):
                 done.append(f"deleted {kind} {ns}/{other}")
                 say(done[-1])
+        for line in foreign:
+            say(line)
         for claim in claims:
             pvc = claim["metadata"]["name"]
             if purge:

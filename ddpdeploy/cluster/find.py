@@ -93,10 +93,11 @@ def made_for(pod: Obj, job: Obj) -> bool:
 
 def holds_its_name(pod: Obj, job: Obj) -> bool:
     """Whether ``pod`` is an earlier run's pod of ``job``'s name (our labels for it, another
-    uid), deleted but kept by finalizers: it holds the name the job's own pod needs, which
-    is why that pod cannot start. A wait and `status` show it with the job's pods."""
+    uid), deleted but not gone: kept by finalizers, or still stopping in its grace period
+    (`down` then `resume`). It holds the name the job's own pod needs, which is why that pod
+    cannot start. A wait and `status` show it with the job's pods."""
     meta = pod.get("metadata") or {}
-    if not (meta.get("deletionTimestamp") and meta.get("finalizers")):
+    if not meta.get("deletionTimestamp"):
         return False
     return _labelled_for(pod, job)
 

@@ -114,6 +114,32 @@ def _held(pod: Obj) -> JobState | None:
     )
 
 
+def _earlier_run(pod: Obj, job: Obj) -> bool:
+    """A deleted pod whose controller is another object of the job's name (an earlier run:
+    `down` then `resume`); the watch passes such pods only while they hold their name."""
+    meta = pod.get("metadata") or {}
+    if not meta.get("deletionTimestamp"):
+        return False
+    uid = (job.get("metadata") or {}).get("uid")
+    for owner in meta.get("ownerReferences") or []:
+        if isinstance(owner, dict) and owner.get("controller"):
+            return bool(uid) and owner.get("uid") != uid
+    return False
+
+
+def _stopping(old: list[Obj]) -> str:
+    """Why the new pods are missing: the earlier run's pods still stop (their grace period)."""
+    names = sorted((p.get("metadata") or {}).get("name", "?") for p in old)
+    ends = max(str((p.get("metadata") or {}).get("deletionTimestamp")) for p in old)
+    pods = f"pod {names[0]}" if len(names) == 1 else f"pods {', '.join(names)}"
+    verb = "is" if len(names) == 1 else "are"
+    return (
+        f"{pods} of an earlier run of this job {verb} still stopping (grace period, until "
+        f"{ends} at the latest); the new pods start when {'it is' if verb == 'is' else 'they are'}"
+        " gone"
+    )
+
+
 def pod_view(pod: Obj, layout: Layout) -> PodView:
     """One pod of a job of ``layout``'s target, as views show it."""
     meta = pod.get("metadata") or {}
@@ -209,16 +235,21 @@ def job_state(job: Obj | None, pods: list[Obj]) -> JobState:
     if cond := _condition(job, layout.failed):
         return JobState("Failed", cond.get("message") or cond.get("reason") or "", done=True)
     for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("name", "")):
-        if stuck := _stuck(pod):
+        # An earlier run's pod matters only as what holds a name (its old crash is no news).
+        if stuck := (_held(pod) if _earlier_run(pod, job) else _stuck(pod)):
             return stuck
     if cond := _condition(job, "Restarting"):
         return JobState("Restarting", cond.get("message") or "", done=False)
+    old = [p for p in pods if _earlier_run(p, job)]  # not this run's: counted apart
+    pods = [p for p in pods if not _earlier_run(p, job)]
     running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
     if _condition(job, "Running") or running:
-        note = _last_failure(pods)
+        note = _last_failure(pods) + (f"; {_stopping(old)}" if old else "")
         return JobState("Running", f"{len(running)}/{len(pods)} pods running{note}", done=False)
     if _condition(job, "Suspended"):
         return JobState("Suspended", "", done=False)
+    if old:
+        return JobState("Pending", _stopping(old), done=False)
     return JobState("Pending", f"{len(pods)} pods created" if pods else "no pods yet", done=False)
 
 

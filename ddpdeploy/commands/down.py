@@ -1,7 +1,8 @@
 """`ddpdeploy down NAME`: delete the job (its pods and Services go with it) and the objects
 we made beside it; keep the checkpoint PVC unless --purge. Only objects ddpdeploy made for
-this job are deleted: each is checked before anything is deleted, and anything else is
-refused in one line naming it and its owner (ddpdeploy.cluster.apply.delete)."""
+this job are deleted: each is checked before anything is deleted; a job that is not ours is
+refused in one line naming it and its owner, an object beside it that is not ours is kept and
+named (ddpdeploy.cluster.apply.delete)."""
 
 from __future__ import annotations
 

@@ -358,6 +358,32 @@ ContextOpt = Annotated[
     str | None,
     typer.Option("--context", help="Kubeconfig context to use.", rich_help_panel=CLUSTER_PANEL),
 ]
+
+
+def _like_spec_field(field_name: str, value: str) -> str:
+    """``value`` checked by the spec field's own grammar (not the whole spec's rules); a
+    typer.BadParameter (one line, exit 2) naming what it must be."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from ddpdeploy.spec import JobSpec
+
+    field = JobSpec.model_fields[field_name]
+    try:
+        grammar = (field.annotation, *field.metadata)  # Annotated[str, <its validators>]
+        TypeAdapter(cast(Any, Annotated[grammar])).validate_python(value)
+    except ValidationError as exc:
+        shown = repr(value) if len(value) <= 70 else f"{value[:60]!r}…({len(value)} characters)"
+        reason = exc.errors(include_url=False)[0]["msg"].removeprefix("Value error, ")
+        raise typer.BadParameter(f"{shown} {reason} (like the spec's {field_name})") from None
+    return value
+
+
+def _namespace(value: str | None) -> str | None:
+    """-n is checked like the spec's `namespace` (a DNS-1123 label) before any request: a
+    name the API cannot hold (`H4-A`, `a/../x`) is bad input, not "no job in namespace"."""
+    return None if value is None else _like_spec_field("namespace", value)
+
+
 NamespaceOpt = Annotated[
     str | None,
     typer.Option(
@@ -365,6 +391,7 @@ NamespaceOpt = Annotated[
         "--namespace",
         help="Namespace (default: the kubeconfig context's, else default).",
         rich_help_panel=CLUSTER_PANEL,
+        callback=_namespace,
     ),
 ]
 
@@ -372,19 +399,7 @@ NamespaceOpt = Annotated[
 def _job_name(value: str) -> str:
     """NAME is checked like the spec's `name` (a DNS-1035 label): it becomes a label selector
     and a folder name, so `../x` or `a,b=c` never reach either."""
-    from pydantic import TypeAdapter, ValidationError
-
-    from ddpdeploy.spec import JobSpec
-
-    field = JobSpec.model_fields["name"]  # the field's own grammar, not the whole spec's rules
-    try:
-        grammar = (field.annotation, *field.metadata)  # Annotated[str, <its validators>]
-        TypeAdapter(cast(Any, Annotated[grammar])).validate_python(value)
-    except ValidationError as exc:
-        shown = repr(value) if len(value) <= 70 else f"{value[:60]!r}…({len(value)} characters)"
-        reason = exc.errors(include_url=False)[0]["msg"].removeprefix("Value error, ")
-        raise typer.BadParameter(f"{shown} {reason} (like the spec's name)") from None
-    return value
+    return _like_spec_field("name", value)
 
 
 NameArg = Annotated[

@@ -63,7 +63,13 @@ _NUMBER = r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
 _QUANTITY = rf"[+]?(?P<number>{_NUMBER})(?P<suffix>([KMGTPE]i)|[numkMGTPE]|([eE][+-]?{_NUMBER}))?"
 # Image reference grammar of the distribution project: [domain[:port]/]path[:tag][@digest].
 _DOMAIN_PART = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-_DOMAIN = rf"{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::[0-9]+)?"
+# A first component is a registry host only with a '.' or a ':', or as localhost (Docker's
+# rule): `UPPER/x` is the repository UPPER/x on Docker Hub, which the kubelet refuses
+# (InvalidImageName: repository name must be lowercase). A host may have capitals.
+_DOMAIN = (
+    rf"(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})+(?::[0-9]+)?"
+    rf"|{_DOMAIN_PART}:[0-9]+|localhost)"
+)
 _PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _IMAGE = (
     rf"(?P<name>(?:{_DOMAIN}/)?{_PATH_PART}(?:/{_PATH_PART})*)"
@@ -161,8 +167,29 @@ def _bytes(value: Any) -> str:
     return text
 
 
+def _uppercase_path(value: str) -> str | None:
+    """The repository path of ``value`` when only its capitals keep it from being an image
+    reference (the pull would fail at run time with InvalidImageName), else None."""
+    name = value.split("@", 1)[0]
+    head, slash, last = name.rpartition("/")
+    tag = re.search(r":[^:/]*$", last)
+    name = f"{head}{slash}{last[: tag.start()] if tag else last}"
+    first, slash, rest = name.partition("/")
+    host = f"{first}/" if slash and re.fullmatch(_DOMAIN, first) else ""
+    path = name[len(host) :]
+    lowered = host + path.lower() + value[len(host) + len(path) :]
+    if path == path.lower() or not re.fullmatch(_IMAGE, lowered):
+        return None
+    return path
+
+
 def _image(value: str) -> str:
     match = re.fullmatch(_IMAGE, value)
+    if not match and (path := _uppercase_path(value)):
+        raise ValueError(
+            f"{show(value)}: the repository {path!r} must be lowercase (only the registry host "
+            f"and the tag may have capitals), e.g. {path.lower()!r}"
+        )
     if not match:
         raise ValueError(
             f"{show(value)} is not an image reference: use "

@@ -95,17 +95,39 @@ def test_down_refuses_foreign_jobs_and_companions(kube_cli, admin, namespace):
     assert out.returncode == 1
     assert f"{MANAGED}=Helm" in one_error_line(out)
     assert get(admin, "batch/v1", "Job", namespace, "helmjob") is not None
-    # Our job whose NetworkPolicy was swapped for someone else's: refused before the job
-    # is deleted (nothing half-done).
+    # Our job whose NetworkPolicy was swapped for someone else's: the job goes, their
+    # NetworkPolicy stays (test_down_keeps_a_foreign_network_policy_and_deletes_our_job).
     assert up(kube_cli, namespace, "j").returncode == 0
     res(admin, *NP).delete(name="j", namespace=namespace)
     theirs_np = create(admin, foreign(rendered(namespace, "j")[0], {"owner": "me"}))
     out = kube_cli("down", "j", "-n", namespace)
-    assert out.returncode == 1
-    line = one_error_line(out)
-    assert f"NetworkPolicy {namespace}/j" in line and "no ddpdeploy labels" in line
-    assert get_job(admin, namespace, "j") is not None
+    assert out.returncode == 0, out.stderr
+    assert f"kept NetworkPolicy {namespace}/j: not ours (owner: no ddpdeploy labels)" in out.stderr
+    assert get_job(admin, namespace, "j") is None
     assert get(admin, *NP, namespace, "j")["metadata"]["uid"] == theirs_np["metadata"]["uid"]
+
+
+def test_down_keeps_a_foreign_network_policy_and_deletes_our_job(kube_cli, admin, namespace):
+    # Found by the third hostile pass: a NetworkPolicy of the job's name that someone else
+    # made (ours was never made: --no-network-policy) made `down` refuse to delete our own
+    # job, which kept running.
+    theirs_np = create(admin, foreign(rendered(namespace, "j2")[0]))
+    made = up(kube_cli, namespace, "j2", "--no-network-policy")
+    assert made.returncode == 0, made.stderr
+    out = kube_cli("down", "j2", "-n", namespace)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.splitlines() == [
+        f"deleted PyTorchJob {namespace}/j2",
+        f"kept NetworkPolicy {namespace}/j2: not ours (owner: no ddpdeploy labels)",
+    ]
+    assert get_job(admin, namespace, "j2") is None
+    assert get(admin, *NP, namespace, "j2")["metadata"]["uid"] == theirs_np["metadata"]["uid"]
+    # A job that is not ours is still refused, its NetworkPolicy and all.
+    create(admin, foreign(rendered(namespace, "j3")[-1]))
+    out = kube_cli("down", "j3", "-n", namespace)
+    assert out.returncode == 1
+    assert "PyTorchJob" in one_error_line(out) and "not deleted" in one_error_line(out)
+    assert get_job(admin, namespace, "j3") is not None
 
 
 def test_scale_refuses_a_foreign_job_and_a_foreign_companion(kube_cli, admin, namespace):

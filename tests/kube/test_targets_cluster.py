@@ -96,3 +96,25 @@ def test_a_foreign_batch_job_is_not_ours(kube_cli, admin, namespace):
         f"error: Job {namespace}/theirs is not ours (owner: no ddpdeploy labels); not deleted\n"
     )
     assert objects(admin, namespace, "batch/v1", "Job") == ["theirs"]
+
+
+def test_down_keeps_a_foreign_service_of_an_indexed_jobs_name(kube_cli, admin, namespace, tmp_path):
+    # Found by the third hostile pass: someone else's Service of the job's name (where the
+    # indexed-job target puts its headless Service) made `down` refuse to delete our job.
+    spec = tmp_path / "ddpdeploy.yaml"
+    spec.write_text("target: indexed-job\nnodes: 2\n")
+    flags = ["--image", IMAGE, "--name", "j", "-n", namespace, "-f", str(spec)]
+    for obj in kube_render(flags):
+        if obj["kind"] == "Service":
+            obj["metadata"].pop("labels", None)  # theirs: made by hand
+        if obj["kind"] == "Job":
+            for field in ("completionMode", "podFailurePolicy"):  # not in a 1.20 apiserver
+                obj["spec"].pop(field)
+        res(admin, obj["apiVersion"], obj["kind"]).create(namespace=namespace, body=obj)
+    out = kube_cli("down", "j", "-n", namespace)
+    assert out.returncode == 0, out.stderr
+    assert f"deleted Job {namespace}/j" in out.stderr
+    assert f"deleted NetworkPolicy {namespace}/j" in out.stderr
+    assert f"kept Service {namespace}/j: not ours (owner: no ddpdeploy labels)" in out.stderr
+    assert objects(admin, namespace, "batch/v1", "Job") == []
+    assert objects(admin, namespace, "v1", "Service") == ["j"]
