@@ -20,7 +20,7 @@ from ddpdeploy.cluster.find import Found, find_job, holds_its_name, labelled_our
 from ddpdeploy.cluster.jobstate import JobState, job_state, logs_show_rank0
 from ddpdeploy.cluster.labels import selector
 from ddpdeploy.contract import CONTAINER_NAME
-from ddpdeploy.errors import OperationError
+from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.events import probe_line, split_timestamp
 from ddpdeploy.obj import Obj
 from ddpdeploy.targets import DEFAULT_TARGET, TARGETS, Layout, layout_for_kind
@@ -229,10 +229,9 @@ def node_pod(job: Obj, pods: list[Obj], replica: str | None, index: int | None) 
     By hostname first; else (a pod without a hostname set) the pod whose place the target
     reads from it (its completion index) is node ``index``."""
     layout = layout_for_kind(job["apiVersion"], job["kind"])
-    name = job["metadata"]["name"]
     if layout is None:
         return None
-    host = layout.logs_hostname(name, replica, index)
+    host = layout.logs_hostname(job, replica, index)
     if host is None:
         return None
     found = _by_hostname(pods, host, layout)
@@ -242,6 +241,41 @@ def node_pod(job: Obj, pods: list[Obj], replica: str | None, index: int | None) 
             if layout.pod_place(pod)[1] == index:
                 return (pod.get("metadata") or {}).get("name")
     return found
+
+
+def _span(count: int) -> str:
+    return "none" if count < 1 else "0" if count == 1 else f"0-{count - 1}"
+
+
+def check_named(job: Obj, replica: str | None, index: int | None) -> None:
+    """`logs --replica/--index` naming a pod the job object cannot have is bad input: one
+    line naming what it has (a node it has, whose pod is not there yet, is another matter)."""
+    layout = layout_for_kind(job["apiVersion"], job["kind"])
+    if layout is None:
+        return
+    where = f"{job['kind']} {job['metadata'].get('namespace')}/{job['metadata']['name']}"
+    counts = layout.replica_counts(job)
+    if replica is not None and counts:
+        replica = replica.lower()
+        if replica not in counts:
+            mode = "c10d" if layout.rank0_hostname(job) is None else "static"
+            have = " and ".join(sorted(counts))
+            raise UserError(
+                f"--replica: {where} has {have} replicas only ({mode} rendezvous); pass "
+                f"--replica {sorted(counts)[-1]}, or --index N alone for node N"
+            )
+        if (index or 0) >= counts[replica]:
+            raise UserError(
+                f"--index: {where} has no {replica} {index}; its {replica} replicas are "
+                f"{_span(counts[replica])}"
+            )
+    elif replica is None and index is not None:
+        nodes = layout.job_size(job)[0]
+        if index >= nodes:
+            raise UserError(
+                f"--index: {where} has no node {index}; its nodes are {_span(nodes)} "
+                f"(`ddpdeploy status {job['metadata']['name']}` lists its pods)"
+            )
 
 
 # Under c10d, how many pods' log heads `status` reads looking for rank 0, whatever the

@@ -40,8 +40,8 @@ def logs(
         str | None,
         typer.Option(
             "--replica",
-            help="One pod as it is: PyTorchJob master or worker; other targets: --index "
-            "alone names the node.",
+            help="One pod as it is: a PyTorchJob's master or worker (with --index); "
+            "--index N alone names node N's pod on every target.",
         ),
     ] = None,
     index: Annotated[
@@ -184,14 +184,21 @@ def _merged(found: Found, name: str, follow: bool, select: Select) -> None:
 def _one_pod(
     found: Found, name: str, replica: str | None, index: int | None, follow: bool, select: Select
 ) -> None:
-    from ddpdeploy.cluster.watch import container_of, node_pod, rank0_pod, snapshot_of
+    from ddpdeploy.cluster.watch import (
+        check_named,
+        container_of,
+        node_pod,
+        rank0_pod,
+        snapshot_of,
+    )
     from ddpdeploy.commands.views import log_line
 
     job, pods, _ = snapshot_of(found)
     assert job is not None  # found is required
     kind = job["kind"]
+    check_named(job, replica, index)
     pod = node_pod(job, pods, replica, index)
-    named = found.layout.logs_hostname(name, replica, index) is not None
+    named = found.layout.logs_hostname(job, replica, index) is not None
     if pod is None and named:  # a node was named and has no pod: not rank 0's instead
         raise OperationError(
             f"--index: {kind} {found.namespace}/{name} has no pod for node {index} (yet); "

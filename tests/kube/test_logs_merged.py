@@ -100,6 +100,34 @@ def test_c10d_rank0_on_the_second_pod(kube_cli, namespace, kubelet, job):
     assert "training: step 6/6 (done)" in status.stdout
 
 
+# Found by the third hostile pass: on a c10d job, `logs j --index 7`, `--index 0` and
+# `--index 1` all printed rank 0's pod's log, exit 0, and `--replica master` (a c10d job has
+# Worker replicas only) ended in the API's 404, exit 1.
+def test_c10d_index_is_that_nodes_pod_and_a_missing_one_is_refused(
+    kube_cli, namespace, kubelet, job
+):
+    first, second = job()
+    kubelet.set_log(first, "[rank2]:on worker-0")
+    kubelet.set_log(second, "[rank0]:on worker-1")
+    for index, text in ((0, "[rank2]:on worker-0"), (1, "[rank0]:on worker-1")):
+        out = kube_cli("logs", "j", "-n", namespace, "--index", str(index))
+        assert (out.returncode, out.stdout.splitlines()) == (0, [text]), out.stderr
+    beyond = kube_cli("logs", "j", "-n", namespace, "--index", "7")
+    assert beyond.returncode == 2 and not beyond.stdout
+    assert beyond.stderr.strip().splitlines() == [
+        f"error: --index: PyTorchJob {namespace}/j has no node 7; its nodes are 0-1 "
+        "(`ddpdeploy status j` lists its pods)"
+    ]
+    master = kube_cli("logs", "j", "-n", namespace, "--replica", "master")
+    assert master.returncode == 2 and not master.stdout
+    assert master.stderr.strip().splitlines() == [
+        f"error: --replica: PyTorchJob {namespace}/j has worker replicas only (c10d "
+        "rendezvous); pass --replica worker, or --index N alone for node N"
+    ]
+    worker = kube_cli("logs", "j", "-n", namespace, "--replica", "worker", "--index", "1")
+    assert worker.stdout.splitlines() == ["[rank0]:on worker-1"]
+
+
 def test_node_tail_since_and_previous(kube_cli, admin, namespace, kubelet, job):
     master, worker = job()
     hour_ago = time.time() - 3600
