@@ -26,6 +26,7 @@ from ddpdeploy.cluster.watch import (
     HEAD_BYTES,
     JobWatch,
     container_of,
+    job_gone,
     rank0_likeliest,
     rank0_search,
 )
@@ -375,6 +376,7 @@ def _follow_loop(
 ) -> Iterator[Line]:
     watch: JobWatch | None = watching
     changed, final = True, False
+    gone: str | None = None  # how the job followed went away (deleted, replaced), if it did
     while True:
         if watch is not None:
             try:
@@ -384,7 +386,8 @@ def _follow_loop(
                 watch, final = None, True
         if changed and watch is not None and watch.ready:
             now_job, now_pods, state = watch.current()
-            final = now_job is None or state.state in FINAL
+            gone = gone or job_gone(job, now_job)
+            final = gone is not None or state.state in FINAL
             for source, run, line in next_runs(found.layout, job, now_pods, seen, again.nodes):
                 notice(line)
                 seen.shown[source.pod] = run
@@ -392,6 +395,10 @@ def _follow_loop(
                 streams.start(source, again)
         changed = False
         if final and not seen.open:
+            if watch is not None and gone is not None:  # deleted, then a new one made?
+                gone = job_gone(job, watch.current()[0]) or gone
+            if gone is not None:  # as `up --wait` ends on a job that vanished: exit 1
+                raise OperationError(f"{gone}; stopped following")
             return
         try:
             item = streams.out.get(timeout=TICK)  # a timeout keeps the main thread interruptible

@@ -213,6 +213,18 @@ class JobWatch:
             self.pods[obj["metadata"]["name"]] = obj
 
 
+def job_gone(job: Obj, now: Obj | None) -> str | None:
+    """How the job being read went away, as one line: deleted (its namespace too), or
+    replaced by a new job of that name (`up --replace`: another uid); None while it is
+    there."""
+    where = f"{kind_of(job)} {job['metadata'].get('namespace')}/{job['metadata']['name']}"
+    if now is None:
+        return f"{where} was deleted"
+    if (now.get("metadata") or {}).get("uid") != job["metadata"].get("uid"):
+        return f"{where} was replaced (a new job of that name)"
+    return None
+
+
 def _by_hostname(pods: list[Obj], hostname: str, layout: Layout) -> str | None:
     """The pod with that hostname: a Job's or JobSet's pod name has a random suffix; a
     target whose pods are named like their hostnames names the pod even before it exists."""

@@ -184,9 +184,11 @@ def _merged(found: Found, name: str, follow: bool, select: Select) -> None:
 def _one_pod(
     found: Found, name: str, replica: str | None, index: int | None, follow: bool, select: Select
 ) -> None:
+    from ddpdeploy.cluster.find import find_job
     from ddpdeploy.cluster.watch import (
         check_named,
         container_of,
+        job_gone,
         node_pod,
         rank0_pod,
         snapshot_of,
@@ -213,3 +215,9 @@ def _one_pod(
         since_seconds=select.since_s,
     ):  # fmt: skip
         log_line(line)
+    if follow:  # the stream ended: the job going away is said, as `logs -f` merged says it
+        now = find_job(
+            found.kube, name, found.namespace, layouts=(found.layout,), required=False
+        ).job
+        if (gone := job_gone(job, now)) is not None:
+            raise OperationError(f"{gone}; stopped following")
