@@ -30,7 +30,7 @@ from ddpdeploy.cluster.watch import (
     rank0_likeliest,
     rank0_search,
 )
-from ddpdeploy.errors import OperationError, UserError
+from ddpdeploy.errors import LogUnavailable, OperationError, UserError
 from ddpdeploy.events import (
     NO_EVENTS,
     Progress,
@@ -432,13 +432,21 @@ def rank0_progress(kube: KubeApi, job: Obj, pods: list[Obj], now: float) -> Prog
         if pod is None or obj is None:
             return unseen
         container = container_of(job)
-        tail = list(kube.logs(pod, namespace, container, tail=TAIL, timestamps=True))
+        try:
+            tail = list(kube.logs(pod, namespace, container, tail=TAIL, timestamps=True))
+        except LogUnavailable:  # the run is gone: the pod's status tells how it ended
+            tail = []
         if not any(_kind(line) == "start" for line in tail):
             head = heads.get(pod)  # read a moment ago when looking for rank 0
             if head is None:
-                head = list(
-                    kube.logs(pod, namespace, container, timestamps=True, limit_bytes=HEAD_BYTES)
-                )
+                try:
+                    head = list(
+                        kube.logs(
+                            pod, namespace, container, timestamps=True, limit_bytes=HEAD_BYTES
+                        )
+                    )
+                except LogUnavailable:
+                    head = []
             tail = [line for line in head if _kind(line) in ("start", "probe")] + tail
     except OperationError as exc:
         return f"training: cannot read rank 0's log: {exc}"
@@ -451,7 +459,7 @@ def rank0_progress(kube: KubeApi, job: Obj, pods: list[Obj], now: float) -> Prog
             previous = list(
                 kube.logs(pod, namespace, container, tail=TAIL, previous=True, timestamps=True)
             )
-        except OperationError:
+        except OperationError:  # LogUnavailable too: lastState's message tells instead
             previous = []
     quiet = quiet_line(obj, container, tail, previous, now)
     if guessed and quiet == NO_EVENTS:  # its workers print, but rank 0 may be elsewhere

@@ -20,7 +20,7 @@ from ddpdeploy.cluster.find import Found, find_job, holds_its_name, labelled_our
 from ddpdeploy.cluster.jobstate import JobState, job_state, logs_show_rank0
 from ddpdeploy.cluster.labels import selector
 from ddpdeploy.contract import CONTAINER_NAME
-from ddpdeploy.errors import OperationError, UserError
+from ddpdeploy.errors import LogUnavailable, OperationError, UserError
 from ddpdeploy.events import probe_line, split_timestamp
 from ddpdeploy.obj import Obj
 from ddpdeploy.targets import DEFAULT_TARGET, TARGETS, Layout, layout_for_kind
@@ -319,7 +319,10 @@ def rank0_search(
         logs = kube.logs(
             name, namespace, container_of(job), timestamps=True, limit_bytes=HEAD_BYTES
         )
-        heads[name] = list(logs)
+        try:
+            heads[name] = list(logs)
+        except LogUnavailable:  # the kubelet no longer has that run: no head to read
+            heads[name] = []
         if logs_show_rank0([split_timestamp(line)[1] for line in heads[name]]):
             return name, heads
     return None, heads

@@ -149,6 +149,7 @@ def _merged(found: Found, name: str, follow: bool, select: Select) -> None:
     )
     from ddpdeploy.cluster.watch import container_of, snapshot_of
     from ddpdeploy.commands.views import rank_line, say
+    from ddpdeploy.errors import LogUnavailable
     from ddpdeploy.text import plain
 
     job, pods, _ = snapshot_of(found)
@@ -158,8 +159,13 @@ def _merged(found: Found, name: str, follow: bool, select: Select) -> None:
     if not todo:
         raise OperationError(f"{job['kind']} {found.namespace}/{name} has no pods yet")
     unread: list[str] = []
+    gone: list[str] = []
 
     def failed(source: Source, exc: Exception) -> None:
+        if isinstance(exc, LogUnavailable):  # a run the kubelet no longer has: said, once
+            gone.append(source.pod)
+            say(f"[node{source.node}{' previous' if source.previous else ''}] {plain(exc)}")
+            return
         unread.append(source.pod)
         say(f"warning: {plain(exc)}")
 
@@ -171,7 +177,7 @@ def _merged(found: Found, name: str, follow: bool, select: Select) -> None:
     for line in lines:
         rank_line(line.rank, line.node, line.text, line.previous)
         shown += 1
-    if not shown and not unread:  # say why, rather than nothing at all
+    if not shown and not unread and not gone:  # say why, rather than nothing at all
         read = [p for p in pods if p["metadata"]["name"] in {s.pod for s in todo}]
         say(nothing_shown(read, select, container_of(job)))
     if unread:
