@@ -25,3 +25,8 @@ class OperationError(DdpdeployError):
     """An outside system refused or failed (engine down, apply failed): exit code 1."""
 
     exit_code = 1
+
+
+class LogUnavailable(OperationError):
+    """A container's log the kubelet no longer has (the container is gone): it answered
+    with its own error text as the log. Callers say so, never show it as the pod's line."""

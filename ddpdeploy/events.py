@@ -184,10 +184,16 @@ def field_text(value: Any) -> str:
     if isinstance(value, int):
         return str(value) if -_BIG < value < _BIG else "?"
     if isinstance(value, float):
-        return str(value)
+        return shown_float(value, "")
     if isinstance(value, str):
         return value if len(value) <= MAX_FIELD else value[:MAX_FIELD] + "…"
     return "?"
+
+
+def shown_float(value: float, spec: str) -> str:
+    """A float formatted by ``spec``; "?" when it is nan, infinite or past _BIG, as an int
+    is: fixed-point 1e308 is a 309-digit number, not a rate or a time."""
+    return format(value, spec) if math.isfinite(value) and abs(value) < _BIG else "?"
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -230,8 +236,8 @@ def _probe_line(f: dict[str, Any]) -> str:
 
 def _ranks_line(f: dict[str, Any]) -> str:
     def ms(value: Any) -> str:
-        seconds = finite(value)
-        return "?" if seconds is None else f"{seconds * 1e3:.1f} ms"
+        seconds = number(value)
+        return "?" if seconds is None else f"{shown_float(seconds * 1e3, '.1f')} ms"
 
     slowest, fastest = _dict(f.get("slowest")), _dict(f.get("fastest"))
     line = (
@@ -405,7 +411,7 @@ class Progress:
         if self.loss is not None:
             parts.append(f"loss {self.loss:.4g}")
         if self.samples_per_s is not None:
-            parts.append(f"{self.samples_per_s:.1f} samples/s")
+            parts.append(f"{shown_float(self.samples_per_s, '.1f')} samples/s")
         return "training: " + ", ".join(parts)
 
     def doc(self) -> dict[str, Any]:
@@ -463,7 +469,7 @@ def progress(lines: list[str], now: float | None = None) -> Progress:
             got["step"], got["done"] = event.step, event.kind == "done"
             got["loss"] = number(f.get("loss")) if event.kind == "step" else got.get("loss")
             if event.kind == "step":
-                got["samples_per_s"] = finite(f.get("samples_per_s"))
+                got["samples_per_s"] = number(f.get("samples_per_s"))
             if when is not None:
                 steps.append((when, event.step))
         elif event.kind == "checkpoint" and event.step is not None:

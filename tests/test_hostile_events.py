@@ -179,3 +179,27 @@ def test_quiet_line_says_what_the_pod_and_log_tell():
         "ddptrain: error: unrecognized arguments: --bogus-flag 3"
     )
     assert quiet_line(running, "pytorch", ["[rank0]:epoch 1"], [], now) == NO_EVENTS
+
+
+# Found by the third hostile pass: a rank-0 step with "samples_per_s": 1e308 made `status`
+# print a 309-digit rate, a ranks event's 9e99 work_s a 103-digit time; such a float is "?",
+# as an int past 1e18 is.
+@pytest.mark.parametrize("value", ["1e308", "-1e300", "1e18", "Infinity", "NaN"])
+def test_an_absurd_float_is_a_question_mark_not_digits(value):
+    got = progress([f'{{"event": "step", "step": 5, "samples_per_s": {value}}}'], now=0.0)
+    assert got.lines() == ["training: step 5, ? samples/s"]
+    ranks = (
+        f'{{"event": "ranks", "step": 5, "slowest": {{"rank": 1, "work_s": {value}}}, '
+        f'"fastest": {{"rank": 0, "work_s": 0.5}}, "median_work_s": 9e99}}'
+    )
+    line = describe(Event("ranks", json.loads(ranks)))
+    assert line is not None and max(len(w) for w in line.split()) < 20, line
+    assert "slowest rank 1 (?) ? ms" in line and "median ? ms" in line
+    assert "500.0 ms" in line
+    probe = describe(Event("probe", json.loads(f'{{"busbw_gbps": {value}}}')))
+    assert probe is not None and probe.startswith("busbw ? GB/s")
+
+
+def test_an_ordinary_float_still_shows():
+    got = progress(['{"event": "step", "step": 5, "samples_per_s": 123.456}'], now=0.0)
+    assert got.lines() == ["training: step 5, 123.5 samples/s"]

@@ -143,3 +143,34 @@ def test_next_runs_restart_replace_new_and_never_twice():
     late = Followed({}, set(), {"m"})
     (only,) = next_runs(layout, JOB, [pod_run("master", 0, "m")], late, None)
     assert only[2] == "[node0] container started; following it"
+
+
+# Found by the third hostile pass: the 1.20 kubelet answers a gone container's log with its
+# own error (HTTP 200), which was shown as the pod's line; such a body alone is
+# LogUnavailable, and the same words written by the pod itself stay its lines.
+def test_the_kubelets_own_error_as_a_log_is_log_unavailable():
+    from ddpdeploy.adapters.kube import kubelet_checked
+    from ddpdeploy.errors import LogUnavailable
+
+    gone = [
+        "unable to retrieve container logs for docker://ec1c" + "0" * 60,
+        "Unable to retrieve container logs for containerd://ab12",
+        "rpc error: code = Unknown desc = Error: No such container: ec1c0f",
+        "rpc error: code = NotFound desc = an error occurred when try to find container "
+        '"ab12": not found',
+        'failed to try resolving symlinks in path "/var/log/pods/x/0.log": lstat x: no such file',
+    ]
+    for body in gone:
+        for stamps in (False, True):
+            with pytest.raises(LogUnavailable, match=r"^the log of pod p is unavailable \(the"):
+                list(kubelet_checked(iter([body]), stamps, "the log of pod p"))
+    stamp = "2026-01-01T00:00:00.000000001Z "
+    # Read with timestamps, a bare line after the log is the kubelet's: dropped.
+    assert list(kubelet_checked(iter([stamp + "a", gone[2]]), True, "x")) == [stamp + "a"]
+    # The pod's own lines in those words: stamped, or not alone.
+    assert list(kubelet_checked(iter([stamp + gone[0]]), True, "x")) == [stamp + gone[0]]
+    assert list(kubelet_checked(iter([gone[0], "more"]), False, "x")) == [gone[0], "more"]
+    assert list(kubelet_checked(iter(["a", gone[0]]), False, "x")) == ["a", gone[0]]
+    assert list(kubelet_checked(iter(["rpc error: code = Unknown desc = boom"]), False, "x")) == [
+        "rpc error: code = Unknown desc = boom"
+    ]

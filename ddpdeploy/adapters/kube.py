@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ddpdeploy import fs
-from ddpdeploy.errors import OperationError, UserError
+from ddpdeploy.errors import LogUnavailable, OperationError, UserError
 from ddpdeploy.obj import Obj
 from ddpdeploy.streams import LineSplitter
 from ddpdeploy.text import plain
@@ -1061,12 +1061,8 @@ class Kube:
                 # "no read timeout", so a week); connecting is still bounded.
                 (CONNECT_TIMEOUT, FOLLOW_QUIET) if follow else DEFAULT_TIMEOUT,
             )
-            lines = LineSplitter(b"")
-            for chunk in resp.stream(4096):
-                for line in lines.feed(chunk):
-                    yield line.decode(errors="replace")
-            for line in lines.finish():
-                yield line.decode(errors="replace")
+            gone = f"the log of pod {pod}{' (its previous run)' if previous else ''}"
+            yield from kubelet_checked(_body_lines(resp), timestamps, gone)
 
     def _get_raw(self, path: str, query: builtins.list[tuple[str, str]], timeout: Any) -> Any:
         """GET ``path`` through the client's ApiClient (its auth, TLS and REST layer; the
@@ -1150,3 +1146,53 @@ class Kube:
 
 if TYPE_CHECKING:
     _KUBE_IS_A_KUBEAPI: type[KubeApi] = Kube  # mypy holds Kube to the protocol
+
+
+def _body_lines(resp: Any) -> Iterator[str]:
+    lines = LineSplitter(b"")
+    for chunk in resp.stream(4096):
+        for line in lines.feed(chunk):
+            yield line.decode(errors="replace")
+    for line in lines.finish():
+        yield line.decode(errors="replace")
+
+
+# The kubelet's own errors that come back as a log's body, HTTP 200 (the 1.20 kubelet, once
+# the container is gone: after a restart, a pod replaced): its container lookup failing
+# (kuberuntime's GetContainerLogs), the runtime's "No such container" (docker) or
+# "an error occurred when try to find container" (containerd), the log file gone.
+# Kubernetes' own e2e log reader (test/e2e/storage/podlogs) drops the same wordings.
+_KUBELET_ERROR = re.compile(
+    r"(?:[Uu]nable to retrieve container logs for \S+"
+    r"|rpc error: code = \w+ desc = (?:Error: No such container: \S+"
+    r"|an error occurred when try to find container \S+.*)"
+    r'|failed to try resolving symlinks in path ".*)\s*'
+)
+
+
+def kubelet_error(line: str) -> bool:
+    """Whether ``line`` is one of the kubelet's own errors, as it words them."""
+    return _KUBELET_ERROR.fullmatch(line) is not None
+
+
+def kubelet_checked(lines: Iterator[str], timestamps: bool, what: str) -> Iterator[str]:
+    """``lines`` of a log, where a body that is the kubelet's error alone (one line in its
+    wording) is LogUnavailable naming ``what``, not the pod's line. Read with timestamps,
+    every line of the pod's carries one: a bare line in that wording is the kubelet's, and
+    comes first (or after the log, then dropped). Without, the first line is held until
+    another comes or the body ends, so a followed log that starts so waits for its next."""
+    held: str | None = None
+    for number, line in enumerate(lines):
+        if number == 0 and kubelet_error(line):
+            if timestamps:
+                raise LogUnavailable(f"{what} is unavailable (the kubelet: {plain(line)})")
+            held = line
+            continue
+        if timestamps and kubelet_error(line):
+            continue  # after the log it did send, the kubelet's complaint is not the pod's
+        if held is not None:
+            yield held
+            held = None
+        yield line
+    if held is not None:
+        raise LogUnavailable(f"{what} is unavailable (the kubelet: {plain(held)})")

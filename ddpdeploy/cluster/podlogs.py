@@ -26,10 +26,11 @@ from ddpdeploy.cluster.watch import (
     HEAD_BYTES,
     JobWatch,
     container_of,
+    job_gone,
     rank0_likeliest,
     rank0_search,
 )
-from ddpdeploy.errors import OperationError, UserError
+from ddpdeploy.errors import LogUnavailable, OperationError, UserError
 from ddpdeploy.events import (
     NO_EVENTS,
     Progress,
@@ -375,6 +376,7 @@ def _follow_loop(
 ) -> Iterator[Line]:
     watch: JobWatch | None = watching
     changed, final = True, False
+    gone: str | None = None  # how the job followed went away (deleted, replaced), if it did
     while True:
         if watch is not None:
             try:
@@ -384,7 +386,8 @@ def _follow_loop(
                 watch, final = None, True
         if changed and watch is not None and watch.ready:
             now_job, now_pods, state = watch.current()
-            final = now_job is None or state.state in FINAL
+            gone = gone or job_gone(job, now_job)
+            final = gone is not None or state.state in FINAL
             for source, run, line in next_runs(found.layout, job, now_pods, seen, again.nodes):
                 notice(line)
                 seen.shown[source.pod] = run
@@ -392,6 +395,10 @@ def _follow_loop(
                 streams.start(source, again)
         changed = False
         if final and not seen.open:
+            if watch is not None and gone is not None:  # deleted, then a new one made?
+                gone = job_gone(job, watch.current()[0]) or gone
+            if gone is not None:  # as `up --wait` ends on a job that vanished: exit 1
+                raise OperationError(f"{gone}; stopped following")
             return
         try:
             item = streams.out.get(timeout=TICK)  # a timeout keeps the main thread interruptible
@@ -425,13 +432,21 @@ def rank0_progress(kube: KubeApi, job: Obj, pods: list[Obj], now: float) -> Prog
         if pod is None or obj is None:
             return unseen
         container = container_of(job)
-        tail = list(kube.logs(pod, namespace, container, tail=TAIL, timestamps=True))
+        try:
+            tail = list(kube.logs(pod, namespace, container, tail=TAIL, timestamps=True))
+        except LogUnavailable:  # the run is gone: the pod's status tells how it ended
+            tail = []
         if not any(_kind(line) == "start" for line in tail):
             head = heads.get(pod)  # read a moment ago when looking for rank 0
             if head is None:
-                head = list(
-                    kube.logs(pod, namespace, container, timestamps=True, limit_bytes=HEAD_BYTES)
-                )
+                try:
+                    head = list(
+                        kube.logs(
+                            pod, namespace, container, timestamps=True, limit_bytes=HEAD_BYTES
+                        )
+                    )
+                except LogUnavailable:
+                    head = []
             tail = [line for line in head if _kind(line) in ("start", "probe")] + tail
     except OperationError as exc:
         return f"training: cannot read rank 0's log: {exc}"
@@ -444,7 +459,7 @@ def rank0_progress(kube: KubeApi, job: Obj, pods: list[Obj], now: float) -> Prog
             previous = list(
                 kube.logs(pod, namespace, container, tail=TAIL, previous=True, timestamps=True)
             )
-        except OperationError:
+        except OperationError:  # LogUnavailable too: lastState's message tells instead
             previous = []
     quiet = quiet_line(obj, container, tail, previous, now)
     if guessed and quiet == NO_EVENTS:  # its workers print, but rank 0 may be elsewhere

@@ -20,7 +20,7 @@ from ddpdeploy.cluster.find import Found, find_job, holds_its_name, labelled_our
 from ddpdeploy.cluster.jobstate import JobState, job_state, logs_show_rank0
 from ddpdeploy.cluster.labels import selector
 from ddpdeploy.contract import CONTAINER_NAME
-from ddpdeploy.errors import OperationError
+from ddpdeploy.errors import LogUnavailable, OperationError, UserError
 from ddpdeploy.events import probe_line, split_timestamp
 from ddpdeploy.obj import Obj
 from ddpdeploy.targets import DEFAULT_TARGET, TARGETS, Layout, layout_for_kind
@@ -213,6 +213,18 @@ class JobWatch:
             self.pods[obj["metadata"]["name"]] = obj
 
 
+def job_gone(job: Obj, now: Obj | None) -> str | None:
+    """How the job being read went away, as one line: deleted (its namespace too), or
+    replaced by a new job of that name (`up --replace`: another uid); None while it is
+    there."""
+    where = f"{kind_of(job)} {job['metadata'].get('namespace')}/{job['metadata']['name']}"
+    if now is None:
+        return f"{where} was deleted"
+    if (now.get("metadata") or {}).get("uid") != job["metadata"].get("uid"):
+        return f"{where} was replaced (a new job of that name)"
+    return None
+
+
 def _by_hostname(pods: list[Obj], hostname: str, layout: Layout) -> str | None:
     """The pod with that hostname: a Job's or JobSet's pod name has a random suffix; a
     target whose pods are named like their hostnames names the pod even before it exists."""
@@ -229,10 +241,9 @@ def node_pod(job: Obj, pods: list[Obj], replica: str | None, index: int | None) 
     By hostname first; else (a pod without a hostname set) the pod whose place the target
     reads from it (its completion index) is node ``index``."""
     layout = layout_for_kind(job["apiVersion"], job["kind"])
-    name = job["metadata"]["name"]
     if layout is None:
         return None
-    host = layout.logs_hostname(name, replica, index)
+    host = layout.logs_hostname(job, replica, index)
     if host is None:
         return None
     found = _by_hostname(pods, host, layout)
@@ -242,6 +253,41 @@ def node_pod(job: Obj, pods: list[Obj], replica: str | None, index: int | None) 
             if layout.pod_place(pod)[1] == index:
                 return (pod.get("metadata") or {}).get("name")
     return found
+
+
+def _span(count: int) -> str:
+    return "none" if count < 1 else "0" if count == 1 else f"0-{count - 1}"
+
+
+def check_named(job: Obj, replica: str | None, index: int | None) -> None:
+    """`logs --replica/--index` naming a pod the job object cannot have is bad input: one
+    line naming what it has (a node it has, whose pod is not there yet, is another matter)."""
+    layout = layout_for_kind(job["apiVersion"], job["kind"])
+    if layout is None:
+        return
+    where = f"{job['kind']} {job['metadata'].get('namespace')}/{job['metadata']['name']}"
+    counts = layout.replica_counts(job)
+    if replica is not None and counts:
+        replica = replica.lower()
+        if replica not in counts:
+            mode = "c10d" if layout.rank0_hostname(job) is None else "static"
+            have = " and ".join(sorted(counts))
+            raise UserError(
+                f"--replica: {where} has {have} replicas only ({mode} rendezvous); pass "
+                f"--replica {sorted(counts)[-1]}, or --index N alone for node N"
+            )
+        if (index or 0) >= counts[replica]:
+            raise UserError(
+                f"--index: {where} has no {replica} {index}; its {replica} replicas are "
+                f"{_span(counts[replica])}"
+            )
+    elif replica is None and index is not None:
+        nodes = layout.job_size(job)[0]
+        if index >= nodes:
+            raise UserError(
+                f"--index: {where} has no node {index}; its nodes are {_span(nodes)} "
+                f"(`ddpdeploy status {job['metadata']['name']}` lists its pods)"
+            )
 
 
 # Under c10d, how many pods' log heads `status` reads looking for rank 0, whatever the
@@ -273,7 +319,10 @@ def rank0_search(
         logs = kube.logs(
             name, namespace, container_of(job), timestamps=True, limit_bytes=HEAD_BYTES
         )
-        heads[name] = list(logs)
+        try:
+            heads[name] = list(logs)
+        except LogUnavailable:  # the kubelet no longer has that run: no head to read
+            heads[name] = []
         if logs_show_rank0([split_timestamp(line)[1] for line in heads[name]]):
             return name, heads
     return None, heads

@@ -40,8 +40,8 @@ def logs(
         str | None,
         typer.Option(
             "--replica",
-            help="One pod as it is: PyTorchJob master or worker; other targets: --index "
-            "alone names the node.",
+            help="One pod as it is: a PyTorchJob's master or worker (with --index); "
+            "--index N alone names node N's pod on every target.",
         ),
     ] = None,
     index: Annotated[
@@ -149,6 +149,7 @@ def _merged(found: Found, name: str, follow: bool, select: Select) -> None:
     )
     from ddpdeploy.cluster.watch import container_of, snapshot_of
     from ddpdeploy.commands.views import rank_line, say
+    from ddpdeploy.errors import LogUnavailable
     from ddpdeploy.text import plain
 
     job, pods, _ = snapshot_of(found)
@@ -158,8 +159,13 @@ def _merged(found: Found, name: str, follow: bool, select: Select) -> None:
     if not todo:
         raise OperationError(f"{job['kind']} {found.namespace}/{name} has no pods yet")
     unread: list[str] = []
+    gone: list[str] = []
 
     def failed(source: Source, exc: Exception) -> None:
+        if isinstance(exc, LogUnavailable):  # a run the kubelet no longer has: said, once
+            gone.append(source.pod)
+            say(f"[node{source.node}{' previous' if source.previous else ''}] {plain(exc)}")
+            return
         unread.append(source.pod)
         say(f"warning: {plain(exc)}")
 
@@ -171,7 +177,7 @@ def _merged(found: Found, name: str, follow: bool, select: Select) -> None:
     for line in lines:
         rank_line(line.rank, line.node, line.text, line.previous)
         shown += 1
-    if not shown and not unread:  # say why, rather than nothing at all
+    if not shown and not unread and not gone:  # say why, rather than nothing at all
         read = [p for p in pods if p["metadata"]["name"] in {s.pod for s in todo}]
         say(nothing_shown(read, select, container_of(job)))
     if unread:
@@ -184,14 +190,23 @@ def _merged(found: Found, name: str, follow: bool, select: Select) -> None:
 def _one_pod(
     found: Found, name: str, replica: str | None, index: int | None, follow: bool, select: Select
 ) -> None:
-    from ddpdeploy.cluster.watch import container_of, node_pod, rank0_pod, snapshot_of
+    from ddpdeploy.cluster.find import find_job
+    from ddpdeploy.cluster.watch import (
+        check_named,
+        container_of,
+        job_gone,
+        node_pod,
+        rank0_pod,
+        snapshot_of,
+    )
     from ddpdeploy.commands.views import log_line
 
     job, pods, _ = snapshot_of(found)
     assert job is not None  # found is required
     kind = job["kind"]
+    check_named(job, replica, index)
     pod = node_pod(job, pods, replica, index)
-    named = found.layout.logs_hostname(name, replica, index) is not None
+    named = found.layout.logs_hostname(job, replica, index) is not None
     if pod is None and named:  # a node was named and has no pod: not rank 0's instead
         raise OperationError(
             f"--index: {kind} {found.namespace}/{name} has no pod for node {index} (yet); "
@@ -206,3 +221,9 @@ def _one_pod(
         since_seconds=select.since_s,
     ):  # fmt: skip
         log_line(line)
+    if follow:  # the stream ended: the job going away is said, as `logs -f` merged says it
+        now = find_job(
+            found.kube, name, found.namespace, layouts=(found.layout,), required=False
+        ).job
+        if (gone := job_gone(job, now)) is not None:
+            raise OperationError(f"{gone}; stopped following")

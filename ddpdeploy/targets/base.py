@@ -112,11 +112,17 @@ class Layout(ABC):
                     return env_values(container.get("env"))
         return {}
 
-    def logs_hostname(self, job_name: str, replica: str | None, index: int | None) -> str | None:
-        """The hostname `logs --replica/--index` names; None when they name none."""
+    def logs_hostname(self, job: Obj, replica: str | None, index: int | None) -> str | None:
+        """The hostname `logs --replica/--index` names in ``job`` (the object); None when
+        they name none."""
         if replica is not None:
             raise UserError(f"--replica: a {self.kind} has no replicas; pass --index N alone")
-        return None if index is None else self.node_hostname(job_name, index)
+        return None if index is None else self.node_hostname(job["metadata"]["name"], index)
+
+    def replica_counts(self, obj: Obj) -> dict[str, int]:
+        """replica (as `logs --replica` names it) -> how many pods of it ``obj`` asks for;
+        empty for a target without replicas."""
+        return {}
 
     def pod_place(self, pod: Obj) -> tuple[str, int]:
         """(replica, index) of one of the job's pods: its completion index by default."""

@@ -71,6 +71,9 @@ class Kubelet:
     folder: Path
     logs: dict[Key, list[tuple[float, str]]] = field(default_factory=dict)
     failing: dict[str, int] = field(default_factory=dict)  # pod -> HTTP status it answers
+    # (pod, container, previous) -> the kubelet's own error it answers as the log, HTTP 200,
+    # no timestamp, as the 1.20 kubelet does once the container is gone
+    own_error: dict[Key, str] = field(default_factory=dict)
     requests: list[str] = field(default_factory=list)  # the paths asked for, with queries
     closed: threading.Event = field(default_factory=threading.Event)
     changed: threading.Condition = field(default_factory=threading.Condition)
@@ -233,6 +236,12 @@ def _handler(kubelet: Kubelet) -> type[BaseHTTPRequestHandler]:
                 return self._answer(kubelet.failing[pod], "internal error: the log is gone")
             previous = query.get("previous") == "true"
             key = (pod, container, previous)
+            if key in kubelet.own_error:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.end_headers()
+                self.wfile.write(kubelet.own_error[key].encode())
+                return
             with kubelet.changed:  # the run answered: the one there now
                 run = kubelet.logs.get(key)
                 lines = kubelet.lines(key, query)

@@ -17,6 +17,7 @@ from actors import (
     get_job,
     make_pod,
     operator_pod,
+    res,
     set_job_conditions,
     set_running,
     start_cli,
@@ -181,3 +182,31 @@ def test_a_replaced_pod_is_followed_and_a_look_alike_never_read(
         "[rank0 node0] m1", "[rank2 node1] the first pod", "[rank2 node1] the new pod"
     ]  # fmt: skip
     assert not any("/j-worker-2/" in r for r in kubelet.requests)
+
+
+# Found by the third hostile pass: `logs -f` ended exit 0 without a word when the job was
+# deleted (its namespace too) or replaced (`up --replace`: a new uid); it says which, in one
+# line, exit 1, as `up --wait` ends on a job that vanished.
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+@pytest.mark.parametrize("one_pod", [False, True], ids=["merged", "index"])
+def test_follow_says_the_job_went_away(
+    control_plane, kube_cli, admin, namespace, kubelet, job, how, one_pod
+):
+    master, worker = job
+    kubelet.set_log(master, "[rank0]:m1")
+    kubelet.set_log(worker, "[rank2]:w1")
+    follow = Follow(control_plane, namespace, *(("--index", "0") if one_pod else ()))
+    follow.wait_for("[rank0]:m1" if one_pod else "[rank0 node0] m1")
+    res(admin, "kubeflow.org/v1", "PyTorchJob").delete(name="j", namespace=namespace)
+    if how == "replaced":
+        time.sleep(1)  # the watch sees the old one go first
+        args = ["up", "--image", IMAGE, "--name", "j", "-n", namespace, "--nodes", "2"]
+        out = kube_cli(*args, "--procs", "2", "--no-wait")
+        assert out.returncode == 0, out.stderr
+    time.sleep(1)
+    for pod in job:  # the old pods go (no garbage collector here): their streams end
+        delete_pod_now(admin, namespace, pod)
+        kubelet.remove(pod)
+    assert follow.finish(timeout=30) == 1, (follow.out, follow.err)
+    what = "deleted" if how == "deleted" else "replaced (a new job of that name)"
+    assert follow.err == [f"error: PyTorchJob {namespace}/j was {what}; stopped following"]

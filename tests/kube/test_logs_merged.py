@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 from actors import (
+    container_status,
     create_pods,
     finish,
     get_job,
     set_job_conditions,
+    set_pod_status,
     set_running,
     start_cli,
     wait_for_job,
@@ -98,6 +100,34 @@ def test_c10d_rank0_on_the_second_pod(kube_cli, namespace, kubelet, job):
     status = kube_cli("status", "j", "-n", namespace)  # rank 0's pod is found, not assumed
     assert status.returncode == 0, status.stderr
     assert "training: step 6/6 (done)" in status.stdout
+
+
+# Found by the third hostile pass: on a c10d job, `logs j --index 7`, `--index 0` and
+# `--index 1` all printed rank 0's pod's log, exit 0, and `--replica master` (a c10d job has
+# Worker replicas only) ended in the API's 404, exit 1.
+def test_c10d_index_is_that_nodes_pod_and_a_missing_one_is_refused(
+    kube_cli, namespace, kubelet, job
+):
+    first, second = job()
+    kubelet.set_log(first, "[rank2]:on worker-0")
+    kubelet.set_log(second, "[rank0]:on worker-1")
+    for index, text in ((0, "[rank2]:on worker-0"), (1, "[rank0]:on worker-1")):
+        out = kube_cli("logs", "j", "-n", namespace, "--index", str(index))
+        assert (out.returncode, out.stdout.splitlines()) == (0, [text]), out.stderr
+    beyond = kube_cli("logs", "j", "-n", namespace, "--index", "7")
+    assert beyond.returncode == 2 and not beyond.stdout
+    assert beyond.stderr.strip().splitlines() == [
+        f"error: --index: PyTorchJob {namespace}/j has no node 7; its nodes are 0-1 "
+        "(`ddpdeploy status j` lists its pods)"
+    ]
+    master = kube_cli("logs", "j", "-n", namespace, "--replica", "master")
+    assert master.returncode == 2 and not master.stdout
+    assert master.stderr.strip().splitlines() == [
+        f"error: --replica: PyTorchJob {namespace}/j has worker replicas only (c10d "
+        "rendezvous); pass --replica worker, or --index N alone for node N"
+    ]
+    worker = kube_cli("logs", "j", "-n", namespace, "--replica", "worker", "--index", "1")
+    assert worker.stdout.splitlines() == ["[rank0]:on worker-1"]
 
 
 def test_node_tail_since_and_previous(kube_cli, admin, namespace, kubelet, job):
@@ -294,6 +324,51 @@ def test_status_without_events_or_a_readable_log(kube_cli, admin, namespace, kub
     assert "cannot read rank 0's log" in line and master in line
     doc = json.loads(kube_cli("status", "j", "-n", namespace, "-o", "json").stdout)
     assert doc["training"]["error"] == line
+
+
+# Found by the third hostile pass: the 1.20 kubelet answers a gone container's log with its
+# own error, HTTP 200; `logs` printed it as "[node0 previous] unable to retrieve container
+# logs for docker://…" and `status` as the last run's error. It is "log unavailable": one
+# stderr line from `logs`; `status` tells the run's end from the pod's lastState instead.
+GONE = "unable to retrieve container logs for docker://ec1c" + "0" * 60
+
+
+def test_a_log_the_kubelet_no_longer_has_is_said_not_shown(
+    kube_cli, admin, namespace, kubelet, job
+):
+    first, second = job()
+    flag = "ddptrain: error: unrecognized arguments: --bogus-flag"
+    last = {"terminated": {"exitCode": 1, "reason": "Error", "message": flag}}
+    waiting = {"waiting": {"reason": "CrashLoopBackOff"}}
+    for pod in (first, second):
+        status = {"phase": "Running", "containerStatuses": [
+            container_status(IMAGE, waiting, 1, last)]}  # fmt: skip
+        set_pod_status(admin, namespace, pod, status)
+        kubelet.own_error[(pod, "pytorch", True)] = GONE
+        kubelet.own_error[(pod, "pytorch", False)] = (
+            "rpc error: code = Unknown desc = Error: No such container: ec1c" + "0" * 60 + "\n"
+        )
+    kubelet.own_error.pop((second, "pytorch", False))
+    kubelet.set_log(second, "[rank1]:the run now")
+    out = kube_cli("logs", "j", "-n", namespace)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["[rank1 node1] the run now"]
+    err = out.stderr.strip().splitlines()
+    assert len(err) == 3 and all(" is unavailable (the kubelet: " in t for t in err), err
+    assert err[0].startswith(f"[node0 previous] the log of pod {first} (its previous run) ")
+    assert err[2].startswith(f"[node0] the log of pod {first} is unavailable")
+    one = kube_cli("logs", "j", "-n", namespace, "--index", "0")
+    assert one.returncode == 1 and not one.stdout
+    assert one.stderr.strip().splitlines() == [
+        f"error: the log of pod {first} is unavailable (the kubelet: rpc error: code = "
+        "Unknown desc = Error: No such container: ec1c" + "0" * 60 + ")"
+    ]
+    status = kube_cli("status", "j", "-n", namespace)
+    assert status.returncode == 0, status.stderr
+    (line,) = [t for t in status.stdout.splitlines() if t.startswith("training:")]
+    assert line == (
+        "training: restarting (restart 1; the last run ended with exit code 1, Error): " + flag
+    )
 
 
 def test_up_follow_shows_the_probe_line(admin, control_plane, namespace, kubelet):

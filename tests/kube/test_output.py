@@ -80,7 +80,7 @@ def test_logs_index_reads_that_nodes_pod(kube_cli, admin, namespace, up):
     # A TrainJob (this apiserver predates Indexed Jobs): its JobSet's Jobs name the pods
     # with a random suffix; no hostname is set here, so the completion index decides. The
     # pods carry our labels, from the TrainJob's runtime patch.
-    up("j", "--target", "trainjob", "--nodes", "3")
+    up("j", "--target", "trainjob", "--nodes", "4")  # node 3's pod never comes
     for index in range(3):
         labels = {
             "app.kubernetes.io/managed-by": "ddpdeploy",
@@ -98,8 +98,10 @@ def test_logs_index_reads_that_nodes_pod(kube_cli, admin, namespace, up):
     assert out.returncode == 1
     assert "pod j-2-x2z" in out.stderr and "j-0-x0z" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
-    missing = kube_cli("logs", "j", "--index", "7", "-n", namespace)
-    assert missing.returncode == 1 and "has no pod for node 7" in missing.stderr
+    missing = kube_cli("logs", "j", "--index", "3", "-n", namespace)
+    assert missing.returncode == 1 and "has no pod for node 3" in missing.stderr
+    beyond = kube_cli("logs", "j", "--index", "7", "-n", namespace)  # past its nodes: input
+    assert beyond.returncode == 2 and "has no node 7; its nodes are 0-3" in beyond.stderr
     replica = kube_cli("logs", "j", "--replica", "worker", "-n", namespace)
     assert replica.returncode == 2
     assert "a TrainJob has no replicas; pass --index N alone" in replica.stderr

@@ -49,10 +49,25 @@ class PyTorchJob(Layout):
             return self.node_hostname(obj["metadata"]["name"], 0, "master")
         return None  # c10d (and elastic): the rendezvous puts rank 0 on any pod
 
-    def logs_hostname(self, job_name: str, replica: str | None, index: int | None) -> str | None:
-        if replica is None:
+    def logs_hostname(self, job: Obj, replica: str | None, index: int | None) -> str | None:
+        name = job["metadata"]["name"]
+        if replica is not None:
+            return self.node_hostname(name, index or 0, replica)
+        if index is None:
             return None
-        return self.node_hostname(job_name, index or 0, replica)
+        # --index alone is node N, numbered as `logs` numbers nodes: under static rendezvous
+        # master-0 is node 0 and worker-i node i+1; under c10d (Worker replicas only)
+        # worker-i is node i.
+        if self.rank0_hostname(job) is None:
+            return self.node_hostname(name, index, "worker")
+        return self.node_hostname(name, index - 1, "worker") if index else f"{name}-master-0"
+
+    def replica_counts(self, obj: Obj) -> dict[str, int]:
+        specs = (obj.get("spec") or {}).get("pytorchReplicaSpecs") or {}
+        return {
+            str(kind).lower(): int((spec or {}).get("replicas") or 0)
+            for kind, spec in specs.items()
+        }
 
     def pod_place(self, pod: Obj) -> tuple[str, int]:
         labels = (pod.get("metadata") or {}).get("labels") or {}
