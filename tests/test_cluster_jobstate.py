@@ -308,3 +308,22 @@ def test_an_earlier_runs_pod_still_stopping_is_why_the_new_pods_are_missing():
     state = job_state(new, [mine, olds[1]])
     assert state.state == "Running"
     assert state.reason.startswith("1/1 pods running; pod j-worker-0 of an earlier run")
+
+
+def test_a_pod_the_operator_could_not_make_counts_against_the_jobs_size() -> None:
+    # Found by the third hostile pass: someone else's pod held pn-worker-0, the operator
+    # could not make ours, and status said "1/1 pods running" of a 2-node job.
+    job = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": "pn", "namespace": "ns"},
+        "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 2}}},
+        "status": {"conditions": [{"type": "Running", "status": "True"}]},
+    }
+    state = job_state(job, [pod(name="pn-worker-1", phase="Running")])
+    assert (state.state, state.reason) == ("Running", "1/2 pods running; no pod pn-worker-0 yet")
+    both = [pod(name="pn-worker-0", phase="Running"), pod(name="pn-worker-1", phase="Running")]
+    assert job_state(job, both).reason == "2/2 pods running"
+    # An elastic range may run below its maximum: nothing is missing there.
+    job["spec"]["elasticPolicy"] = {"minReplicas": 1, "maxReplicas": 2}
+    assert job_state(job, [pod(name="pn-worker-1", phase="Running")]).reason == "1/1 pods running"

@@ -245,12 +245,33 @@ def job_state(job: Obj | None, pods: list[Obj]) -> JobState:
     running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
     if _condition(job, "Running") or running:
         note = _last_failure(pods) + (f"; {_stopping(old)}" if old else "")
-        return JobState("Running", f"{len(running)}/{len(pods)} pods running{note}", done=False)
+        missing = _missing(job, layout, pods)
+        if missing:
+            # A name the operator cannot take (someone else's pod holds it) leaves the job a
+            # node short for good: counted against the job's size, and named.
+            note += f"; no pod {', '.join(missing[:4])}{' …' if len(missing) > 4 else ''} yet"
+        of = len(pods) + len(missing)
+        return JobState("Running", f"{len(running)}/{of} pods running{note}", done=False)
     if _condition(job, "Suspended"):
         return JobState("Suspended", "", done=False)
     if old:
         return JobState("Pending", _stopping(old), done=False)
     return JobState("Pending", f"{len(pods)} pods created" if pods else "no pods yet", done=False)
+
+
+def _missing(job: Obj, layout: Layout, pods: list[Obj]) -> list[str]:
+    """The pods a fixed-size job with named replicas (PyTorchJob) asks for that do not
+    exist; none for an elastic range, whose size may lawfully be below its maximum."""
+    if layout.elastic_range(job) is not None:
+        return []
+    name = (job.get("metadata") or {}).get("name", "")
+    have = {(p.get("metadata") or {}).get("name") for p in pods}
+    wanted = [
+        f"{name}-{replica}-{i}"
+        for replica, count in layout.replica_counts(job).items()
+        for i in range(count)
+    ]
+    return [w for w in wanted if w not in have]
 
 
 def job_size(job: Obj) -> tuple[int, int]:
