@@ -234,14 +234,15 @@ def job_state(job: Obj | None, pods: list[Obj]) -> JobState:
         return JobState("Succeeded", cond.get("message") or "", done=True, ok=True)
     if cond := _condition(job, layout.failed):
         return JobState("Failed", cond.get("message") or cond.get("reason") or "", done=True)
+    earlier = {id(p) for p in pods if _earlier_run(p, job)}  # not this run's: counted apart
     for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("name", "")):
         # An earlier run's pod matters only as what holds a name (its old crash is no news).
-        if stuck := (_held(pod) if _earlier_run(pod, job) else _stuck(pod)):
+        if stuck := (_held(pod) if id(pod) in earlier else _stuck(pod)):
             return stuck
     if cond := _condition(job, "Restarting"):
         return JobState("Restarting", cond.get("message") or "", done=False)
-    old = [p for p in pods if _earlier_run(p, job)]  # not this run's: counted apart
-    pods = [p for p in pods if not _earlier_run(p, job)]
+    old = [p for p in pods if id(p) in earlier]
+    pods = [p for p in pods if id(p) not in earlier]
     running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
     if _condition(job, "Running") or running:
         note = _last_failure(pods) + (f"; {_stopping(old)}" if old else "")
@@ -267,7 +268,7 @@ def _missing(job: Obj, layout: Layout, pods: list[Obj]) -> list[str]:
     name = (job.get("metadata") or {}).get("name", "")
     have = {(p.get("metadata") or {}).get("name") for p in pods}
     wanted = [
-        f"{name}-{replica}-{i}"
+        layout.node_hostname(name, i, replica)  # a PyTorchJob's pod is named as its host
         for replica, count in layout.replica_counts(job).items()
         for i in range(count)
     ]
