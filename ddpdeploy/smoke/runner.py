@@ -356,18 +356,17 @@ class _Run:
             total = event.fields.get("total_steps")
             if isinstance(total, int) and total > 0:
                 self.view.update(total=total)
+            resumed = _resumed_step(event)
             if event.kind == "start" and not self.started_once:
                 self.started_once = True
-                resumed = event.fields.get("resume_step")
-                if event.fields.get("resumed") and isinstance(resumed, int):
+                if resumed is not None:
                     self.resumed_from = resumed
                     self.resumed_total = total if isinstance(total, int) else None
             kill = self.kill
             if event.kind == "start" and kill is not None and kill.at:
                 if not kill.restarted:
                     kill.restarted, kill.restarted_at = True, time.monotonic()
-                resumed = event.fields.get("resume_step")
-                if event.fields.get("resumed") and isinstance(resumed, int):
+                if resumed is not None:
                     kill.resumed_step = resumed
             self.view.note(f"{node}: {text}")
             kill = self.kill
@@ -442,6 +441,12 @@ class _Run:
         if self.fatal is not None:  # ddpkit's reason (the probe's floor …) before any tail
             return f"{plain(self.fatal.removeprefix(FATAL))}\n{said}"
         return said
+
+
+def _resumed_step(event: Event) -> int | None:
+    """The step a `start` event says the workers resumed from; None for a fresh start."""
+    step = event.fields.get("resume_step")
+    return step if event.fields.get("resumed") and isinstance(step, int) else None
 
 
 def _as_printed(tail: Iterable[tuple[str, str]]) -> list[str]:
