@@ -589,21 +589,19 @@ class CheckpointStore:
                 final, lambda f: torch.save(state, f), self.pause_mid_write
             )
         sidecar = dict(meta, run_id=_own_run_id(), sha256=digest, file=os.path.basename(final))
+        side = None
         try:
             # Both written before either is renamed: a save of a step that exists which fails
             # (a full disk) leaves the old pair whole.
             side, _ = _write_temp(
                 self.sidecar_path(step), lambda f: f.write(json.dumps(sidecar).encode())
             )
-        except BaseException:
-            _unlink_quietly(payload)
-            raise
-        try:
             os.replace(payload, final)
             os.replace(side, self.sidecar_path(step))
         except BaseException:
-            # Nothing else removes a fresh temp file (see remove_stale_temp_files).
-            for tmp in (payload, side):  # a renamed one is gone: nothing to remove
+            # Nothing else removes a fresh temp file (see remove_stale_temp_files); a renamed
+            # one is gone, nothing to remove.
+            for tmp in filter(None, (payload, side)):
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
             raise
