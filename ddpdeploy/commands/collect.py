@@ -14,6 +14,7 @@ from ddpdeploy.commands.options import (
     KubeconfigOpt,
     NameArg,
     NamespaceOpt,
+    grammar_error,
     seconds_above_0,
 )
 from ddpdeploy.errors import UserError
@@ -157,15 +158,10 @@ def _checked_flags(
 
 def _check_image(image: str) -> None:
     """--image for the cluster's helper pod: the spec's own image-reference rule, as `up`."""
-    from pydantic import TypeAdapter, ValidationError
-
     from ddpdeploy.spec import ImageRef
 
-    try:
-        TypeAdapter(ImageRef).validate_python(image)
-    except ValidationError as exc:
-        message = str(exc.errors()[0]["msg"]).removeprefix("Value error, ")
-        raise UserError(f"--image: {message}") from None
+    if (reason := grammar_error(ImageRef, image)) is not None:
+        raise UserError(f"--image: {reason}")
 
 
 def _check_not_ours(to: Path) -> None:

@@ -360,21 +360,29 @@ ContextOpt = Annotated[
 ]
 
 
+def grammar_error(grammar: Any, value: str) -> str | None:
+    """Why ``value`` fails ``grammar`` (a type with its validators, e.g. the spec's
+    ImageRef), as the reason of one line; None when it passes."""
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        TypeAdapter(grammar).validate_python(value)
+    except ValidationError as exc:
+        return str(exc.errors(include_url=False)[0]["msg"]).removeprefix("Value error, ")
+    return None
+
+
 def _like_spec_field(field_name: str, value: str) -> str:
     """``value`` checked by the spec field's own grammar (not the whole spec's rules); a
     typer.BadParameter (one line, exit 2) naming what it must be."""
-    from pydantic import TypeAdapter, ValidationError
-
     from ddpdeploy.spec import JobSpec
 
     field = JobSpec.model_fields[field_name]
-    try:
-        grammar = (field.annotation, *field.metadata)  # Annotated[str, <its validators>]
-        TypeAdapter(cast(Any, Annotated[grammar])).validate_python(value)
-    except ValidationError as exc:
+    grammar = (field.annotation, *field.metadata)  # Annotated[str, <its validators>]
+    reason = grammar_error(cast(Any, Annotated[grammar]), value)
+    if reason is not None:
         shown = repr(value) if len(value) <= 70 else f"{value[:60]!r}…({len(value)} characters)"
-        reason = exc.errors(include_url=False)[0]["msg"].removeprefix("Value error, ")
-        raise typer.BadParameter(f"{shown} {reason} (like the spec's {field_name})") from None
+        raise typer.BadParameter(f"{shown} {reason} (like the spec's {field_name})")
     return value
 
 
