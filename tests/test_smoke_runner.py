@@ -147,6 +147,14 @@ def test_steps_is_the_builtin_trainers_flag():
         assert with_steps(spec, None) is spec
 
 
+def test_steps_overrides_the_files_args_but_not_the_same_command_lines():
+    spec = JobSpec.model_validate({"command": {"args": ["--steps", "100"]}})
+    assert with_steps(spec, 5).command.args == ["--steps", "100", "--steps", "5"]
+    for after in (["--steps", "3"], ["--lr", "0.1", "--steps=3"]):
+        with pytest.raises(UserError, match="after `--` also set --steps 3; give the step"):
+            with_steps(spec_with(spec, {"command": {"args": after}}), 2, after)
+
+
 def test_chaos_spec_gives_the_builtin_trainer_a_checkpoint_only():
     builtin, restarts = chaos_spec(JobSpec(), KillAt(step=8))
     assert restarts == 1 and builtin.checkpoint is not None
@@ -294,6 +302,18 @@ def test_local_and_docker_together_are_refused(tmp_path):
     out = run_main("smoke", "--local", "--docker", cwd=tmp_path)
     assert out.returncode == 2 and out.stderr == (
         "error: --local and --docker: pick one (processes here, or a compose project)\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_steps_given_twice_on_one_command_line_is_refused(tmp_path):
+    # Found by the third hostile pass: `smoke --steps 2 -- --steps 3` ran 2 steps, silently.
+    from cli_runner import run_main
+
+    out = run_main("smoke", "--steps", "2", "--", "--steps", "3", cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr == (
+        "error: --steps 2: the arguments after `--` also set --steps 3; give the step count "
+        "once\n"
     )
     assert list(tmp_path.iterdir()) == []
 

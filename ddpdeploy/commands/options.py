@@ -289,7 +289,7 @@ def _hints_but_spec(fn: Callable[..., Any]) -> dict[str, Any]:
     ``spec``'s: a command module imports JobSpec for type checking only."""
     hints = {}
     for name, annotation in fn.__annotations__.items():
-        if name not in ("spec", "spec_file", "return"):
+        if name not in ("spec", "spec_file", "train_args", "return"):
             is_text = isinstance(annotation, str)
             hints[name] = eval(annotation, fn.__globals__) if is_text else annotation
     return hints
@@ -307,7 +307,7 @@ def spec_command(fn: Callable[..., Any] | None = None, *, without: tuple[str, ..
     ``without``: spec flags (by parameter) the command does not take because one of its own
     options has that name (compose's ``--cpu/--gpu``); any other clash is a TypeError here.
     A ``spec_file`` parameter of ``fn`` (no option) gets the file the spec was read from,
-    or None (spec.load.spec_file)."""
+    or None (spec.load.spec_file); a ``train_args`` one, the arguments after ``--`` alone."""
     if fn is None:
         return functools.partial(spec_command, without=without)
     hints = _hints_but_spec(fn)
@@ -315,7 +315,7 @@ def spec_command(fn: Callable[..., Any] | None = None, *, without: tuple[str, ..
     own = [
         p.replace(annotation=hints.get(p.name, p.annotation))
         for p in given.values()
-        if p.name not in ("spec", "spec_file")
+        if p.name not in ("spec", "spec_file", "train_args")
     ]
     taken = [(name, ann) for name, ann in _SPEC_PARAMS if name not in without]
     clash = {p.name for p in own} & {name for name, _ in taken}
@@ -334,6 +334,8 @@ def spec_command(fn: Callable[..., Any] | None = None, *, without: tuple[str, ..
             from ddpdeploy.spec import spec_file
 
             kwargs["spec_file"] = spec_file(values.get("file"))
+        if "train_args" in given:
+            kwargs["train_args"] = list(values.get("train_args") or [])
         return fn(spec=spec, **kwargs)
 
     params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + extra

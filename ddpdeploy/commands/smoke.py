@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 @spec_command
 def smoke(
     spec: JobSpec,
+    train_args: list[str],
     local: Annotated[
         bool | None,
         typer.Option("--local", help="Run the nodes as local processes (no Docker); the default."),
@@ -103,7 +104,7 @@ def smoke(
     if not docker and (keep_volume or base_image is not None):
         flag = "--keep-volume" if keep_volume else "--base-image"
         raise UserError(f"{flag}: only with --docker (a --local run uses no image or volume)")
-    spec = _runnable(spec, steps, force, docker)
+    spec = _runnable(spec, steps, train_args, force, docker)
     shown.check(spec.nodes * spec.procs_per_node)
     restarts = None
     if chaos is not None:
@@ -154,12 +155,14 @@ def _checked_flags(
     return shown, chaos
 
 
-def _runnable(spec: JobSpec, steps: int | None, force: bool, docker: bool) -> JobSpec:
+def _runnable(
+    spec: JobSpec, steps: int | None, train_args: list[str], force: bool, docker: bool
+) -> JobSpec:
     """The job with --steps, once this host can run it: its cores, its script, torch."""
     from ddpdeploy.smoke import launch
     from ddpdeploy.smoke.budget import check_cpu_budget
 
-    spec = launch.with_steps(spec, steps)
+    spec = launch.with_steps(spec, steps, train_args)
     check_cpu_budget(spec.nodes, spec.procs_per_node, force)
     if not docker or not spec.image:  # a ready --image carries its own workspace
         _check_script(spec)

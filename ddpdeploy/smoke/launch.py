@@ -55,8 +55,11 @@ def with_args(spec: JobSpec, *args: str) -> JobSpec:
     return spec_with(spec, {"command": {**command, "args": [*spec.command.args, *args]}})
 
 
-def with_steps(spec: JobSpec, steps: int | None) -> JobSpec:
-    """`--steps N`: the built-in trainer's flag; a script's own arguments go after `--`."""
+def with_steps(spec: JobSpec, steps: int | None, train_args: list[str] | None = None) -> JobSpec:
+    """`--steps N`: the built-in trainer's flag; a script's own arguments go after `--`.
+
+    It overrides a ``--steps`` of the spec file's args (argparse keeps the last), but not
+    one given after ``--`` on the same command line (``train_args``): which was meant?"""
     if steps is None:
         return spec
     if not spec.command.builtin:
@@ -65,7 +68,23 @@ def with_steps(spec: JobSpec, steps: int | None) -> JobSpec:
             f"--steps: sets the built-in trainer's steps, and {entry} runs your own code; "
             "pass its arguments after `--` (e.g. ddpdeploy smoke -- --epochs 2)"
         )
+    given = _flag_value(train_args or [], "--steps")
+    if given is not None:
+        raise UserError(
+            f"--steps {steps}: the arguments after `--` also set --steps {given}; "
+            "give the step count once"
+        )
     return with_args(spec, "--steps", str(steps))
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    """The value ``args`` give ``flag`` (``--flag V`` or ``--flag=V``), if any."""
+    for i, arg in enumerate(args):
+        if arg == flag:
+            return args[i + 1] if i + 1 < len(args) else ""
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
 
 
 def chaos_spec(spec: JobSpec, kill_at: KillAt) -> tuple[JobSpec, int]:
