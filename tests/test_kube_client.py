@@ -93,6 +93,43 @@ def test_made_without_a_request_and_the_first_call_fails_as_before(tmp_path):
     assert "\n" not in out["error"]
 
 
+def test_the_namespace_comes_from_the_merged_kubeconfigs_chosen_context(tmp_path):
+    # The client's own merge (KUBECONFIG=a:b, first entry of a name wins, --context picks),
+    # from one read of the files: listing the contexts read them twice more (a 4 MiB file
+    # took 40 s).
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = kubeconfig(tmp_path / "a", "https://127.0.0.1:1", "team-a")
+    second = kubeconfig(tmp_path / "b", "https://127.0.0.2:1", "team-b")
+    doc = yaml.safe_load(second.read_text())
+    doc["contexts"] += [
+        {"name": "y", "context": {"cluster": "c", "user": "u", "namespace": "team-b"}}
+    ]
+    doc["current-context"] = "y"
+    second.write_text(yaml.safe_dump(doc))
+    out = python(
+        """
+        import yaml
+        from ddpdeploy.adapters.kube import Kube
+        reads, safe_load = [], yaml.safe_load
+        yaml.safe_load = lambda stream: reads.append(1) or safe_load(stream)
+        for context in (None, "x", "y"):
+            kube = Kube(None, context)
+            out[str(context)] = [kube.server, kube.default_namespace]
+        out["reads"] = len(reads)
+        """,
+        tmp_path,
+        KUBECONFIG=f"{first}:{second}",
+    )
+    # The client takes the last file's current-context ("y"), and each name's first entry.
+    assert out == {
+        "None": ["https://127.0.0.1:1", "team-b"],
+        "x": ["https://127.0.0.1:1", "team-a"],
+        "y": ["https://127.0.0.1:1", "team-b"],
+        "reads": 3 * 2,  # each file once per Kube
+    }
+
+
 def test_construction_connects_to_nothing(tmp_path):
     """A server that accepts (and hangs up): no connection comes while Kube is made (and
     `up` renders with its namespace); the first call is the first to come."""

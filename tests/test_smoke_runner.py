@@ -312,8 +312,7 @@ def test_steps_given_twice_on_one_command_line_is_refused(tmp_path):
 
     out = run_main("smoke", "--steps", "2", "--", "--steps", "3", cwd=tmp_path)
     assert out.returncode == 2 and out.stderr == (
-        "error: --steps 2: the arguments after `--` also set --steps 3; give the step count "
-        "once\n"
+        "error: --steps 2: the arguments after `--` also set --steps 3; give the step count once\n"
     )
     assert list(tmp_path.iterdir()) == []
 
