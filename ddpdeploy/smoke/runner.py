@@ -430,7 +430,7 @@ class _Run:
         else:  # the agent itself died (e.g. SIGKILL): no summary, no worker to name
             node, rank, lines = nodes[first], None, []
             code = self.target.exit_codes()[first] or 1
-        lines = lines or agent_lines(self.target.tail(node.name))
+        lines = lines or _node_lines(self.target.tail(node.name), rank)
         # The job's own lines: plain text (an escape it printed is not replayed).
         shown = "\n".join(f"  {plain(t)}" for t in lines[-TAIL_LINES:])
         reason = read_only_write(lines)
@@ -441,6 +441,18 @@ class _Run:
         if self.fatal is not None:  # ddpkit's reason (the probe's floor …) before any tail
             return f"{plain(self.fatal.removeprefix(FATAL))}\n{said}"
         return said
+
+
+def _node_lines(tail: list[str], rank: int | None) -> list[str]:
+    """A node's console as the failed rank's last lines when that rank printed none of its
+    own: without the API-usage lines smoke itself asked torch for, and without another
+    rank's lines (they were shown as the failed rank's)."""
+    lines = []
+    for line in agent_lines(tail):
+        who, text = split_rank(line)
+        if not text.startswith(API_USAGE) and (rank is None or who in (None, rank)):
+            lines.append(line)
+    return lines or ["(it printed nothing)"]
 
 
 def _resumed_step(event: Event) -> int | None:
