@@ -64,7 +64,7 @@ class Ranks:
         text = text.strip()
         if text == "all":
             return cls(None)
-        if not re.fullmatch(r"\d+(\s*,\s*\d+)*", text):
+        if not re.fullmatch(r"\d+(\s*,\s*\d+)*", text, re.ASCII):
             raise UserError(f"--ranks: {text!r} is not `all` or a list of ranks such as 0,3")
         return cls(frozenset(int(r) for r in text.split(",")))
 
@@ -102,9 +102,9 @@ class KillAt:
         text = text.strip()
         if text == "checkpoint":
             return cls(checkpoint=True)
-        if re.fullmatch(r"\d+", text) and int(text) >= 1:
+        if re.fullmatch(r"\d+", text, re.ASCII) and int(text) >= 1:
             return cls(step=int(text))
-        if (match := re.fullmatch(r"(\d+(?:\.\d+)?)s", text)) and float(match[1]) > 0:
+        if (match := re.fullmatch(r"(\d+(?:\.\d+)?)s", text, re.ASCII)) and float(match[1]) > 0:
             return cls(seconds=float(match[1]))
         raise UserError(f"--kill-at: {text!r} is not a step (8), a time (20s) or `checkpoint`")
 
