@@ -195,6 +195,15 @@ def test_ranks_and_kill_at_options():
             KillAt.parse(bad)
 
 
+@pytest.mark.parametrize("flag", ["--ranks", "--kill-at"])
+@pytest.mark.parametrize("text", ["\u0663", "\u0661,\u0660", "\uff18", "\u0663s"])
+def test_digits_of_other_scripts_are_no_ranks_or_steps(flag, text):
+    # Found by the fourth hostile pass: --ranks \u0663 (Arabic-Indic three) was read as rank
+    # 3 ("not 3" in its refusal, a value never typed) and --kill-at \uff18 ran a kill at 8.
+    with pytest.raises(UserError, match=f"^{flag}: .* is not "):
+        (Ranks if flag == "--ranks" else KillAt).parse(text)
+
+
 def test_outcome_without_events_has_no_steps_and_no_comparison():
     plain = Outcome(wall=3.0, exit_codes={"a": 0})
     assert plain.steps is None and plain.steps_per_s is None and plain.weights_sha256 is None

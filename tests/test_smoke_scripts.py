@@ -98,6 +98,20 @@ def test_exit_3_on_rank_2_is_named_as_the_root_cause(tmp_path, marker):
     assert leftovers(marker) == []
 
 
+@pytest.mark.slow
+def test_a_silent_failed_rank_is_not_shown_other_ranks_lines(tmp_path, marker):
+    # Found by the fourth hostile pass: rank 1 exited 5 without a line of its own, and "its
+    # last lines" were rank 0's output and the PYTORCH_API_USAGE lines smoke asks torch for.
+    ws = workspace(tmp_path, "nodes: 1\nprocs: 2\ncommand: {script: silent_exit_on_rank1.py}\n")
+    res = smoke(ws, marker)
+    assert res.returncode == 1, res.stderr
+    error = res.stderr[res.stderr.index("error: ") :]
+    assert error.startswith("error: node ddp-train-worker-0 (global rank 1) exited with code 5;")
+    assert "rank zero step" not in error and "PYTORCH_API_USAGE" not in error, error
+    assert "[rank0]" not in error, error
+    assert leftovers(marker) == []
+
+
 def test_steps_with_a_script_is_refused_pointing_to_dash_dash(tmp_path, marker):
     ws = workspace(tmp_path, "command: {script: plain.py}\n")
     res = smoke(ws, marker, "--steps", "5")

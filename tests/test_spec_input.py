@@ -141,6 +141,14 @@ API_LIMITS = [
     # Found by the second hostile pass: accepted, and the pod could not find its script.
     ("checkpoint: {claimName: c, mountPath: /workspace}\n", {}, "would hide /workspace, where"),
     ("checkpoint: {claimName: c, mountPath: /opt/}\n", {}, "would hide /opt/ddpdeploy/train"),
+    # Found by the fourth hostile pass: accepted; the pod could not start (no /bin/sh, no
+    # python in the default base image's /opt/conda) or the runtime refused the mount.
+    ("checkpoint: {claimName: c, mountPath: /usr}\n", {}, "would hide /usr/bin, which"),
+    ("checkpoint: {claimName: c, mountPath: /opt/conda/}\n", {}, "would hide /opt/conda"),
+    ("checkpoint: {claimName: c, mountPath: /etc}\n", {}, "would hide /etc, which"),
+    ("checkpoint: {claimName: c, mountPath: /dev}\n", {}, "would hide /dev, which"),
+    ("checkpoint: {claimName: c, mountPath: /proc/ck}\n", {}, "is in /proc, which the"),
+    ("checkpoint: {claimName: c, mountPath: /sys}\n", {}, "is in /sys, which the"),
     # normpath keeps a leading "//": each is refused, not mounted over / or a clash rule's path
     ("checkpoint: {claimName: c, mountPath: '//'}\n", {}, "mountPath '/' would hide"),
     ("checkpoint: {claimName: c, mountPath: '///'}\n", {}, "mountPath '/' would hide"),

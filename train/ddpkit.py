@@ -66,6 +66,7 @@ import io
 import json
 import operator
 import os
+import pickle
 import platform
 import re
 import socket
@@ -348,8 +349,23 @@ def checkpoint_dir(directory: str | os.PathLike[str] | None = None) -> str:
 
 # ---- save and load -----------------------------------------------------------------------
 class CheckpointError(RuntimeError):
-    """A checkpoint was not written. ``save`` raises it on every rank alike, with rank 0's
-    cause in the message, so a script that catches it keeps its ranks in step."""
+    """A checkpoint was not written, or one that verifies cannot be loaded. ``save`` and
+    ``load_latest`` raise it on every rank alike, with rank 0's cause in the message, so a
+    script that catches it keeps its ranks in step."""
+
+
+class WeightsOnlyRefusal(Exception):
+    """torch.load(weights_only=True) refused a payload whose sha256 is right: it holds an
+    object (an argparse.Namespace, a dataclass) that save took and a weights-only load
+    never will. No older checkpoint of the same script loads either, so ``load_latest``
+    raises instead of skipping them all into a fresh start."""
+
+    GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
+
+    def __init__(self, cause: Exception) -> None:
+        found = self.GLOBAL.search(str(cause))
+        self.what = f"it holds {found[1]}" if found else _one_line(cause)
+        super().__init__(self.what)
 
 
 def save(state: Any, step: int, *, keep: int = DEFAULT_KEEP, directory: str | None = None) -> str:
@@ -402,7 +418,14 @@ def load_latest(
     store = CheckpointStore(checkpoint_dir(directory), DEFAULT_KEEP)
 
     def load(data: bytes) -> Any:
-        return torch.load(io.BytesIO(data), map_location=map_location, weights_only=weights_only)
+        try:
+            return torch.load(
+                io.BytesIO(data), map_location=map_location, weights_only=weights_only
+            )
+        except pickle.UnpicklingError as e:
+            if weights_only and WeightsOnlyRefusal.GLOBAL.search(str(e)):
+                raise WeightsOnlyRefusal(e) from e
+            raise
 
     found = latest_verified(store, load)
     return None if found is None else found[1]
@@ -443,12 +466,27 @@ def latest_verified(
     if many:
         steps = _broadcast_ints(steps, device)
     for step in steps:
-        got = store.read(step, load)  # (value, sidecar), or why not
-        ok = not isinstance(got, str)
+        try:
+            got = store.read(step, load)  # (value, sidecar), or why not
+        except WeightsOnlyRefusal as e:
+            got = _Refused(e.what)
+        # 2: loaded, 1: skip it, 0: it verifies and will never load (every rank raises)
+        verdict = 0 if isinstance(got, _Refused) else 1 if isinstance(got, str) else 2
         if many:
-            flag = torch.tensor([int(ok)], device=device)
+            flag = torch.tensor([verdict], device=device)
             dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-            ok = bool(flag.item())
+            verdict = int(flag.item())
+        if verdict == 0:
+            why = got if isinstance(got, _Refused) else "refused on another rank"
+            if many:
+                why = _broadcast_text(why, device)
+            raise CheckpointError(
+                f"checkpoint {store.payload_path(step)} verifies but torch.load(weights_only="
+                f"True) refuses it: {why}; save only tensors, numbers, strings and dicts or "
+                "lists of them (vars(args) for an argparse.Namespace), or pass "
+                "weights_only=False to load_latest if you trust the folder"
+            )
+        ok = verdict == 2
         if ok and not isinstance(got, str):
             value, sidecar = got
             _adopt_run_id(sidecar)
@@ -461,6 +499,10 @@ def latest_verified(
             print(line, file=sys.stderr, flush=True)
     _resumed.update(resumed=False, resume_path=None, resume_step=0)
     return None
+
+
+class _Refused(str):
+    """Why a verified payload will never load (WeightsOnlyRefusal), as read() tells why not."""
 
 
 def _collective_device() -> torch.device:
@@ -497,10 +539,14 @@ def _broadcast_text(text: str, device: Any) -> str:
 
 
 def _one_line(e: BaseException) -> str:
-    """An exception as one short line (weights_only's refusals run to many lines)."""
-    text = " ".join(str(e).split())
+    """An exception as one short line (weights_only's refusals run to many lines), without
+    terminal escapes (they carry bold text)."""
+    text = " ".join(_ESCAPES.sub("", str(e)).split())
     text = text if len(text) <= 300 else text[:297] + "..."
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|[\x00-\x1f\x7f-\x9f]")
 
 
 # ---- the checkpoint folder ---------------------------------------------------------------
@@ -680,8 +726,8 @@ class CheckpointStore:
         _verified[os.path.abspath(path)] = (digest, identity)
         try:
             return load(data), sidecar
-        except (torch.OutOfMemoryError, MemoryError):
-            raise  # the payload may be fine: an older one would not fit either
+        except (torch.OutOfMemoryError, MemoryError, WeightsOnlyRefusal):
+            raise  # the payload is fine: an older one would not load either
         except Exception as e:  # any other refusal: this payload cannot be resumed from
             return f"does not load ({_one_line(e)})"
 

@@ -23,7 +23,7 @@ from typing import Any
 from ddpdeploy.adapters.docker_engine import connect
 from ddpdeploy.collect.debug import MAX_DEBUG, debug_kind
 from ddpdeploy.collect.destination import Destination
-from ddpdeploy.collect.source import LocalSource, shown
+from ddpdeploy.collect.source import FOLDER, LocalSource, shown
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.fs import chunk_reader, write_error
 
@@ -137,13 +137,23 @@ def volume_source(
 
     with _staging(to) as folder:
         where = f"volume {volume}"
-        for entry, kind in sorted(copy_out(volume, ".", Path(folder), image, limit_of).items()):
-            if kind == "folder":  # not staged: the staged folder cannot tell of it
-                warn(f"skipping {shown(entry)}/ in {where}: a folder (collect copies the "
-                     "files directly in the folder)")  # fmt: skip
-            else:
+        others = copy_out(volume, ".", Path(folder), image, limit_of)
+        for entry, kind in sorted(others.items()):
+            if kind != "folder":  # a folder is the listing's to name, as in a local folder
                 warn(f"skipping {shown(entry)} in {where}: a {kind}, not a regular file")
-        yield LocalSource(Path(folder), where)
+        yield _StagedVolume(Path(folder), where, [n for n, k in others.items() if k == "folder"])
+
+
+class _StagedVolume(LocalSource):
+    """The staged regular files, listed with the volume's subfolders (never staged), so a
+    volume of only folders is told as a local folder of only folders is, not as empty."""
+
+    def __init__(self, folder: Path, where: str, folders: list[str]) -> None:
+        super().__init__(folder, where)
+        self.folders = folders
+
+    def entries(self) -> dict[str, str]:
+        return {**dict.fromkeys(self.folders, FOLDER), **super().entries()}
 
 
 def _staging(to: Path) -> tempfile.TemporaryDirectory[str]:

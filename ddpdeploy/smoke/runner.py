@@ -64,7 +64,7 @@ class Ranks:
         text = text.strip()
         if text == "all":
             return cls(None)
-        if not re.fullmatch(r"\d+(\s*,\s*\d+)*", text):
+        if not re.fullmatch(r"\d+(\s*,\s*\d+)*", text, re.ASCII):
             raise UserError(f"--ranks: {text!r} is not `all` or a list of ranks such as 0,3")
         return cls(frozenset(int(r) for r in text.split(",")))
 
@@ -102,9 +102,9 @@ class KillAt:
         text = text.strip()
         if text == "checkpoint":
             return cls(checkpoint=True)
-        if re.fullmatch(r"\d+", text) and int(text) >= 1:
+        if re.fullmatch(r"\d+", text, re.ASCII) and int(text) >= 1:
             return cls(step=int(text))
-        if (match := re.fullmatch(r"(\d+(?:\.\d+)?)s", text)) and float(match[1]) > 0:
+        if (match := re.fullmatch(r"(\d+(?:\.\d+)?)s", text, re.ASCII)) and float(match[1]) > 0:
             return cls(seconds=float(match[1]))
         raise UserError(f"--kill-at: {text!r} is not a step (8), a time (20s) or `checkpoint`")
 
@@ -430,7 +430,7 @@ class _Run:
         else:  # the agent itself died (e.g. SIGKILL): no summary, no worker to name
             node, rank, lines = nodes[first], None, []
             code = self.target.exit_codes()[first] or 1
-        lines = lines or agent_lines(self.target.tail(node.name))
+        lines = lines or _node_lines(self.target.tail(node.name), rank)
         # The job's own lines: plain text (an escape it printed is not replayed).
         shown = "\n".join(f"  {plain(t)}" for t in lines[-TAIL_LINES:])
         reason = read_only_write(lines)
@@ -441,6 +441,18 @@ class _Run:
         if self.fatal is not None:  # ddpkit's reason (the probe's floor …) before any tail
             return f"{plain(self.fatal.removeprefix(FATAL))}\n{said}"
         return said
+
+
+def _node_lines(tail: list[str], rank: int | None) -> list[str]:
+    """A node's console as the failed rank's last lines when that rank printed none of its
+    own: without the API-usage lines smoke itself asked torch for, and without another
+    rank's lines (they were shown as the failed rank's)."""
+    lines = []
+    for line in agent_lines(tail):
+        who, text = split_rank(line)
+        if not text.startswith(API_USAGE) and (rank is None or who in (None, rank)):
+            lines.append(line)
+    return lines or ["(it printed nothing)"]
 
 
 def _resumed_step(event: Event) -> int | None:

@@ -46,6 +46,12 @@ WRITABLE_DIRS = (TMP_DIR, HOME_DIR)
 # console with the rank prefix (PET_LOG_DIR): a volume of its own, bounded (logSize), on
 # every pod whatever the root file system; /tmp's emptyDir is the job's own.
 LOG_DIR = "/var/log/torchrun"
+# What a checkpoint volume mounted at or above must not hide: the shell, Python (the default
+# base image keeps it in /opt/conda) and libraries the pod starts with; and the kernel's own
+# file systems, which runtimes refuse as mount points.
+SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib64", "/usr/bin", "/usr/sbin", "/usr/lib",
+               "/usr/local/bin", "/usr/local/lib", "/etc", "/dev", "/opt/conda")  # fmt: skip
+KERNEL_DIRS = ("/proc", "/sys")
 
 
 def is_reserved_env(name: str) -> bool:
@@ -375,6 +381,12 @@ def mount_path(value: str) -> str:
         raise ValueError("mountPath '/' would hide the image's whole file system")
     if value.startswith("//"):
         raise ValueError(f"mountPath {show(value)} starts with '//'; write {show(normal)}")
+    for kernel in KERNEL_DIRS:
+        if normal == kernel or normal.startswith(kernel + "/"):
+            raise ValueError(
+                f"mountPath {show(value)} is in {kernel}, which the container runtime refuses "
+                "to mount over; use another path, e.g. /checkpoints"
+            )
     return value
 
 

@@ -26,6 +26,7 @@ from ddpdeploy.spec.fields import (
     LOG_DIR,
     MODULE,
     SHM_PATH,
+    SYSTEM_DIRS,
     WRITABLE_DIRS,
     AnnotationMap,
     ArgStr,
@@ -567,6 +568,13 @@ class JobSpec(Model):
                 raise ValueError(
                     f"checkpoint.mountPath {ckpt.mount_path} would hide {code}, where the "
                     "image keeps the code it runs; use another path, e.g. /checkpoints"
+                )
+        for needed in SYSTEM_DIRS:
+            if ckpt and _at_or_above(ckpt.mount_path, needed):
+                raise ValueError(
+                    f"checkpoint.mountPath {ckpt.mount_path} would hide {needed}, which the "
+                    "container needs to start (its shell, Python and libraries); use another "
+                    "path, e.g. /checkpoints"
                 )
         if ckpt and self.security.read_only_root_filesystem:
             taken = [p for p in WRITABLE_DIRS if posixpath.normpath(ckpt.mount_path) == p]

@@ -175,6 +175,35 @@ def test_collect_plain_files_from_a_volume(cli, engine, base_image, tmp_path):
 
 @pytest.mark.docker
 @pytest.mark.slow
+def test_a_volume_of_only_folders_is_said_so_as_a_local_folder_is(
+    cli, engine, base_image, tmp_path
+):
+    # Found by the fourth hostile pass: a volume whose folder held only checkpoint-500/ was
+    # "the folder is empty" (local collect said "holds only folders" already).
+    name = f"ddpdeploy-test-collect-folders-{os.getpid()}"
+    vol = engine.volumes.create(name)
+    writer = engine.containers.create(base_image, command=["true"], volumes={name: {"bind": "/v"}})
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("checkpoint-500/model.pt")
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"abc"))
+    try:
+        assert writer.put_archive("/v", buf.getvalue())
+        dest = tmp_path / "out"
+        out = cli("collect", "job", "--from", "compose", "--volume", name, "--to", str(dest))
+        assert out.returncode == 1, out.stderr
+        assert f"skipping checkpoint-500/ in volume {name}: a folder" in out.stderr
+        assert "the folder holds only folders (checkpoint-500/)" in out.stderr
+        assert "is empty" not in out.stderr
+        assert not dest.exists()
+    finally:
+        writer.remove(force=True)
+        vol.remove(force=True)
+
+
+@pytest.mark.docker
+@pytest.mark.slow
 def test_collect_debug_from_a_volume(cli, engine, base_image, tmp_path):
     """--debug: the stacks, a dump and an NCCL log come into --to/debug/; a 40 MB stack is cut
     at the bound (and staged no further), a symlink posing as a stack is refused."""

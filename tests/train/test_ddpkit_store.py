@@ -339,6 +339,37 @@ def test_a_failed_save_fails_alike_on_every_rank(tmp_path: Path) -> None:
     assert steps_in(tmp_path / "ck") == {"pt": [2], "json": [2]}
 
 
+def test_a_state_weights_only_refuses_is_one_error_not_a_fresh_start(
+    kit: ModuleType, tmp_path: Path
+) -> None:
+    # Found by the fourth hostile pass: save took an argparse.Namespace (or a dataclass) in
+    # the state, then load_latest skipped every checkpoint with torch's many-line refusal
+    # (bold escapes included) and returned None: the restarted run trained from step 0.
+    import argparse
+
+    kit.save({"args": argparse.Namespace(lr=0.1)}, 1)
+    kit.save({"args": argparse.Namespace(lr=0.1)}, 2)
+    with pytest.raises(kit.CheckpointError) as caught:
+        kit.load_latest()
+    said = str(caught.value)
+    assert "ckpt-step-000000002.pt verifies but torch.load(weights_only=True) refuses it" in said
+    assert "it holds argparse.Namespace" in said and "weights_only=False" in said
+    assert "\x1b" not in said
+    assert kit.load_latest(weights_only=False)["args"].lr == 0.1
+
+
+@pytest.mark.slow
+def test_a_weights_only_refusal_raises_alike_on_every_rank(tmp_path: Path) -> None:
+    env = {"PYTHONPATH": str(TRAIN_DIR), "DDPDEPLOY_CHECKPOINT_DIR": str(tmp_path / "ck")}
+    with Launcher(tmp_path) as L:
+        p = L.torchrun([], script=SCRIPTS / "weights_only_refusal.py", env=env)
+        assert p.wait(90) == 0, p.tail()  # not a hang in mismatched collectives
+    said = [x for x in p.stderr.splitlines() if " load: " in x]
+    assert len(said) == 2 and all("it holds argparse.Namespace" in x for x in said), p.tail()
+    assert "rank 0 finished, sum 3" in p.stderr and "rank 1 finished, sum 3" in p.stderr
+    assert "skipping checkpoint" not in p.stderr
+
+
 def test_a_full_disk_is_named_as_such(
     kit: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
