@@ -245,6 +245,65 @@ def test_a_write_on_the_read_only_root_is_named_with_the_fix():
     assert read_only_write(["OSError: [Errno 13] Permission denied: 'x'"]) is None
 
 
+# Found by the fourth outside-scripts pass: the pytorch/examples tutorial and nanoGPT, run
+# unchanged, failed with torch's "module 'torch._C' has no attribute '_cuda_setDevice'" or
+# "Distributed package doesn't have NCCL built in" under frames of torch's own files: not a
+# word that smoke runs on the CPU, nor which line of the script to change.
+def test_a_script_that_asks_for_a_gpu_is_told_what_to_change():
+    from ddpdeploy.events import needs_gpu
+
+    def trace(own: str, code: str, *lib_and_error: str) -> list[str]:
+        return [
+            "step 0",
+            "Traceback (most recent call last):",
+            f'  File "/work/{own}", line 14, in setup',
+            f"    {code}",
+            *lib_and_error,
+        ]
+
+    lib = '  File "/venv/lib/python3.11/site-packages/torch/cuda/__init__.py", line 9, in f'
+    set_device = trace(
+        "train.py",
+        "torch.cuda.set_device(local_rank)",
+        lib,
+        "    torch._C._cuda_setDevice(d)",
+        "AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'",
+    )
+    assert needs_gpu(set_device) == (
+        "it used a CUDA device (/work/train.py line 14: torch.cuda.set_device(local_rank)), "
+        "and smoke runs on the CPU with gloo; keep the model and tensors on the CPU when "
+        "torch.cuda.is_available() is false (no torch.cuda.set_device, no .to(LOCAL_RANK) or "
+        ".cuda())"
+    )
+    nccl = trace(
+        "run.py",
+        "dist.init_process_group(backend)",
+        lib,
+        "    raise RuntimeError(...)",
+        "RuntimeError: Distributed package doesn't have NCCL built in",
+    )
+    assert needs_gpu([f"[rank1]: {t}" for t in nccl]) == (
+        "it asked for the nccl backend (/work/run.py line 14: dist.init_process_group(backend)),"
+        " and smoke runs on the CPU with gloo; use gloo when torch.cuda.is_available() is false"
+    )
+    ddp = trace(
+        "m.py",
+        "model = DDP(model, device_ids=[rank])",
+        "ValueError: DistributedDataParallel device_ids and output_device arguments only work "
+        "with single-device/multiple-device GPU modules or CPU modules, but got device_ids [0]",
+    )
+    assert needs_gpu(ddp).startswith("it gave DDP device_ids for a model on the CPU (/work/m.py")
+    # A CUDA build on a host without a GPU (a CUDA base image under smoke --docker).
+    driver = trace("t.py", "x.cuda()", "RuntimeError: Found no NVIDIA driver on your system.")
+    assert needs_gpu(driver).startswith("it used a CUDA device (/work/t.py line 14: x.cuda())")
+    # Only the last traceback's own error counts: not a word the job printed before it,
+    # nor some other failure.
+    other = trace("a.py", "f()", "KeyError: 'x'")
+    assert needs_gpu(["Torch not compiled with CUDA enabled", *other]) is None
+    assert needs_gpu(["Distributed package doesn't have NCCL built in"]) is None
+    assert needs_gpu(trace("a.py", "f()", "OSError: [Errno 28] No space left on device")) is None
+
+
 def test_smoke_refuses_a_rank_the_run_does_not_have_before_starting(tmp_path):
     from cli_runner import run_main
 
@@ -312,8 +371,7 @@ def test_steps_given_twice_on_one_command_line_is_refused(tmp_path):
 
     out = run_main("smoke", "--steps", "2", "--", "--steps", "3", cwd=tmp_path)
     assert out.returncode == 2 and out.stderr == (
-        "error: --steps 2: the arguments after `--` also set --steps 3; give the step count "
-        "once\n"
+        "error: --steps 2: the arguments after `--` also set --steps 3; give the step count once\n"
     )
     assert list(tmp_path.iterdir()) == []
 

@@ -281,3 +281,27 @@ def test_a_helper_script_killed_at_a_step_resumes_to_the_clean_weights(tmp_path,
     assert re.search(r"^clean run +[0-9a-f]{64} \(same\)$", res.stdout, re.M), res.stdout
     assert '"resumed": true' in res.stderr
     assert leftovers(marker) == []
+
+
+# Found by the fourth outside-scripts pass: the pytorch/examples tutorial, unchanged, ended
+# on torch's "module 'torch._C' has no attribute '_cuda_setDevice'" with no word that smoke
+# runs on the CPU, nor which line to change.
+@pytest.mark.slow
+def test_a_script_that_pins_a_gpu_is_told_smoke_runs_on_the_cpu(tmp_path, marker):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this torch has a GPU: the script would get past its set_device")
+    ws = workspace(tmp_path, "nodes: 1\nprocs: 2\ncommand: {script: cuda_first.py}\n")
+    res = smoke(ws, marker)
+    assert res.returncode == 1, res.stderr
+    error = res.stderr[res.stderr.index("error: ") :].splitlines()[0]
+    assert re.fullmatch(
+        r"error: node ddp-train-worker-0 \(global rank \d\) exited with code 1: it used a CUDA "
+        r"device \(\S+cuda_first\.py line 11: torch\.cuda\.set_device\(int\(os\.environ\["
+        r'"LOCAL_RANK"\]\)\)\), and smoke runs on the CPU with gloo; keep the model and tensors '
+        r"on the CPU when torch\.cuda\.is_available\(\) is false \(no torch\.cuda\.set_device, "
+        r"no \.to\(LOCAL_RANK\) or \.cuda\(\)\)\. Its last lines:",
+        error,
+    ), error
+    assert leftovers(marker) == []

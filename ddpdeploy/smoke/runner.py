@@ -26,6 +26,7 @@ from ddpdeploy.events import (
     agent_lines,
     code_text,
     describe,
+    needs_gpu,
     number,
     parse_event,
     read_only_write,
@@ -433,7 +434,7 @@ class _Run:
         lines = lines or agent_lines(self.target.tail(node.name))
         # The job's own lines: plain text (an escape it printed is not replayed).
         shown = "\n".join(f"  {plain(t)}" for t in lines[-TAIL_LINES:])
-        reason = read_only_write(lines)
+        reason = read_only_write(lines) or needs_gpu(lines)
         why = f": {plain(reason)}. Its" if reason else "; its"
         said = f"{_where(node, rank)} exited with code {code_text(code)}{why} last lines:\n{shown}"
         if "hang" in self.diagnostics:  # the watchdog's finding says more than exit 124
