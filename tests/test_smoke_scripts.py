@@ -305,3 +305,20 @@ def test_a_script_that_pins_a_gpu_is_told_smoke_runs_on_the_cpu(tmp_path, marker
         error,
     ), error
     assert leftovers(marker) == []
+
+
+# Found by the fourth outside-scripts pass: `--kill-at 20` on nanoGPT (which prints its own
+# "iter 20:" lines, no step events) ran the job twice, then said "the job ended before step
+# 20, so nothing was killed; choose an earlier point": no step is early enough.
+@pytest.mark.slow
+def test_a_step_kill_of_a_script_without_step_events_says_why_after_one_run(tmp_path, marker):
+    ws = workspace(tmp_path, "nodes: 1\nprocs: 2\ncommand: {script: plain.py}\n")
+    res = smoke(ws, marker, "--kill-at", "1")
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.rstrip().splitlines()[-1] == (
+        "error: --kill-at: step 1: the job prints no step events (its own step lines are not "
+        'read), so no step kill can be placed; call ddpkit.log("step", step=step) on every '
+        "rank, or kill at a time (--kill-at 20s) or at checkpoint"
+    ), res.stderr
+    assert "kill at step 1" not in res.stderr  # no second run was started
+    assert leftovers(marker) == []

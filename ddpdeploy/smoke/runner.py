@@ -515,6 +515,14 @@ def run_once(
     return outcome
 
 
+def _no_step_events(at: KillAt) -> str:
+    return (
+        f"--kill-at: {at}: the job prints no step events (its own step lines are not read), "
+        'so no step kill can be placed; call ddpkit.log("step", step=step) on every rank, '
+        "or kill at a time (--kill-at 20s) or at checkpoint"
+    )
+
+
 def _not_killed(at: KillAt, folder: Path | None) -> str:
     """Why a --kill-at run ended with nothing killed, and what to choose instead."""
     if not at.checkpoint:
@@ -549,6 +557,10 @@ def smoke(
         return
     clean = run_once(start, report, "clean run", options)
     yield "clean", clean
+    if kill_at.step is not None and clean.steps is None:
+        # A step kill is placed on step events; without them the kill run would end with
+        # nothing killed, however early the step.
+        raise UserError(_no_step_events(kill_at))
     if kill_at.step is not None and clean.steps is not None and kill_at.step >= clean.steps:
         # Known only now (the trainer's default steps, a script's own): no run would kill.
         raise UserError(
