@@ -396,3 +396,60 @@ def test_a_linked_checkpoint_folder_is_refused_and_its_target_kept(tmp_path, lin
         "there, so it must be a folder of its own: remove the link\n"
     )
     assert sorted(p.name for p in victim.iterdir()) == ["sub", "thesis.txt"]
+
+
+# Found by the fourth outside-scripts pass: nanoGPT under `smoke --docker --kill-at
+# checkpoint` saved ckpt.pt into the checkpoint volume three times, and after two runs
+# (209 s) was told "the spec has no checkpoint: folder to watch ... save under
+# $DDPDEPLOY_CHECKPOINT_DIR": it had one and did; smoke --docker watches no volume.
+def test_a_checkpoint_kill_no_run_could_place_ends_after_the_clean_run_saying_why():
+    from ddpdeploy.errors import OperationError
+    from ddpdeploy.report import Quiet
+    from ddpdeploy.smoke.backend import Line, Node, RunBackend
+    from ddpdeploy.smoke.runner import KillAt, RunOptions, smoke
+
+    class Saves(RunBackend):
+        """Two nodes that save into their volume, print their own lines and end."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.nodes = [Node("j-worker-0", None), Node("j-worker-1", None)]
+            lines = [
+                Line("j-worker-0", "stderr", "PYTORCH_API_USAGE torch.python.import"),
+                Line("j-worker-0", "stderr", "[rank0]:PYTORCH_API_USAGE c10d.process_group"),
+                Line("j-worker-0", "stdout", "[rank0]:saving checkpoint to /checkpoints"),
+            ]
+            for line in lines:
+                self._feed(line)
+
+        def exit_codes(self) -> dict[str, int | None]:
+            return {"j-worker-0": 0, "j-worker-1": 0}
+
+        def tail(self, node: str) -> list[str]:
+            return []
+
+        def kill_worker(self, node: str) -> str:
+            raise AssertionError("no kill run should start")
+
+        def stop(self) -> None:
+            pass
+
+    started: list[bool] = []
+
+    def start(kill: bool) -> RunBackend:
+        started.append(kill)
+        return Saves()
+
+    options = RunOptions(world_size=2, kill_at=KillAt(checkpoint=True), volume_unwatched=True)
+    runs = smoke(start, Quiet(), options)
+    assert next(runs)[0] == "clean"
+    with pytest.raises(OperationError) as ended:
+        next(runs)
+    assert started == [False]  # the kill run, which could only end the same, never started
+    assert str(ended.value) == (
+        "--kill-at checkpoint: the job ended without a checkpoint smoke could see (no "
+        "`checkpoint` event; smoke --docker does not watch the checkpoint volume, only the "
+        "events), so nothing was killed; save with ddpkit.save (it prints the event), or kill "
+        "at a time (--kill-at 20s) or a step, or run --local, which watches its checkpoint "
+        "folder"
+    )
