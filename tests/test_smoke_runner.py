@@ -256,7 +256,7 @@ def test_a_script_that_asks_for_a_gpu_is_told_what_to_change():
         return [
             "step 0",
             "Traceback (most recent call last):",
-            f'  File "/work/{own}", line 14, in setup',
+            f'  File "/workspace/{own}", line 14, in setup',
             f"    {code}",
             *lib_and_error,
         ]
@@ -270,7 +270,7 @@ def test_a_script_that_asks_for_a_gpu_is_told_what_to_change():
         "AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'",
     )
     assert needs_gpu(set_device) == (
-        "it used a CUDA device (/work/train.py line 14: torch.cuda.set_device(local_rank)), "
+        "it used a CUDA device (/workspace/train.py line 14: torch.cuda.set_device(local_rank)), "
         "and smoke runs on the CPU with gloo; keep the model and tensors on the CPU when "
         "torch.cuda.is_available() is false (no torch.cuda.set_device, no .to(LOCAL_RANK) or "
         ".cuda())"
@@ -283,8 +283,9 @@ def test_a_script_that_asks_for_a_gpu_is_told_what_to_change():
         "RuntimeError: Distributed package doesn't have NCCL built in",
     )
     assert needs_gpu([f"[rank1]: {t}" for t in nccl]) == (
-        "it asked for the nccl backend (/work/run.py line 14: dist.init_process_group(backend)),"
-        " and smoke runs on the CPU with gloo; use gloo when torch.cuda.is_available() is false"
+        "it asked for the nccl backend (/workspace/run.py line 14: "
+        "dist.init_process_group(backend)), and smoke runs on the CPU with gloo; use gloo when "
+        "torch.cuda.is_available() is false"
     )
     ddp = trace(
         "m.py",
@@ -292,10 +293,12 @@ def test_a_script_that_asks_for_a_gpu_is_told_what_to_change():
         "ValueError: DistributedDataParallel device_ids and output_device arguments only work "
         "with single-device/multiple-device GPU modules or CPU modules, but got device_ids [0]",
     )
-    assert needs_gpu(ddp).startswith("it gave DDP device_ids for a model on the CPU (/work/m.py")
+    assert needs_gpu(ddp).startswith(
+        "it gave DDP device_ids for a model on the CPU (/workspace/m.py"
+    )
     # A CUDA build on a host without a GPU (a CUDA base image under smoke --docker).
     driver = trace("t.py", "x.cuda()", "RuntimeError: Found no NVIDIA driver on your system.")
-    assert needs_gpu(driver).startswith("it used a CUDA device (/work/t.py line 14: x.cuda())")
+    assert needs_gpu(driver).startswith("it used a CUDA device (/workspace/t.py line 14: x.cuda())")
     # Only the last traceback's own error counts: not a word the job printed before it,
     # nor some other failure.
     other = trace("a.py", "f()", "KeyError: 'x'")
