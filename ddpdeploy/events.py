@@ -289,23 +289,78 @@ def read_only_write(lines: list[str]) -> str | None:
         return None
     last = hits[-1]
     match = _READ_ONLY_PATH.search(lines[last])
-    if match:
-        what = f"it wrote {match[1]}"
-    else:
-        what = "it wrote a file"
-        frames = [
-            (i, m)
-            for i, t in enumerate(lines[:last])
-            if (m := _FRAME.match(t)) and not any(lib in m[1] for lib in _LIBRARIES)
-        ]
-        if frames:
-            i, frame = frames[-1]
-            code = lines[i + 1].strip() if i + 1 < last else ""
-            what += f" ({frame[1]} line {frame[2]}{': ' + code if code else ''})"
+    what = f"it wrote {match[1]}" if match else f"it wrote a file{_own_frame(lines, last)}"
     return (
         f"{what} on the read-only root file system, as the pod would refuse it; write under "
         "$DDPDEPLOY_CHECKPOINT_DIR (or /tmp), or pass --writable-rootfs"
     )
+
+
+def _own_frame(lines: list[str], last: int) -> str:
+    """`` (train.py line 7: its code)``: the last frame before ``last`` in the user's own
+    code rather than a library's; empty when the lines show none."""
+    frames = [
+        (i, m)
+        for i, t in enumerate(lines[:last])
+        if (m := _FRAME.match(t)) and not any(lib in m[1] for lib in _LIBRARIES)
+    ]
+    if not frames:
+        return ""
+    i, frame = frames[-1]
+    code = lines[i + 1].strip() if i + 1 < last else ""
+    return f" ({frame[1]} line {frame[2]}{': ' + code if code else ''})"
+
+
+# What torch raises when a script asks for CUDA where there is none (a smoke run is always
+# on the CPU): CPU builds, and CUDA builds on a host without a GPU (a CUDA base image under
+# smoke --docker). Each with what the script did and the change that runs it on the CPU.
+_NO_GPU = (
+    (
+        ("Distributed package doesn't have NCCL built in", "ProcessGroupNCCL is only supported"),
+        "it asked for the nccl backend",
+        "use gloo when torch.cuda.is_available() is false",
+    ),
+    (
+        ("DistributedDataParallel device_ids and output_device arguments only work",),
+        "it gave DDP device_ids for a model on the CPU",
+        "leave device_ids out (None) when torch.cuda.is_available() is false",
+    ),
+    (
+        ("Attempting to deserialize object on a CUDA device",),
+        "it loaded a checkpoint onto a CUDA device",
+        'pass torch.load map_location="cpu" when torch.cuda.is_available() is false',
+    ),
+    (
+        (
+            "Torch not compiled with CUDA enabled",
+            "has no attribute '_cuda_",
+            "Cannot access accelerator device when none is available",
+            "No CUDA GPUs are available",
+            "Found no NVIDIA driver",
+            "device type at start of device string: None",
+        ),
+        "it used a CUDA device",
+        "keep the model and tensors on the CPU when torch.cuda.is_available() is false (no "
+        "torch.cuda.set_device, no .to(LOCAL_RANK) or .cuda())",
+    ),
+)
+
+
+def needs_gpu(lines: list[str]) -> str | None:
+    """One line saying that a worker failed asking for a GPU, which a smoke run (on the CPU,
+    gloo) has not, with the line of the script that asked and the change; None when
+    ``lines`` (the root-cause rank's own) end in no such error."""
+    lines = [_OWN_PREFIX.sub("", t, count=1) for t in lines]
+    tracebacks = [i for i, t in enumerate(lines) if t.startswith("Traceback (most recent")]
+    for last in range(len(lines) - 1, tracebacks[-1] if tracebacks else len(lines), -1):
+        if _FRAME.match(lines[last]) or lines[last].startswith(" "):
+            continue  # a frame or its code: the last traceback's own lines say what failed
+        for needles, what, fix in _NO_GPU:
+            if any(n in lines[last] for n in needles):
+                return (
+                    f"{what}{_own_frame(lines, last)}, and smoke runs on the CPU with gloo; {fix}"
+                )
+    return None
 
 
 # ---- a running job's progress, from rank 0's log ------------------------------------------

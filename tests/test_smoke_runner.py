@@ -254,6 +254,68 @@ def test_a_write_on_the_read_only_root_is_named_with_the_fix():
     assert read_only_write(["OSError: [Errno 13] Permission denied: 'x'"]) is None
 
 
+# Found by the fourth outside-scripts pass: the pytorch/examples tutorial and nanoGPT, run
+# unchanged, failed with torch's "module 'torch._C' has no attribute '_cuda_setDevice'" or
+# "Distributed package doesn't have NCCL built in" under frames of torch's own files: not a
+# word that smoke runs on the CPU, nor which line of the script to change.
+def test_a_script_that_asks_for_a_gpu_is_told_what_to_change():
+    from ddpdeploy.events import needs_gpu
+
+    def trace(own: str, code: str, *lib_and_error: str) -> list[str]:
+        return [
+            "step 0",
+            "Traceback (most recent call last):",
+            f'  File "/workspace/{own}", line 14, in setup',
+            f"    {code}",
+            *lib_and_error,
+        ]
+
+    lib = '  File "/venv/lib/python3.11/site-packages/torch/cuda/__init__.py", line 9, in f'
+    set_device = trace(
+        "train.py",
+        "torch.cuda.set_device(local_rank)",
+        lib,
+        "    torch._C._cuda_setDevice(d)",
+        "AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'",
+    )
+    assert needs_gpu(set_device) == (
+        "it used a CUDA device (/workspace/train.py line 14: torch.cuda.set_device(local_rank)), "
+        "and smoke runs on the CPU with gloo; keep the model and tensors on the CPU when "
+        "torch.cuda.is_available() is false (no torch.cuda.set_device, no .to(LOCAL_RANK) or "
+        ".cuda())"
+    )
+    nccl = trace(
+        "run.py",
+        "dist.init_process_group(backend)",
+        lib,
+        "    raise RuntimeError(...)",
+        "RuntimeError: Distributed package doesn't have NCCL built in",
+    )
+    assert needs_gpu([f"[rank1]: {t}" for t in nccl]) == (
+        "it asked for the nccl backend (/workspace/run.py line 14: "
+        "dist.init_process_group(backend)), and smoke runs on the CPU with gloo; use gloo when "
+        "torch.cuda.is_available() is false"
+    )
+    ddp = trace(
+        "m.py",
+        "model = DDP(model, device_ids=[rank])",
+        "ValueError: DistributedDataParallel device_ids and output_device arguments only work "
+        "with single-device/multiple-device GPU modules or CPU modules, but got device_ids [0]",
+    )
+    assert needs_gpu(ddp).startswith(
+        "it gave DDP device_ids for a model on the CPU (/workspace/m.py"
+    )
+    # A CUDA build on a host without a GPU (a CUDA base image under smoke --docker).
+    driver = trace("t.py", "x.cuda()", "RuntimeError: Found no NVIDIA driver on your system.")
+    assert needs_gpu(driver).startswith("it used a CUDA device (/workspace/t.py line 14: x.cuda())")
+    # Only the last traceback's own error counts: not a word the job printed before it,
+    # nor some other failure.
+    other = trace("a.py", "f()", "KeyError: 'x'")
+    assert needs_gpu(["Torch not compiled with CUDA enabled", *other]) is None
+    assert needs_gpu(["Distributed package doesn't have NCCL built in"]) is None
+    assert needs_gpu(trace("a.py", "f()", "OSError: [Errno 28] No space left on device")) is None
+
+
 def test_smoke_refuses_a_rank_the_run_does_not_have_before_starting(tmp_path):
     from cli_runner import run_main
 
@@ -346,3 +408,60 @@ def test_a_linked_checkpoint_folder_is_refused_and_its_target_kept(tmp_path, lin
         "there, so it must be a folder of its own: remove the link\n"
     )
     assert sorted(p.name for p in victim.iterdir()) == ["sub", "thesis.txt"]
+
+
+# Found by the fourth outside-scripts pass: nanoGPT under `smoke --docker --kill-at
+# checkpoint` saved ckpt.pt into the checkpoint volume three times, and after two runs
+# (209 s) was told "the spec has no checkpoint: folder to watch ... save under
+# $DDPDEPLOY_CHECKPOINT_DIR": it had one and did; smoke --docker watches no volume.
+def test_a_checkpoint_kill_no_run_could_place_ends_after_the_clean_run_saying_why():
+    from ddpdeploy.errors import OperationError
+    from ddpdeploy.report import Quiet
+    from ddpdeploy.smoke.backend import Line, Node, RunBackend
+    from ddpdeploy.smoke.runner import KillAt, RunOptions, smoke
+
+    class Saves(RunBackend):
+        """Two nodes that save into their volume, print their own lines and end."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.nodes = [Node("j-worker-0", None), Node("j-worker-1", None)]
+            lines = [
+                Line("j-worker-0", "stderr", "PYTORCH_API_USAGE torch.python.import"),
+                Line("j-worker-0", "stderr", "[rank0]:PYTORCH_API_USAGE c10d.process_group"),
+                Line("j-worker-0", "stdout", "[rank0]:saving checkpoint to /checkpoints"),
+            ]
+            for line in lines:
+                self._feed(line)
+
+        def exit_codes(self) -> dict[str, int | None]:
+            return {"j-worker-0": 0, "j-worker-1": 0}
+
+        def tail(self, node: str) -> list[str]:
+            return []
+
+        def kill_worker(self, node: str) -> str:
+            raise AssertionError("no kill run should start")
+
+        def stop(self) -> None:
+            pass
+
+    started: list[bool] = []
+
+    def start(kill: bool) -> RunBackend:
+        started.append(kill)
+        return Saves()
+
+    options = RunOptions(world_size=2, kill_at=KillAt(checkpoint=True), volume_unwatched=True)
+    runs = smoke(start, Quiet(), options)
+    assert next(runs)[0] == "clean"
+    with pytest.raises(OperationError) as ended:
+        next(runs)
+    assert started == [False]  # the kill run, which could only end the same, never started
+    assert str(ended.value) == (
+        "--kill-at checkpoint: the job ended without a checkpoint smoke could see (no "
+        "`checkpoint` event; smoke --docker does not watch the checkpoint volume, only the "
+        "events), so nothing was killed; save with ddpkit.save (it prints the event), or kill "
+        "at a time (--kill-at 20s) or a step, or run --local, which watches its checkpoint "
+        "folder"
+    )

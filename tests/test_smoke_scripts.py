@@ -295,3 +295,44 @@ def test_a_helper_script_killed_at_a_step_resumes_to_the_clean_weights(tmp_path,
     assert re.search(r"^clean run +[0-9a-f]{64} \(same\)$", res.stdout, re.M), res.stdout
     assert '"resumed": true' in res.stderr
     assert leftovers(marker) == []
+
+
+# Found by the fourth outside-scripts pass: the pytorch/examples tutorial, unchanged, ended
+# on torch's "module 'torch._C' has no attribute '_cuda_setDevice'" with no word that smoke
+# runs on the CPU, nor which line to change.
+@pytest.mark.slow
+def test_a_script_that_pins_a_gpu_is_told_smoke_runs_on_the_cpu(tmp_path, marker):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this torch has a GPU: the script would get past its set_device")
+    ws = workspace(tmp_path, "nodes: 1\nprocs: 2\ncommand: {script: cuda_first.py}\n")
+    res = smoke(ws, marker)
+    assert res.returncode == 1, res.stderr
+    error = res.stderr[res.stderr.index("error: ") :].splitlines()[0]
+    assert re.fullmatch(
+        r"error: node ddp-train-worker-0 \(global rank \d\) exited with code 1: it used a CUDA "
+        r"device \(\S+cuda_first\.py line 11: torch\.cuda\.set_device\(int\(os\.environ\["
+        r'"LOCAL_RANK"\]\)\)\), and smoke runs on the CPU with gloo; keep the model and tensors '
+        r"on the CPU when torch\.cuda\.is_available\(\) is false \(no torch\.cuda\.set_device, "
+        r"no \.to\(LOCAL_RANK\) or \.cuda\(\)\)\. Its last lines:",
+        error,
+    ), error
+    assert leftovers(marker) == []
+
+
+# Found by the fourth outside-scripts pass: `--kill-at 20` on nanoGPT (which prints its own
+# "iter 20:" lines, no step events) ran the job twice, then said "the job ended before step
+# 20, so nothing was killed; choose an earlier point": no step is early enough.
+@pytest.mark.slow
+def test_a_step_kill_of_a_script_without_step_events_says_why_after_one_run(tmp_path, marker):
+    ws = workspace(tmp_path, "nodes: 1\nprocs: 2\ncommand: {script: plain.py}\n")
+    res = smoke(ws, marker, "--kill-at", "1")
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.rstrip().splitlines()[-1] == (
+        "error: --kill-at: step 1: the job prints no step events (its own step lines are not "
+        'read), so no step kill can be placed; call ddpkit.log("step", step=step) on every '
+        "rank, or kill at a time (--kill-at 20s) or at checkpoint"
+    ), res.stderr
+    assert "kill at step 1" not in res.stderr  # no second run was started
+    assert leftovers(marker) == []

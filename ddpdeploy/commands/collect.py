@@ -109,7 +109,6 @@ def collect(
     """
     from ddpdeploy.collect.debug import check_debug_folder
     from ddpdeploy.collect.destination import Destination
-    from ddpdeploy.collect.source import LocalSource
     from ddpdeploy.commands.console import ConsoleReport
     from ddpdeploy.paths import local_checkpoints
 
@@ -123,7 +122,7 @@ def collect(
         check_debug_folder(to)  # --to/debug: a folder or nothing, before a helper pod starts
     copy = _copier(report, to, step, files or (), overwrite, debug)
     if source == "local":
-        got = copy(LocalSource(local_rel.resolve(), str(local_rel)))
+        got = _from_local(local_rel, copy)
     elif source == "compose":
         got = _from_compose(volume, image, to, copy, report, debug)
     else:
@@ -230,6 +229,26 @@ def _say_debug(report: ConsoleReport, got: Collected, to: Path) -> None:
             line += f": {head if len(head) <= 160 else head[:150] + '…'}"
         report.say(line)
     report.say(f"debug: {got.debug_summary()} into {folder}")
+
+
+def _from_local(local_rel: Path, copy: Callable[[Source], Collected]) -> Collected:
+    """The local run's folder; when it holds nothing to collect, the files the last local
+    run wrote in the workspace instead (a tutorial's relative snapshot.pt) are named."""
+    from ddpdeploy.collect.source import LocalSource, NoCheckpoint
+    from ddpdeploy.smoke.local import recorded
+    from ddpdeploy.text import plain
+
+    try:
+        return copy(LocalSource(local_rel.resolve(), str(local_rel)))
+    except NoCheckpoint as exc:
+        there = sorted(p for p in recorded(Path.cwd()) if Path(p).is_file())
+        if not there:
+            raise
+        more = f" and {len(there) - 1} more" if len(there) > 1 else ""
+        raise NoCheckpoint(
+            f"{exc}; the last smoke --local run wrote {plain(there[0])}{more} in the workspace "
+            "instead: save under $DDPDEPLOY_CHECKPOINT_DIR, which is this folder"
+        ) from None
 
 
 def _from_compose(

@@ -118,6 +118,7 @@ def smoke(
         ranks=shown,
         kill_at=chaos,
         checkpoint_dir=lambda: folder,
+        volume_unwatched=docker and spec.checkpoint is not None,
     )
     outcomes: dict[str, Outcome] = {}
     try:

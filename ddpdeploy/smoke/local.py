@@ -318,23 +318,29 @@ class WorkspaceRuns:
         return {p: s for p, s in listing.items() if p not in self.own}
 
     def _recorded(self) -> dict[str, tuple[int, int]]:
-        try:
-            doc = json.loads((self.root / workspace.RECORD).read_text())
-        except (OSError, ValueError):
-            return {}  # none yet, or not ours to trust: nothing is set aside for it
-        if not isinstance(doc, dict):
-            return {}
-        return {
-            str(p): (int(s[0]), int(s[1]))
-            for p, s in doc.items()
-            if isinstance(s, list)
-            and len(s) == 2
-            and all(isinstance(x, int) for x in s)
-            and workspace.inside(str(p))
-        }
+        return recorded(self.root)
 
     def _record(self, files: Mapping[str, tuple[int, int]]) -> None:
         linked_below(self.root, Path(workspace.RECORD).parent)
         (self.root / workspace.RECORD).parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps({p: list(s) for p, s in sorted(files.items())}, indent=1) + "\n"
         write_atomic(self.root / workspace.RECORD, text.encode(), "smoke")
+
+
+def recorded(root: Path) -> dict[str, tuple[int, int]]:
+    """The files the last `smoke --local` run in the workspace ``root`` created there
+    (workspace.RECORD): path -> (mtime in ns, size); empty when there is no record to trust."""
+    try:
+        doc = json.loads((root / workspace.RECORD).read_text())
+    except (OSError, ValueError):
+        return {}  # none yet, or not ours to trust: nothing is set aside for it
+    if not isinstance(doc, dict):
+        return {}
+    return {
+        str(p): (int(s[0]), int(s[1]))
+        for p, s in doc.items()
+        if isinstance(s, list)
+        and len(s) == 2
+        and all(isinstance(x, int) for x in s)
+        and workspace.inside(str(p))
+    }

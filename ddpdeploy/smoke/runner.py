@@ -26,6 +26,7 @@ from ddpdeploy.events import (
     agent_lines,
     code_text,
     describe,
+    needs_gpu,
     number,
     parse_event,
     read_only_write,
@@ -147,6 +148,7 @@ class Outcome:
     kill: Kill | None = None
     warnings: list[str] = field(default_factory=list)  # what the run did that it should not
     resumed_from: int | None = None  # the checkpoint's step a --resume run started from
+    saw_checkpoint: bool = False  # a `checkpoint` event, or a new file in the folder watched
 
     @property
     def steps(self) -> int | None:
@@ -192,6 +194,7 @@ class _Run:
     saved_on: dict[int, str] = field(default_factory=dict)  # rank -> node, torch.save callers
     usage_works: bool = False  # an agent said its torch import: the usage lines come
     fatal: str | None = None  # ddpkit's own error line, the reason before any exit code
+    saw_checkpoint: bool = False
 
     def loop(self, timeout: float) -> Outcome:
         self.known_files = self._checkpoint_files()
@@ -226,6 +229,7 @@ class _Run:
             kill=self.kill,
             diagnostics=dict(self.diagnostics),
             warnings=self.saving_nodes(),
+            saw_checkpoint=self.saw_checkpoint or bool(self._checkpoint_files() - self.known_files),
         )
 
     def require_a_process_group(self) -> None:
@@ -369,6 +373,7 @@ class _Run:
                 if resumed is not None:
                     kill.resumed_step = resumed
             self.view.note(f"{node}: {text}")
+            self.saw_checkpoint = self.saw_checkpoint or event.kind == "checkpoint"
             kill = self.kill
             if event.kind == "checkpoint" and kill and kill.at_.checkpoint and not kill.at:
                 self.strike(f"checkpoint step {step}" if step is not None else "checkpoint")
@@ -433,7 +438,7 @@ class _Run:
         lines = lines or _node_lines(self.target.tail(node.name), rank)
         # The job's own lines: plain text (an escape it printed is not replayed).
         shown = "\n".join(f"  {plain(t)}" for t in lines[-TAIL_LINES:])
-        reason = read_only_write(lines)
+        reason = read_only_write(lines) or needs_gpu(lines)
         why = f": {plain(reason)}. Its" if reason else "; its"
         said = f"{_where(node, rank)} exited with code {code_text(code)}{why} last lines:\n{shown}"
         if "hang" in self.diagnostics:  # the watchdog's finding says more than exit 124
@@ -500,6 +505,9 @@ class RunOptions:
     ranks: Ranks = field(default_factory=Ranks)
     kill_at: KillAt | None = None
     checkpoint_dir: Callable[[], Path | None] = lambda: None  # the run's folder, once started
+    # The job has a checkpoint volume smoke cannot list (smoke --docker's): only `checkpoint`
+    # events place a checkpoint kill there.
+    volume_unwatched: bool = False
 
 
 def run_once(
@@ -522,15 +530,32 @@ def run_once(
         )
         outcome = run.loop(options.timeout)
     if outcome.kill is not None and not outcome.kill.at:
-        raise OperationError(_not_killed(outcome.kill.at_, options.checkpoint_dir()))
+        raise OperationError(_not_killed(outcome.kill.at_, options))
     return outcome
 
 
-def _not_killed(at: KillAt, folder: Path | None) -> str:
-    """Why a --kill-at run ended with nothing killed, and what to choose instead."""
+def _no_step_events(at: KillAt) -> str:
+    return (
+        f"--kill-at: {at}: the job prints no step events (its own step lines are not read), "
+        'so no step kill can be placed; call ddpkit.log("step", step=step) on every rank, '
+        "or kill at a time (--kill-at 20s) or at checkpoint"
+    )
+
+
+def _not_killed(at: KillAt, options: RunOptions) -> str:
+    """Why a --kill-at run ended (or would end) with nothing killed, and what to choose."""
     if not at.checkpoint:
         return (
             f"--kill-at: the job ended before {at}, so nothing was killed; choose an earlier point"
+        )
+    folder = options.checkpoint_dir()
+    if options.volume_unwatched:
+        return (
+            "--kill-at checkpoint: the job ended without a checkpoint smoke could see (no "
+            "`checkpoint` event; smoke --docker does not watch the checkpoint volume, only the "
+            "events), so nothing was killed; save with ddpkit.save (it prints the event), or "
+            "kill at a time (--kill-at 20s) or a step, or run --local, which watches its "
+            "checkpoint folder"
         )
     where = (
         f"no new file in its checkpoint folder {plain(str(folder))}"
@@ -560,6 +585,13 @@ def smoke(
         return
     clean = run_once(start, report, "clean run", options)
     yield "clean", clean
+    if kill_at.checkpoint and not clean.saw_checkpoint:
+        # The kill run would watch for the same and end with nothing killed.
+        raise OperationError(_not_killed(kill_at, options))
+    if kill_at.step is not None and clean.steps is None:
+        # A step kill is placed on step events; without them the kill run would end with
+        # nothing killed, however early the step.
+        raise UserError(_no_step_events(kill_at))
     if kill_at.step is not None and clean.steps is not None and kill_at.step >= clean.steps:
         # Known only now (the trainer's default steps, a script's own): no run would kill.
         raise UserError(

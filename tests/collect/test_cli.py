@@ -128,3 +128,30 @@ def test_a_bad_image_or_timeout_for_the_cluster_is_refused_before_the_cluster_is
     assert stop.value.code == 2
     assert one_line(capsys.readouterr().err).startswith(said)
     assert list(tmp_path.iterdir()) == []
+
+
+# Found by the fourth outside-scripts pass: the pytorch/examples tutorial saves a relative
+# snapshot.pt; after its smoke run, `collect` said only "the folder is empty", with no word
+# of where the snapshot went or where the script must save.
+def test_an_empty_local_folder_names_what_the_last_run_wrote_in_the_workspace(tmp_path):
+    import json
+
+    (tmp_path / ".ddpdeploy" / "checkpoints" / "j").mkdir(parents=True)
+    (tmp_path / "snapshot.pt").write_bytes(b"weights")
+    stat = (tmp_path / "snapshot.pt").stat()
+    record = {"snapshot.pt": [stat.st_mtime_ns, stat.st_size], "gone.pt": [1, 2]}
+    (tmp_path / ".ddpdeploy" / "smoke").mkdir()
+    (tmp_path / ".ddpdeploy" / "smoke" / "written.json").write_text(json.dumps(record))
+    out = run_cli("collect", "j", "--to", str(tmp_path / "out"), "--from", "local", cwd=tmp_path)
+    assert out.returncode == 1, out.stderr
+    assert one_line(out.stderr) == (
+        "error: no checkpoint in .ddpdeploy/checkpoints/j: the folder is empty (a ddpdeploy "
+        "checkpoint is ckpt-step-000000005.pt and its .json; any other script's files are "
+        "collected as they are); the last smoke --local run wrote snapshot.pt in the workspace "
+        "instead: save under $DDPDEPLOY_CHECKPOINT_DIR, which is this folder"
+    )
+    assert not (tmp_path / "out").exists()
+    # Without such files, the line is as it was.
+    (tmp_path / "snapshot.pt").unlink()
+    out = run_cli("collect", "j", "--to", str(tmp_path / "out"), "--from", "local", cwd=tmp_path)
+    assert one_line(out.stderr).endswith("any other script's files are collected as they are)")
