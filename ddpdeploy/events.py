@@ -43,10 +43,10 @@ from ddpdeploy.formats import ago, duration
 EVENTS = ("start", "step", "checkpoint", "done", "probe", "ranks", "hang")
 DIAGNOSTICS = ("probe", "ranks", "hang")
 
-_RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:")
+_RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:", re.ASCII)
 # torchrun's error summary, one block per failed worker ("rank : 3 (local_rank: 1)").
-_SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)")
-_SUMMARY_CODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+_SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank:\s*(\d+)\)", re.ASCII)
+_SUMMARY_CODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)", re.ASCII)
 _ROOT_CAUSE = "Root Cause (first observed failure)"
 
 
@@ -273,8 +273,8 @@ def _hang_line(f: dict[str, Any]) -> str:
 # user's own frame (the line that wrote) stands in for it.
 _READ_ONLY = "Read-only file system"
 _READ_ONLY_PATH = re.compile(r"Read-only file system: '((?:[^'\\]|\\.)*)'")
-_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)')
-_OWN_PREFIX = re.compile(r"^\[rank\d+\]: ?")
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)', re.ASCII)
+_OWN_PREFIX = re.compile(r"^\[rank\d+\]: ?", re.ASCII)
 _LIBRARIES = ("/site-packages/", "/dist-packages/", "/lib/python3")  # not the user's frame
 
 
@@ -375,7 +375,7 @@ def probe_line(line: str) -> str | None:
 
 
 # What the kubelet writes before each line when asked for timestamps (RFC 3339, up to ns).
-_STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d) ")
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d) ", re.ASCII)
 
 
 def split_timestamp(line: str) -> tuple[float | None, str]:

@@ -44,7 +44,7 @@ def size(n: int) -> str:
 
 def parse_duration(text: str, flag: str = "--timeout") -> float:
     """ "90", "90s", "15m", "2h" -> seconds."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text)
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text, re.ASCII)
     if not match:
         raise UserError(f"{flag}: {text!r} is not a duration; use e.g. 90s, 15m or 2h")
     return float(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[match[2]]

@@ -204,6 +204,19 @@ def test_digits_of_other_scripts_are_no_ranks_or_steps(flag, text):
         (Ranks if flag == "--ranks" else KillAt).parse(text)
 
 
+def test_digits_of_other_scripts_are_no_ranks_durations_or_steps_anywhere():
+    # Found by the fourth hostile pass: one rule for every reader of numbers, not only the
+    # flags' (up --timeout \u0661\u0660s was ten seconds; a job line "[rank\u0663]:" was rank 3).
+    from ddpdeploy.events import split_rank
+    from ddpdeploy.formats import parse_duration
+
+    assert parse_duration("10s") == 10
+    with pytest.raises(UserError, match="is not a duration"):
+        parse_duration("\u0661\u0660s")
+    assert split_rank("[rank3]: x") == (3, " x")
+    assert split_rank("[rank\u0663]: x") == (None, "[rank\u0663]: x")
+
+
 def test_outcome_without_events_has_no_steps_and_no_comparison():
     plain = Outcome(wall=3.0, exit_codes={"a": 0})
     assert plain.steps is None and plain.steps_per_s is None and plain.weights_sha256 is None

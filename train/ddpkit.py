@@ -87,7 +87,7 @@ CHECKPOINT_DIR_ENV = "DDPDEPLOY_CHECKPOINT_DIR"
 DEFAULT_KEEP = 3
 # The one spelling of a checkpoint's name, as ddpdeploy's collect reads it too: the step
 # zero-padded to 9 digits; at most 18, so a step always fits an int64 tensor.
-_SIDECAR = re.compile(r"^ckpt-step-(\d{9,18})\.json$")
+_SIDECAR = re.compile(r"^ckpt-step-(\d{9,18})\.json$", re.ASCII)
 MAX_STEP = 10**18 - 1
 MAX_SIDECAR = 1 << 20  # a sidecar is ~600 bytes; anything this big is not one
 # A temp file untouched this long is a dead writer's. A live writer moves its file's mtime
@@ -1142,7 +1142,7 @@ def _probe_event(
 #   Channel 00/0 : 0[0] -> 1[1] [send] via NET/IB/0/GDRDMA                one channel's path
 _NCCL_USING_NETWORK = re.compile(r"NCCL INFO Using network (\S+)")
 _NCCL_IB_USING = re.compile(r"NCCL INFO NET/IB : Using (.*?)(?:;|$)")
-_NCCL_IB_DEVICE = re.compile(r"\[\d+\]([\w.-]+):\d+/(IB|RoCE)")
+_NCCL_IB_DEVICE = re.compile(r"\[\d+\]([\w.-]+):\d+/(IB|RoCE)", re.ASCII)
 _NCCL_IB_NONE = re.compile(r"NCCL INFO NET/IB : No device found")
 _NCCL_SOCKET_USING = re.compile(r"NCCL INFO NET/Socket : Using (.*)$")
 _NCCL_VIA = re.compile(r"NCCL INFO (?:Channel|Ring) .* via (\S+(?: pointer| memory)?)")

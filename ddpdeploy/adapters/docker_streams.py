@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 from ddpdeploy.streams import LineSplitter
 
-_STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
+_STEP = re.compile(r"^Step (\d+)/(\d+) : (.*)$", re.ASCII)
 # The engine colours a step's stderr (ESC[91m … ESC[0m); logs and messages want plain text.
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_NONZERO = re.compile(r"^The command .* returned a non-zero code: (\d+)$", re.S)
+_NONZERO = re.compile(r"^The command .* returned a non-zero code: (\d+)$", re.S | re.ASCII)
 
 
 @dataclass

@@ -315,7 +315,7 @@ def _api_status(exc: Any) -> tuple[int | None, str]:
     reason = str(getattr(exc, "reason", "") or "")
     # kubernetes.stream raises status 0 with the websocket error as its reason:
     # "Handshake status 403 Forbidden -+-+- {headers} -+-+- b'{...Status...}'".
-    handshake = re.match(r"Handshake status (\d{3}) ?([^-]*)", reason)
+    handshake = re.match(r"Handshake status (\d{3}) ?([^-]*)", reason, re.ASCII)
     if not status and handshake:
         status = int(handshake[1])
         tail = reason.rsplit(" -+-+- ", 1)[-1] if " -+-+- " in reason else ""

@@ -58,7 +58,7 @@ MAX_SIDECAR = 1 << 20  # the trainer's are ~300 bytes; anything this big is not 
 
 
 # The trainer's names: step zero-padded to 9 digits; 18 digits keeps int() cheap.
-_SIDECAR = re.compile(r"^ckpt-step-(\d{9,18})\.json$")
+_SIDECAR = re.compile(r"^ckpt-step-(\d{9,18})\.json$", re.ASCII)
 
 
 def payload_name(step: int) -> str:

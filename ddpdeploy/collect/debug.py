@@ -24,9 +24,12 @@ DEBUG_DIR = "debug"
 MAX_DEBUG = 32 << 20  # a hang stack is a few KiB, a flight recorder dump a few MiB
 HANG_STACK, FLIGHT_DUMP, NCCL_LOG = "hang stack", "flight recorder dump", "NCCL debug log"
 DEBUG_KINDS = (
-    (HANG_STACK, re.compile(r"hang-rank\d{1,9}\.txt")),
-    (FLIGHT_DUMP, re.compile(r"nccl_trace_rank_\d{1,9}")),
-    (NCCL_LOG, re.compile(r"ddpkit-nccl\.[A-Za-z0-9][A-Za-z0-9._-]{0,252}\.\d{1,10}\.log")),
+    (HANG_STACK, re.compile(r"hang-rank\d{1,9}\.txt", re.ASCII)),
+    (FLIGHT_DUMP, re.compile(r"nccl_trace_rank_\d{1,9}", re.ASCII)),
+    (
+        NCCL_LOG,
+        re.compile(r"ddpkit-nccl\.[A-Za-z0-9][A-Za-z0-9._-]{0,252}\.\d{1,10}\.log", re.ASCII),
+    ),
 )
 
 

@@ -351,7 +351,7 @@ _SERVICE_KEYS = frozenset(
         "depends_on",
     }
 )
-_GRACE = re.compile(r"(\d+)s")
+_GRACE = re.compile(r"(\d+)s", re.ASCII)
 _DONE = "service_completed_successfully"
 RDZV_HOST_ENV = "DDPDEPLOY_RDZV_HOST"  # the host the nodes' entrypoint waits to resolve
 
