@@ -64,6 +64,7 @@ import glob
 import hashlib
 import io
 import json
+import math
 import operator
 import os
 import pickle
@@ -78,7 +79,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import Any, BinaryIO, SupportsIndex, TypeVar, cast
+from typing import Any, BinaryIO, NoReturn, SupportsIndex, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -99,18 +100,53 @@ _print_lock = threading.Lock()  # a background checkpoint writer logs too
 T = TypeVar("T")
 
 
+# ---- the environment ---------------------------------------------------------------------
+def _exit_on_env(name: str, value: str, wanted: str) -> NoReturn:
+    """One line naming the variable and what it must hold, exit 2: a bare ValueError from
+    int() named neither (torchrun and ddpdeploy set these; a hand-set one can be wrong)."""
+    print(
+        f"ddpkit: error: {name}={value!r} is not {wanted}; fix or unset it",
+        file=sys.stderr,
+        flush=True,
+    )
+    raise SystemExit(2)
+
+
+def _env_int(name: str, default: int, low: int = 0) -> int:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    if not (value.isascii() and value.strip().lstrip("-").isdigit()) or int(value) < low:
+        _exit_on_env(name, value, f"a whole number of at least {low}")
+    return int(value)
+
+
+def _env_float(name: str, default: float, low: float = 0.0) -> float:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not (value.isascii() and math.isfinite(number) and number >= low):
+        wanted = "a finite number" + (f" of at least {low:g}" if low > -math.inf else "")
+        _exit_on_env(name, value, wanted)
+    return number
+
+
 # ---- who am I ----------------------------------------------------------------------------
 def rank() -> int:
     """Global rank: the process group's once initialised, else torchrun's RANK (or 0)."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank()
-    return int(os.environ.get("RANK", 0))
+    return _env_int("RANK", 0)
 
 
 def world_size() -> int:
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size()
-    return int(os.environ.get("WORLD_SIZE", 1))
+    return _env_int("WORLD_SIZE", 1, low=1)
 
 
 def _distributed() -> bool:
@@ -157,7 +193,7 @@ def _start_fields() -> dict[str, Any]:
         "world_size": world_size(),
         "backend": dist.get_backend() if dist.is_available() and dist.is_initialized() else None,
         "host": socket.gethostname(),
-        "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+        "restart_count": _env_int("TORCHELASTIC_RESTART_COUNT", 0),
         **_resumed,
     }
 
@@ -344,7 +380,14 @@ def checkpoint_dir(directory: str | os.PathLike[str] | None = None) -> str:
             flush=True,
         )
         raise SystemExit(2)
-    return found
+    if found != found.strip():
+        _exit_on_env(CHECKPOINT_DIR_ENV, found, "a usable folder name (it starts or ends with whitespace)")
+    # Resolved once: a relative folder read again after the script's chdir would be another
+    # folder, and load_latest would find nothing there (a silent fresh start).
+    return _resolved_dirs.setdefault(found, os.path.abspath(os.path.expanduser(found)))
+
+
+_resolved_dirs: dict[str, str] = {}
 
 
 # ---- save and load -----------------------------------------------------------------------
@@ -439,7 +482,7 @@ def meta(step: int) -> dict[str, Any]:
         "world_size": world_size(),
         "host": socket.gethostname(),
         "rank": rank(),
-        "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+        "restart_count": _env_int("TORCHELASTIC_RESTART_COUNT", 0),
         "time": time.time(),
         "run": run_record(),
     }
@@ -1044,7 +1087,7 @@ def _probe(
     if not _distributed():
         return None
     if min_busbw is None and os.environ.get(MIN_BUSBW_ENV):
-        min_busbw = float(os.environ[MIN_BUSBW_ENV])
+        min_busbw = _env_float(MIN_BUSBW_ENV, 0)
     _join_round()
     _publish_host()
     device, n, t_start = _collective_device(), world_size(), time.perf_counter()
@@ -1256,11 +1299,11 @@ class _Timing:
         self.slowest_step = 0.0
         self.phase: str | None = None
         self.phase_step: int | None = None
-        every = os.environ.get(RANKS_EVERY_ENV)
-        self.every = int(every) if every else RANKS_FIRST
-        self.auto_every = not every  # the window follows the step time, see next_every()
-        self.factor = float(os.environ.get(STRAGGLER_FACTOR_ENV, 1.2))
-        self.hang_timeout_s = float(os.environ.get(HANG_TIMEOUT_ENV, 0))  # 0: auto
+        every = _env_int(RANKS_EVERY_ENV, -1)  # unset: -1, automatic; 0: no ranks events
+        self.every = RANKS_FIRST if every < 0 else every
+        self.auto_every = every < 0  # the window follows the step time, see next_every()
+        self.factor = _env_float(STRAGGLER_FACTOR_ENV, 1.2)
+        self.hang_timeout_s = _env_float(HANG_TIMEOUT_ENV, 0, low=-math.inf)  # 0: auto
         self.hang_dir: str | None = None
 
 

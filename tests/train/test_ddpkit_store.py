@@ -322,6 +322,54 @@ def test_load_latest_does_not_block_on_a_fifo(tmp_path: Path) -> None:
     assert "ckpt-step-000000002.pt" in line and "not a regular file" in line
 
 
+@pytest.mark.parametrize(
+    ("name", "value", "said"),
+    [
+        ("RANK", "abc", "RANK='abc' is not a whole number of at least 0"),
+        ("TORCHELASTIC_RESTART_COUNT", "x", "TORCHELASTIC_RESTART_COUNT='x' is not a whole"),
+        ("WORLD_SIZE", "0", "WORLD_SIZE='0' is not a whole number of at least 1"),
+        ("DDPDEPLOY_HANG_TIMEOUT_S", "nan", "DDPDEPLOY_HANG_TIMEOUT_S='nan' is not a finite"),
+        ("DDPDEPLOY_STRAGGLER_FACTOR", "-1", "DDPDEPLOY_STRAGGLER_FACTOR='-1' is not a finite"),
+        ("DDPDEPLOY_RANKS_EVERY", "\u0663", "DDPDEPLOY_RANKS_EVERY='\u0663' is not a whole"),
+        ("DDPDEPLOY_CHECKPOINT_DIR", "/ck\n", "DDPDEPLOY_CHECKPOINT_DIR='/ck\\n' is not a usable"),
+    ],
+)
+def test_a_variable_that_lies_is_one_line_naming_it(
+    tmp_path: Path, name: str, value: str, said: str
+) -> None:
+    # Found by the fourth hostile pass: RANK=abc or TORCHELASTIC_RESTART_COUNT=x ended in a
+    # bare ValueError naming neither (at import for the ranks/straggler settings).
+    env = base_env({"PYTHONPATH": str(TRAIN_DIR), "DDPDEPLOY_CHECKPOINT_DIR": str(tmp_path)})
+    code = "import ddpkit; ddpkit.save({'w': 1}, 1); print(ddpkit.load_latest()['w'])"
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, name: value},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 2 and p.stdout == "", p.stderr
+    (line,) = [x for x in p.stderr.splitlines() if "ddpkit" in x or "Error" in x]
+    assert line.startswith(f"ddpkit: error: {said}") and line.endswith("; fix or unset it")
+
+
+def test_a_relative_checkpoint_folder_is_the_same_folder_after_a_chdir(tmp_path: Path) -> None:
+    # Found by the fourth hostile pass: DDPDEPLOY_CHECKPOINT_DIR=ck, a save, os.chdir, and
+    # load_latest looked in another folder and returned None (a silent fresh start).
+    env = base_env({"PYTHONPATH": str(TRAIN_DIR), "DDPDEPLOY_CHECKPOINT_DIR": "ck"})
+    (tmp_path / "elsewhere").mkdir()
+    code = (
+        "import os, ddpkit; ddpkit.save({'w': 7}, 3); os.chdir('elsewhere'); "
+        "print(ddpkit.load_latest()['w'])"
+    )
+    p = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert p.returncode == 0 and p.stdout.splitlines()[-1] == "7", p.stderr
+    assert (tmp_path / "ck" / "ckpt-step-000000003.pt").is_file()
+
+
 # ---- save: one outcome on every rank, and a step the name can hold ------------------------
 @pytest.mark.slow
 def test_a_failed_save_fails_alike_on_every_rank(tmp_path: Path) -> None:
