@@ -381,7 +381,9 @@ def checkpoint_dir(directory: str | os.PathLike[str] | None = None) -> str:
         )
         raise SystemExit(2)
     if found != found.strip():
-        _exit_on_env(CHECKPOINT_DIR_ENV, found, "a usable folder name (it starts or ends with whitespace)")
+        _exit_on_env(
+            CHECKPOINT_DIR_ENV, found, "a usable folder name (it starts or ends with whitespace)"
+        )
     # Resolved once: a relative folder read again after the script's chdir would be another
     # folder, and load_latest would find nothing there (a silent fresh start).
     return _resolved_dirs.setdefault(found, os.path.abspath(os.path.expanduser(found)))
