@@ -292,3 +292,23 @@ def test_down_deletes_ours_and_keeps_the_pvc(kube):
     assert said[2].startswith("kept PersistentVolumeClaim ns/j-checkpoints")
     with pytest.raises(OperationError, match="^no job j .* in namespace ns; nothing deleted$"):
         deploy.delete(find_job(kube, "j", "ns", verb="deleted", required=False), False, print)
+
+
+# Found by the fourth hostile pass: a nodeSelector no node matches was "2 pod(s) requesting
+# cpu 0.1, memory 768Mi each do not fit the cluster: no schedulable node matches nodeSelector;
+# lower --cpu (per node) or --memory (per node) or --nodes, or add nodes": a size fix that
+# places nothing, and no word of the selector.
+def test_a_node_selector_no_node_matches_names_itself_and_its_fix(kube):
+    kube.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {}},
+              "status": {"allocatable": {"cpu": "8", "memory": "32Gi"}}})  # fmt: skip
+    doc = {"image": "r.invalid/t:1", "name": "j", "namespace": "ns", "cpu": "1",
+           "nodeSelector": {"pool": "gpu-a"}}  # fmt: skip
+    spec = JobSpec.model_validate(doc)
+    with pytest.raises(OperationError) as err:
+        deploy.preflight(kube, spec, with_saved_spec(render_objects(spec), spec), False)
+    assert str(err.value) == (
+        "no schedulable node matches the job's nodeSelector pool=gpu-a: its 1 pod(s) would "
+        "stay Pending; fix nodeSelector in the spec, or label a node with it (kubectl label "
+        "node NODE KEY=VALUE)"
+    )
+    assert ours(kube) == [("Node", "n1")]

@@ -249,8 +249,16 @@ def _check_fit(kube: KubeApi, checked: Checked, layout: Layout) -> None:
     asked = ", ".join(f"{r} {shown_amount(r, want[r])}" for r in FIT_RESOURCES if want[r] > 0)
     if got.pods < count:
         where = "the schedulable nodes hold" if got.nodes != 1 else "the node holds"
+        if not got.nodes and spec.node_selector:
+            # Not a matter of size: lowering --cpu or --nodes places nothing.
+            wanted = ", ".join(f"{k}={v}" for k, v in sorted(spec.node_selector.items()))
+            raise OperationError(
+                f"no schedulable node matches the job's nodeSelector {wanted}: its "
+                f"{count} pod(s) would stay Pending; fix nodeSelector in the spec, or label "
+                "a node with it (kubectl label node NODE KEY=VALUE)"
+            )
         if not got.nodes:
-            why = "no schedulable node" + (" matches nodeSelector" if spec.node_selector else "")
+            why = "no schedulable node"
         else:
             has = ", ".join(f"{r} {shown_amount(r, v)}" for r, v in got.largest.items())
             largest = "its largest node has" if got.nodes > 1 else "it has"
