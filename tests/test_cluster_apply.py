@@ -312,3 +312,23 @@ def test_a_node_selector_no_node_matches_names_itself_and_its_fix(kube):
         "node NODE KEY=VALUE)"
     )
     assert ours(kube) == [("Node", "n1")]
+
+
+# Found by the fourth hostile pass: a secretEnv naming a Secret that is not there passed
+# `up` without a word; its pods then sat in CreateContainerConfigError (`up --wait` ended on
+# it), where a missing checkpoint claim is a warning before anything is made.
+def test_a_missing_secret_or_key_of_secret_env_is_a_warning(kube):
+    kube.add({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf", "namespace": "ns"},
+              "data": {"token": "eA=="}})  # fmt: skip
+    doc = {"image": "r.invalid/t:1", "name": "j", "namespace": "ns",
+           "secretEnv": {"A": {"secret": "hf", "key": "token"},
+                         "B": {"secret": "hf", "key": "other"},
+                         "C": {"secret": "gone", "key": "k"}}}  # fmt: skip
+    spec = JobSpec.model_validate(doc)
+    checked = deploy.preflight(kube, spec, with_saved_spec(render_objects(spec), spec), False)
+    tail = "; the job's containers cannot be created (CreateContainerConfigError) until it does"
+    assert checked.warnings == [
+        "secretEnv.B: Secret ns/hf has no key other" + tail,
+        "secretEnv.C: Secret ns/gone does not exist" + tail,
+    ]
+    assert "eA==" not in repr(checked.warnings)

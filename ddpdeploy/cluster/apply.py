@@ -171,6 +171,31 @@ def _check_existing(kube: KubeApi, checked: Checked, layout: Layout) -> None:
                 f"checkpoint.claimName: {_ref(got)} is being deleted (Terminating); the job "
                 "would lose its volume; wait until it is gone or name another claim"
             )
+    _check_secrets(kube, checked)
+
+
+def _check_secrets(kube: KubeApi, checked: Checked) -> None:
+    """A secretEnv Secret (or key) that is not there: the kubelet cannot create the
+    containers (CreateContainerConfigError) until it is; a warning, as for a missing claim,
+    since it may be made next. Not checked when Secrets may not be read."""
+    spec = checked.spec
+    for var, ref in sorted(spec.secret_env.items()):
+        try:
+            got = kube.get("v1", "Secret", ref.secret, spec.namespace)
+        except Forbidden:
+            return
+        if got is None:
+            missing = f"Secret {spec.namespace}/{ref.secret} does not exist"
+        elif ref.key not in (got.get("data") or {}) and ref.key not in (
+            got.get("stringData") or {}
+        ):
+            missing = f"Secret {spec.namespace}/{ref.secret} has no key {ref.key}"
+        else:
+            continue
+        checked.warnings.append(
+            f"secretEnv.{var}: {missing}; the job's containers cannot be created "
+            "(CreateContainerConfigError) until it does"
+        )
 
 
 def adopt_pvc(kube: KubeApi, spec: JobSpec, say: Say) -> JobSpec:
