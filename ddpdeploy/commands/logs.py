@@ -181,9 +181,11 @@ def _merged(found: Found, name: str, follow: bool, select: Select) -> None:
         read = [p for p in pods if p["metadata"]["name"] in {s.pod for s in todo}]
         say(nothing_shown(read, select, container_of(job)))
     if unread:
+        pods_unread = ", ".join(sorted(set(unread)))
+        if set(unread) >= {s.pod for s in todo}:  # no other pod's line to point at
+            raise OperationError(f"could not read the log of any pod of the job ({pods_unread})")
         raise OperationError(
-            f"could not read the log of pod {', '.join(sorted(set(unread)))}; "
-            "the other pods' lines are above"
+            f"could not read the log of pod {pods_unread}; the other pods' lines are above"
         )
 
 
