@@ -332,3 +332,41 @@ def test_a_missing_secret_or_key_of_secret_env_is_a_warning(kube):
         "secretEnv.C: Secret ns/gone does not exist" + tail,
     ]
     assert "eA==" not in repr(checked.warnings)
+
+
+def _quota(name: str, hard: dict, used: dict | None = None, scopes: list | None = None) -> Obj:
+    return {"apiVersion": "v1", "kind": "ResourceQuota",
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"hard": hard, **({"scopes": scopes} if scopes else {})},
+            "status": {"hard": hard, "used": used or {}}}  # fmt: skip
+
+
+# Found by the fourth hostile pass: a ResourceQuota that could not hold the job's pods
+# (pods=1 for 2 nodes) passed `up` and its dry run (the quota counts pods, not the job);
+# the operator's creates were refused and `up --wait` said "no pod j-worker-1 yet" until
+# its timeout, `status` the same, without a word of the quota.
+def test_a_quota_that_cannot_hold_the_pods_is_refused_before_anything_is_made(kube):
+    kube.add(_quota("q1", {"pods": "1", "requests.cpu": "150m"}))
+    kube.add(_quota("scoped", {"pods": "0"}, scopes=["BestEffort"]))  # not ours to judge
+    doc = {"image": "r.invalid/t:1", "name": "j", "namespace": "ns", "nodes": 2,
+           "gpus": 0, "procs": 1, "cpu": "100m"}  # fmt: skip
+    spec = JobSpec.model_validate(doc)
+    with pytest.raises(OperationError) as err:
+        deploy.preflight(kube, spec, with_saved_spec(render_objects(spec), spec), False)
+    assert str(err.value) == (
+        "ResourceQuota ns/q1 allows pods 1; the job's 2 pod(s) ask for pods 2: the operator "
+        "could not create them; lower --cpu, --memory or --nodes, or ask for a larger quota"
+    )
+
+
+def test_a_quota_used_up_by_others_now_is_a_warning(kube):
+    kube.add(_quota("q3", {"requests.cpu": "300m", "limits.memory": "4Gi"},
+                    {"requests.cpu": "200m", "limits.memory": "1Gi"}))  # fmt: skip
+    doc = {"image": "r.invalid/t:1", "name": "j", "namespace": "ns", "nodes": 2,
+           "gpus": 0, "procs": 1, "cpu": "100m", "memory": "1Gi"}  # fmt: skip
+    spec = JobSpec.model_validate(doc)
+    checked = deploy.preflight(kube, spec, with_saved_spec(render_objects(spec), spec), False)
+    assert checked.warnings == [
+        "ResourceQuota ns/q3: requests.cpu 0.2 of 0.3 is used; the job's 2 pod(s) ask for "
+        "requests.cpu 0.2: some wait uncreated until that frees up"
+    ]

@@ -21,7 +21,15 @@ import time
 from dataclasses import dataclass, field
 
 from ddpdeploy.adapters.kube import Conflict, Forbidden, KubeApi
-from ddpdeploy.cluster.capacity import FIT_RESOURCES, fit, gpu_nodes, gpu_nodes_free, pod_requests
+from ddpdeploy.cluster.capacity import (
+    FIT_RESOURCES,
+    fit,
+    gpu_nodes,
+    gpu_nodes_free,
+    pod_quota_use,
+    pod_requests,
+    quota_shorts,
+)
 from ddpdeploy.cluster.capacity import shown as shown_amount
 from ddpdeploy.cluster.find import Found, labelled_ours, no_job, not_ours, owner_of, require_ours
 from ddpdeploy.cluster.find import ref as _ref
@@ -83,6 +91,7 @@ def preflight(
     if spec.gpus:
         _check_gpus(kube, checked)
     _check_fit(kube, checked, layout)
+    _check_quota(kube, checked, layout)
     _check_storage(kube, checked)
     if not checked.create_namespace:
         _check_existing(kube, checked, layout)
@@ -302,6 +311,38 @@ def _check_fit(kube: KubeApi, checked: Checked, layout: Layout) -> None:
         checked.warnings.append(
             f"only {now.pods_now} of the {count} pod(s) requesting {asked} fit beside what "
             "runs on the nodes now; the others wait (Pending) until that frees up"
+        )
+
+
+def _check_quota(kube: KubeApi, checked: Checked, layout: Layout) -> None:
+    """The namespace's ResourceQuotas must let the job's pods be created: a pod over quota is
+    refused by the API server when the operator creates it, and the job waits with no pod
+    and no word of why (the dry run of the job itself passes). An error when the quota can
+    never hold them, a warning when what is used of it now leaves too little."""
+    spec = checked.spec
+    if checked.create_namespace:
+        return  # a new namespace has no quota
+    job = next((o for o in checked.objects if o["kind"] == layout.kind), None)
+    templates = layout.pod_templates(job) if job is not None else []
+    if not templates:
+        return
+    try:
+        quotas = kube.list("v1", "ResourceQuota", spec.namespace)
+    except Forbidden:
+        return
+    shorts = quota_shorts(quotas, pod_quota_use(templates[0]), spec.nodes)
+    for short in shorts:
+        where = f"ResourceQuota {spec.namespace}/{short.quota}"
+        asked = f"the job's {spec.nodes} pod(s) ask for {short.key} {short.amount(short.asked)}"
+        if short.never:
+            raise OperationError(
+                f"{where} allows {short.key} {short.amount(short.hard)}; {asked}: the "
+                "operator could not create them; lower --cpu, --memory or --nodes, or ask "
+                "for a larger quota"
+            )
+        checked.warnings.append(
+            f"{where}: {short.key} {short.amount(short.used)} of {short.amount(short.hard)} "
+            f"is used; {asked}: some wait uncreated until that frees up"
         )
 
 
