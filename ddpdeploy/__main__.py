@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from ddpdeploy.signals import aborted, catch_signals
+from ddpdeploy.signals import aborted, catch_signals, finished
 
 
 def run() -> None:
@@ -17,7 +17,13 @@ def run() -> None:
         line, code = aborted(exc)
         print(line, file=sys.stderr, flush=True)
         sys.exit(code)
-    main()
+    try:
+        main()
+    except SystemExit as exc:
+        # Said and done: a signal during Python's teardown ends it with this code at once,
+        # rather than killing the process by the signal with nothing said.
+        finished(exc.code if isinstance(exc.code, int) else (1 if exc.code else 0))
+        raise
 
 
 if __name__ == "__main__":

@@ -4,10 +4,15 @@ interrupted command ends with one line saying what was and was not done."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import os
 import signal
+import sys
+import threading
 from collections.abc import Iterator
 from types import FrameType
+from typing import Any
 
 from ddpdeploy.errors import OperationError
 
@@ -44,6 +49,65 @@ def catch_signals() -> None:
     this SIGTERM kills the process mid-change with nothing said)."""
     for sig in _SIGNALS:
         signal.signal(sig, _raise)
+    if sys.unraisablehook is not _swallowed:
+        _default_unraisablehook[:] = [sys.unraisablehook]
+        sys.unraisablehook = _swallowed
+    if not _teardown:
+        # Registered first, so run last: after the libraries' exit handlers and the join of
+        # every thread, where the rest of Python's teardown (its signal module put back to
+        # the default action) would let a signal kill the process with nothing said.
+        atexit.register(_ignore_signals)
+        _teardown.append(True)
+
+
+_teardown: list[bool] = []
+
+
+def _ignore_signals() -> None:
+    for sig in _SIGNALS:
+        with contextlib.suppress(ValueError):  # not the main thread
+            signal.signal(sig, signal.SIG_IGN)
+
+
+_default_unraisablehook: list[Any] = []
+# How long a swallowed interrupt waits before it is sent again: long enough to be out of
+# the finalizer that swallowed it.
+_REDELIVER_S = 0.05
+
+
+def _swallowed(unraisable: Any) -> None:
+    """An interrupt raised where Python ignores exceptions (a weakref callback, such as an
+    import's module lock, a ``__del__``): Python printed a traceback and the command went on,
+    deaf to Ctrl-C (``_raise`` ignores the next). Re-armed, and sent again to the main
+    thread once out of there; any other exception goes to Python's own hook."""
+    exc = unraisable.exc_value
+    if not isinstance(exc, Interrupted):
+        for hook in _default_unraisablehook or [sys.__unraisablehook__]:
+            hook(unraisable)
+        return
+    if threading.current_thread() is threading.main_thread():
+        for sig in _SIGNALS:
+            signal.signal(sig, _raise)
+    main = threading.main_thread().ident
+    if main is not None:
+        again = threading.Timer(_REDELIVER_S, signal.pthread_kill, (main, exc.signum))
+        again.daemon = True
+        again.start()
+
+
+def finished(code: int) -> None:
+    """The command has ended and said so: a signal from now on (Python's teardown takes a
+    tenth of a second) ends the process at once with the command's code, instead of an
+    Interrupted that Python's teardown turns into a silent death by the signal."""
+
+    def leave(_signum: int, _frame: FrameType | None) -> None:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+
+    for sig in _SIGNALS:
+        signal.signal(sig, leave)
 
 
 def interrupted(exc: KeyboardInterrupt, what: str) -> OperationError:

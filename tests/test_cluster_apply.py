@@ -292,3 +292,81 @@ def test_down_deletes_ours_and_keeps_the_pvc(kube):
     assert said[2].startswith("kept PersistentVolumeClaim ns/j-checkpoints")
     with pytest.raises(OperationError, match="^no job j .* in namespace ns; nothing deleted$"):
         deploy.delete(find_job(kube, "j", "ns", verb="deleted", required=False), False, print)
+
+
+# Found by the fourth hostile pass: a nodeSelector no node matches was "2 pod(s) requesting
+# cpu 0.1, memory 768Mi each do not fit the cluster: no schedulable node matches nodeSelector;
+# lower --cpu (per node) or --memory (per node) or --nodes, or add nodes": a size fix that
+# places nothing, and no word of the selector.
+def test_a_node_selector_no_node_matches_names_itself_and_its_fix(kube):
+    kube.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {}},
+              "status": {"allocatable": {"cpu": "8", "memory": "32Gi"}}})  # fmt: skip
+    doc = {"image": "r.invalid/t:1", "name": "j", "namespace": "ns", "cpu": "1",
+           "nodeSelector": {"pool": "gpu-a"}}  # fmt: skip
+    spec = JobSpec.model_validate(doc)
+    with pytest.raises(OperationError) as err:
+        deploy.preflight(kube, spec, with_saved_spec(render_objects(spec), spec), False)
+    assert str(err.value) == (
+        "no schedulable node matches the job's nodeSelector pool=gpu-a: its 1 pod(s) would "
+        "stay Pending; fix nodeSelector in the spec, or label a node with it (kubectl label "
+        "node NODE KEY=VALUE)"
+    )
+    assert ours(kube) == [("Node", "n1")]
+
+
+# Found by the fourth hostile pass: a secretEnv naming a Secret that is not there passed
+# `up` without a word; its pods then sat in CreateContainerConfigError (`up --wait` ended on
+# it), where a missing checkpoint claim is a warning before anything is made.
+def test_a_missing_secret_or_key_of_secret_env_is_a_warning(kube):
+    kube.add({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf", "namespace": "ns"},
+              "data": {"token": "eA=="}})  # fmt: skip
+    doc = {"image": "r.invalid/t:1", "name": "j", "namespace": "ns",
+           "secretEnv": {"A": {"secret": "hf", "key": "token"},
+                         "B": {"secret": "hf", "key": "other"},
+                         "C": {"secret": "gone", "key": "k"}}}  # fmt: skip
+    spec = JobSpec.model_validate(doc)
+    checked = deploy.preflight(kube, spec, with_saved_spec(render_objects(spec), spec), False)
+    tail = "; the job's containers cannot be created (CreateContainerConfigError) until it does"
+    assert checked.warnings == [
+        "secretEnv.B: Secret ns/hf has no key other" + tail,
+        "secretEnv.C: Secret ns/gone does not exist" + tail,
+    ]
+    assert "eA==" not in repr(checked.warnings)
+
+
+def _quota(name: str, hard: dict, used: dict | None = None, scopes: list | None = None) -> Obj:
+    return {"apiVersion": "v1", "kind": "ResourceQuota",
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"hard": hard, **({"scopes": scopes} if scopes else {})},
+            "status": {"hard": hard, "used": used or {}}}  # fmt: skip
+
+
+# Found by the fourth hostile pass: a ResourceQuota that could not hold the job's pods
+# (pods=1 for 2 nodes) passed `up` and its dry run (the quota counts pods, not the job);
+# the operator's creates were refused and `up --wait` said "no pod j-worker-1 yet" until
+# its timeout, `status` the same, without a word of the quota.
+def test_a_quota_that_cannot_hold_the_pods_is_refused_before_anything_is_made(kube):
+    kube.add(_quota("q1", {"pods": "1", "requests.cpu": "150m"}))
+    kube.add(_quota("scoped", {"pods": "0"}, scopes=["BestEffort"]))  # not ours to judge
+    doc = {"image": "r.invalid/t:1", "name": "j", "namespace": "ns", "nodes": 2,
+           "gpus": 0, "procs": 1, "cpu": "100m"}  # fmt: skip
+    spec = JobSpec.model_validate(doc)
+    with pytest.raises(OperationError) as err:
+        deploy.preflight(kube, spec, with_saved_spec(render_objects(spec), spec), False)
+    assert str(err.value) == (
+        "ResourceQuota ns/q1 allows pods 1; the job's 2 pod(s) ask for pods 2: the operator "
+        "could not create them; lower --cpu, --memory or --nodes, or ask for a larger quota"
+    )
+
+
+def test_a_quota_used_up_by_others_now_is_a_warning(kube):
+    kube.add(_quota("q3", {"requests.cpu": "300m", "limits.memory": "4Gi"},
+                    {"requests.cpu": "200m", "limits.memory": "1Gi"}))  # fmt: skip
+    doc = {"image": "r.invalid/t:1", "name": "j", "namespace": "ns", "nodes": 2,
+           "gpus": 0, "procs": 1, "cpu": "100m", "memory": "1Gi"}  # fmt: skip
+    spec = JobSpec.model_validate(doc)
+    checked = deploy.preflight(kube, spec, with_saved_spec(render_objects(spec), spec), False)
+    assert checked.warnings == [
+        "ResourceQuota ns/q3: requests.cpu 0.2 of 0.3 is used; the job's 2 pod(s) ask for "
+        "requests.cpu 0.2: some wait uncreated until that frees up"
+    ]

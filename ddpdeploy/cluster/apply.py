@@ -21,7 +21,15 @@ import time
 from dataclasses import dataclass, field
 
 from ddpdeploy.adapters.kube import Conflict, Forbidden, KubeApi
-from ddpdeploy.cluster.capacity import FIT_RESOURCES, fit, gpu_nodes, gpu_nodes_free, pod_requests
+from ddpdeploy.cluster.capacity import (
+    FIT_RESOURCES,
+    fit,
+    gpu_nodes,
+    gpu_nodes_free,
+    pod_quota_use,
+    pod_requests,
+    quota_shorts,
+)
 from ddpdeploy.cluster.capacity import shown as shown_amount
 from ddpdeploy.cluster.find import Found, labelled_ours, no_job, not_ours, owner_of, require_ours
 from ddpdeploy.cluster.find import ref as _ref
@@ -83,6 +91,7 @@ def preflight(
     if spec.gpus:
         _check_gpus(kube, checked)
     _check_fit(kube, checked, layout)
+    _check_quota(kube, checked, layout)
     _check_storage(kube, checked)
     if not checked.create_namespace:
         _check_existing(kube, checked, layout)
@@ -171,6 +180,31 @@ def _check_existing(kube: KubeApi, checked: Checked, layout: Layout) -> None:
                 f"checkpoint.claimName: {_ref(got)} is being deleted (Terminating); the job "
                 "would lose its volume; wait until it is gone or name another claim"
             )
+    _check_secrets(kube, checked)
+
+
+def _check_secrets(kube: KubeApi, checked: Checked) -> None:
+    """A secretEnv Secret (or key) that is not there: the kubelet cannot create the
+    containers (CreateContainerConfigError) until it is; a warning, as for a missing claim,
+    since it may be made next. Not checked when Secrets may not be read."""
+    spec = checked.spec
+    for var, ref in sorted(spec.secret_env.items()):
+        try:
+            got = kube.get("v1", "Secret", ref.secret, spec.namespace)
+        except Forbidden:
+            return
+        if got is None:
+            missing = f"Secret {spec.namespace}/{ref.secret} does not exist"
+        elif ref.key not in (got.get("data") or {}) and ref.key not in (
+            got.get("stringData") or {}
+        ):
+            missing = f"Secret {spec.namespace}/{ref.secret} has no key {ref.key}"
+        else:
+            continue
+        checked.warnings.append(
+            f"secretEnv.{var}: {missing}; the job's containers cannot be created "
+            "(CreateContainerConfigError) until it does"
+        )
 
 
 def adopt_pvc(kube: KubeApi, spec: JobSpec, say: Say) -> JobSpec:
@@ -249,8 +283,16 @@ def _check_fit(kube: KubeApi, checked: Checked, layout: Layout) -> None:
     asked = ", ".join(f"{r} {shown_amount(r, want[r])}" for r in FIT_RESOURCES if want[r] > 0)
     if got.pods < count:
         where = "the schedulable nodes hold" if got.nodes != 1 else "the node holds"
+        if not got.nodes and spec.node_selector:
+            # Not a matter of size: lowering --cpu or --nodes places nothing.
+            wanted = ", ".join(f"{k}={v}" for k, v in sorted(spec.node_selector.items()))
+            raise OperationError(
+                f"no schedulable node matches the job's nodeSelector {wanted}: its "
+                f"{count} pod(s) would stay Pending; fix nodeSelector in the spec, or label "
+                "a node with it (kubectl label node NODE KEY=VALUE)"
+            )
         if not got.nodes:
-            why = "no schedulable node" + (" matches nodeSelector" if spec.node_selector else "")
+            why = "no schedulable node"
         else:
             has = ", ".join(f"{r} {shown_amount(r, v)}" for r, v in got.largest.items())
             largest = "its largest node has" if got.nodes > 1 else "it has"
@@ -269,6 +311,38 @@ def _check_fit(kube: KubeApi, checked: Checked, layout: Layout) -> None:
         checked.warnings.append(
             f"only {now.pods_now} of the {count} pod(s) requesting {asked} fit beside what "
             "runs on the nodes now; the others wait (Pending) until that frees up"
+        )
+
+
+def _check_quota(kube: KubeApi, checked: Checked, layout: Layout) -> None:
+    """The namespace's ResourceQuotas must let the job's pods be created: a pod over quota is
+    refused by the API server when the operator creates it, and the job waits with no pod
+    and no word of why (the dry run of the job itself passes). An error when the quota can
+    never hold them, a warning when what is used of it now leaves too little."""
+    spec = checked.spec
+    if checked.create_namespace:
+        return  # a new namespace has no quota
+    job = next((o for o in checked.objects if o["kind"] == layout.kind), None)
+    templates = layout.pod_templates(job) if job is not None else []
+    if not templates:
+        return
+    try:
+        quotas = kube.list("v1", "ResourceQuota", spec.namespace)
+    except Forbidden:
+        return
+    shorts = quota_shorts(quotas, pod_quota_use(templates[0]), spec.nodes)
+    for short in shorts:
+        where = f"ResourceQuota {spec.namespace}/{short.quota}"
+        asked = f"the job's {spec.nodes} pod(s) ask for {short.key} {short.amount(short.asked)}"
+        if short.never:
+            raise OperationError(
+                f"{where} allows {short.key} {short.amount(short.hard)}; {asked}: the "
+                "operator could not create them; lower --cpu, --memory or --nodes, or ask "
+                "for a larger quota"
+            )
+        checked.warnings.append(
+            f"{where}: {short.key} {short.amount(short.used)} of {short.amount(short.hard)} "
+            f"is used; {asked}: some wait uncreated until that frees up"
         )
 
 

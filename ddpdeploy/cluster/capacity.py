@@ -171,3 +171,73 @@ def shown(resource: str, amount: Decimal) -> str:
         gib = amount / (1 << 30)
         return f"{gib:.3g}Gi" if gib >= 1 else f"{amount / (1 << 20):.0f}Mi"
     return f"{amount.normalize():f}"
+
+
+# --- ResourceQuota: what the namespace lets the job's pods ask for -------------------------
+
+# A quota's keys that the job's pods count against, each with what it counts: a pod, its
+# requests, its memory limit, its GPUs (an extended resource is quota'd as requests.*).
+_QUOTA_KEYS = {
+    "pods": "pods",
+    "count/pods": "pods",
+    "cpu": CPU,
+    "requests.cpu": CPU,
+    "memory": MEMORY,
+    "requests.memory": MEMORY,
+    "limits.memory": "limits.memory",
+    f"requests.{GPU}": GPU,
+}
+
+
+def pod_quota_use(pod_spec: Obj) -> Resources:
+    """What one pod counts against a ResourceQuota, by what each key counts (pods, cpu,
+    memory, limits.memory, GPUs)."""
+    use = {"pods": Decimal(1), **pod_requests(pod_spec)}
+    limits = [
+        (c.get("resources") or {}).get("limits") or {} for c in pod_spec.get("containers") or []
+    ]
+    use["limits.memory"] = sum((_amount(lim.get(MEMORY, 0)) for lim in limits), Decimal(0))
+    use[GPU] = sum((_amount(lim.get(GPU, 0)) for lim in limits), Decimal(0))
+    return use
+
+
+@dataclass(frozen=True)
+class QuotaShort:
+    """One key of a quota that the job's pods overrun: what it allows, what is used of it
+    now, and what the pods ask for together."""
+
+    quota: str
+    key: str
+    hard: Decimal
+    used: Decimal
+    asked: Decimal
+
+    @property
+    def never(self) -> bool:
+        """The pods overrun it even with nothing else using it."""
+        return self.asked > self.hard
+
+    def amount(self, value: Decimal) -> str:
+        counts = _QUOTA_KEYS[self.key]
+        return shown(MEMORY if counts in (MEMORY, "limits.memory") else CPU, value)
+
+
+def quota_shorts(quotas: list[Obj], one_pod: Resources, count: int) -> list[QuotaShort]:
+    """The keys of the namespace's quotas that ``count`` pods of ``one_pod`` overrun. A
+    quota with scopes is skipped: which pods it counts is not known here."""
+    out = []
+    for quota in quotas:
+        spec, status = quota.get("spec") or {}, quota.get("status") or {}
+        if spec.get("scopes") or spec.get("scopeSelector"):
+            continue
+        hard = status.get("hard") or spec.get("hard") or {}
+        used = status.get("used") or {}
+        name = (quota.get("metadata") or {}).get("name", "")
+        for key, counts in _QUOTA_KEYS.items():
+            if key not in hard or one_pod.get(counts, Decimal(0)) <= 0:
+                continue
+            asked = one_pod[counts] * count
+            limit, now = _amount(hard[key]), _amount(used.get(key, 0))
+            if asked > limit - now:
+                out.append(QuotaShort(name, key, limit, now, asked))
+    return out

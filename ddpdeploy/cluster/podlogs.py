@@ -140,7 +140,7 @@ def check_ranks(job: Obj, select: Select) -> None:
         )
 
 
-def _phase(pod: Obj, container: str) -> str:
+def phase_of(pod: Obj, container: str) -> str:
     """``Pending``, ``Pending (ContainerCreating)``, ``Running``: a pod as `logs` names it
     when it has nothing to show."""
     status = pod.get("status") or {}
@@ -156,7 +156,7 @@ def _phase(pod: Obj, container: str) -> str:
 def nothing_shown(pods: list[Obj], select: Select, container: str) -> str:
     """The one line `logs` says when it read every pod and found no line to show: why, as
     far as the pods tell (their phases), so that an empty answer is never silent."""
-    named = [f"{(p.get('metadata') or {}).get('name')} {_phase(p, container)}" for p in pods]
+    named = [f"{(p.get('metadata') or {}).get('name')} {phase_of(p, container)}" for p in pods]
     listed = ", ".join(named[:8]) + (f" and {len(named) - 8} more" if len(named) > 8 else "")
     started = [p for p in pods if run_of(p, container) is not None]
     if not started:

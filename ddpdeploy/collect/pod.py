@@ -14,7 +14,7 @@ import posixpath
 import secrets
 import string
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 from ddpdeploy import fs
@@ -63,6 +63,7 @@ else
   cat -- "$f" || no "not readable"
 fi"""
 _REFUSED = "ddpdeploy-refused: "
+Note = Callable[[str], None]  # one line on stderr, as the wait goes on
 _KINDS = {"f": FILE, "l": SYMLINK, "d": FOLDER, "o": SPECIAL}
 
 
@@ -231,6 +232,7 @@ def pod_source(
     timeout: float,
     image: str | None = None,
     job_pods: bool = True,
+    note: Note | None = None,
 ) -> Iterator[PodSource]:
     """A source reading the job's checkpoint folder from a running pod of the job (unless
     not ``job_pods``) or a helper pod (run with ``image``, default the job's own)."""
@@ -240,7 +242,14 @@ def pod_source(
     pod = _running_pod(kube, spec) if job_pods else None
     if pod is not None:
         container = layout_of(spec.target).container  # the training container
-        yield PodSource(kube, pod, spec.namespace, container, folder, job_pod=True)
+        try:
+            yield PodSource(kube, pod, spec.namespace, container, folder, job_pod=True)
+        except KeyboardInterrupt as exc:
+            # Read through the job's own pod: nothing was made on the cluster to undo, and
+            # checkpoint.collect has already put --to back as it was.
+            raise interrupted(
+                exc, f"it was reading the job's pod {pod}, nothing was made; --to is as it was"
+            ) from None
         return
     if not (image or spec.image):
         raise UserError(
@@ -251,7 +260,7 @@ def pod_source(
     name = body["metadata"]["name"]
     try:
         kube.create(body)
-        _wait_running(kube, name, spec.namespace, timeout)
+        _wait_running(kube, name, spec.namespace, timeout, note)
         yield PodSource(kube, name, spec.namespace, COLLECT_CONTAINER, folder)
     except KeyboardInterrupt as exc:
         # A helper pod was (maybe) made: say what became of it, not "nothing was done".
@@ -279,27 +288,36 @@ def _delete_helper(kube: KubeApi, name: str, namespace: str) -> str:
 
 # A container waiting for one of these reasons will not start without a change (another
 # image, a fixed registry or pull secret): waiting the whole --timeout for it only hides why.
+# CreateContainerError and CreateContainerConfigError are not among them: the kubelet
+# retries those (a runtime's passing failure, a ConfigMap or Secret that appears), so the
+# wait goes on to --timeout, saying the reason once and at its end.
 _HOPELESS = (
     "ErrImagePull",
     "ImagePullBackOff",
     "InvalidImageName",
     "ErrImageNeverPull",
-    "CreateContainerConfigError",
-    "CreateContainerError",
 )
+_RETRIED = ("CreateContainerConfigError", "CreateContainerError")
+
+
+def _waiting(pod: Obj, reasons: tuple[str, ...] | None = None) -> str | None:
+    """The helper container's waiting reason and message (only ``reasons``, if given)."""
+    for box in (pod.get("status") or {}).get("containerStatuses") or []:
+        waiting = (box.get("state") or {}).get("waiting") or {}
+        reason = waiting.get("reason")
+        if reason and reason != "ContainerCreating" and (reasons is None or reason in reasons):
+            message = plain(waiting.get("message") or "").strip()
+            return f"{plain(reason)}: {clip(message, 300)}" if message else plain(reason)
+    return None
 
 
 def _hopeless(pod: Obj) -> str | None:
     """Why the helper's container can never start (its waiting reason and message), or None."""
-    statuses = (pod.get("status") or {}).get("containerStatuses") or []
-    for box in statuses:
-        state = box.get("state") or {}
-        waiting = state.get("waiting") or {}
-        reason = waiting.get("reason")
-        if reason in _HOPELESS:
-            message = plain(waiting.get("message") or "").strip()
-            return f"{reason}: {clip(message, 300)}" if message else str(reason)
-        ended = state.get("terminated") or {}
+    why = _waiting(pod, _HOPELESS)
+    if why is not None:
+        return why
+    for box in (pod.get("status") or {}).get("containerStatuses") or []:
+        ended = (box.get("state") or {}).get("terminated") or {}
         if ended:  # restartPolicy Never: an ended container stays ended (no sleep in it...)
             why = ended.get("reason") or f"exit code {ended.get('exitCode')}"
             message = plain(ended.get("message") or "").strip()
@@ -307,9 +325,22 @@ def _hopeless(pod: Obj) -> str | None:
     return None
 
 
-def _wait_running(kube: KubeApi, name: str, namespace: str, timeout: float) -> None:
+def _unscheduled(pod: Obj) -> str | None:
+    """The scheduler's reason the helper pod is not placed (PodScheduled False), or None."""
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            message = plain(cond.get("message") or "").strip()
+            reason = plain(cond.get("reason") or "not scheduled")
+            return f"{reason}: {clip(message, 300)}" if message else reason
+    return None
+
+
+def _wait_running(
+    kube: KubeApi, name: str, namespace: str, timeout: float, note: Note | None = None
+) -> None:
     deadline = time.monotonic() + timeout
-    phase = "Pending"
+    phase, pod = "Pending", {}
+    told: str | None = None
     while time.monotonic() < deadline:
         pod = kube.get("v1", "Pod", name, namespace) or {}
         phase = (pod.get("status") or {}).get("phase") or "Pending"
@@ -324,9 +355,22 @@ def _wait_running(kube: KubeApi, name: str, namespace: str, timeout: float) -> N
                 f"container: {why} (image {image}; --image names another, any image with sh, "
                 "cat and sleep); it has been deleted"
             )
+        retried = _waiting(pod, _RETRIED)
+        if retried is not None and note is not None and retried != told:
+            told = retried
+            note(
+                f"the helper pod {name} cannot create its container yet ({retried}); the "
+                f"kubelet retries it: waiting up to --timeout {timeout:g}s"
+            )
         if phase in ("Failed", "Succeeded"):
             break
         time.sleep(1)
+    why = _waiting(pod) or _unscheduled(pod)
+    if why is not None:
+        raise OperationError(
+            f"the helper pod {name} that reads the checkpoint volume is {phase} after "
+            f"{timeout:g}s: {why}; it has been deleted"
+        )
     raise OperationError(
         f"the helper pod {name} that reads the checkpoint volume is {phase} after "
         f"{timeout:g}s (a ReadWriteOnce volume attaches to one node at a time: are the job's "

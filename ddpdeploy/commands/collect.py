@@ -126,7 +126,7 @@ def collect(
     elif source == "compose":
         got = _from_compose(volume, image, to, copy, report, debug)
     else:
-        got = _from_cluster(name, namespace, kubeconfig, context, timeout, image, copy)
+        got = _from_cluster(name, namespace, kubeconfig, context, timeout, image, copy, report.warn)
     if got.no_checkpoint:
         report.say(f"no checkpoint in {got.where} yet: collected the diagnostics only")
     else:
@@ -276,6 +276,7 @@ def _from_cluster(
     timeout: float,
     image: str | None,
     copy: Callable[[Source], Collected],
+    note: Callable[[str], None],
 ) -> Collected:
     from ddpdeploy.cluster.apply import saved_spec_of
     from ddpdeploy.cluster.find import open_job
@@ -284,8 +285,8 @@ def _from_cluster(
     found = open_job(kubeconfig, context, name, namespace, verb="read", required=False)
     spec = saved_spec_of(found)
     try:
-        with pod_source(found.kube, spec, timeout, image) as src:
+        with pod_source(found.kube, spec, timeout, image, note=note) as src:
             return copy(src)
     except ContainerGone:  # its container ended under the read; --to is as it was
-        with pod_source(found.kube, spec, timeout, image, job_pods=False) as src:
+        with pod_source(found.kube, spec, timeout, image, job_pods=False, note=note) as src:
             return copy(src)

@@ -19,6 +19,7 @@ from ddpdeploy.text import show
 if TYPE_CHECKING:
     from ddpdeploy.cluster.find import Found
     from ddpdeploy.cluster.podlogs import Select
+    from ddpdeploy.obj import Obj
 
 
 def logs(
@@ -181,9 +182,11 @@ def _merged(found: Found, name: str, follow: bool, select: Select) -> None:
         read = [p for p in pods if p["metadata"]["name"] in {s.pod for s in todo}]
         say(nothing_shown(read, select, container_of(job)))
     if unread:
+        pods_unread = ", ".join(sorted(set(unread)))
+        if set(unread) >= {s.pod for s in todo}:  # no other pod's line to point at
+            raise OperationError(f"could not read the log of any pod of the job ({pods_unread})")
         raise OperationError(
-            f"could not read the log of pod {', '.join(sorted(set(unread)))}; "
-            "the other pods' lines are above"
+            f"could not read the log of pod {pods_unread}; the other pods' lines are above"
         )
 
 
@@ -216,14 +219,54 @@ def _one_pod(
     if pod is None:
         hint = "pass --replica and --index" if found.layout.replica_names else "pass --index"
         raise OperationError(f"no pod of {name} has logged rank 0's start yet; {hint}")
+    container = container_of(job)
+    if follow:  # a stream of a container not started yet ends at once, with no line
+        _wait_started(found, job, pod, container)
+    shown = 0
     for line in found.kube.logs(
-        pod, found.namespace, container_of(job), follow=follow, tail=select.tail,
+        pod, found.namespace, container, follow=follow, tail=select.tail,
         since_seconds=select.since_s,
     ):  # fmt: skip
         log_line(line)
+        shown += 1
+    if not shown and not follow:  # say why, as the merged logs do, rather than nothing
+        from ddpdeploy.cluster.podlogs import nothing_shown
+        from ddpdeploy.commands.views import say
+
+        now = found.kube.get("v1", "Pod", pod, found.namespace)
+        say(nothing_shown([now] if now else [], select, container))
     if follow:  # the stream ended: the job going away is said, as `logs -f` merged says it
         now = find_job(
             found.kube, name, found.namespace, layouts=(found.layout,), required=False
         ).job
         if (gone := job_gone(job, now)) is not None:
             raise OperationError(f"{gone}; stopped following")
+
+
+def _wait_started(found: Found, job: Obj, pod: str, container: str) -> None:
+    """Until ``pod``'s container has started (once said on stderr): `logs -f` on a pod
+    still Pending ended at once, exit 0, without a line. Ends with one line when the pod
+    or the job goes away meanwhile."""
+    import time
+
+    from ddpdeploy.cluster.find import find_job
+    from ddpdeploy.cluster.podlogs import phase_of, run_of
+    from ddpdeploy.cluster.watch import job_gone
+    from ddpdeploy.commands.views import say
+
+    told = False
+    while True:
+        now = found.kube.get("v1", "Pod", pod, found.namespace)
+        if now is not None and run_of(now, container) is not None:
+            return
+        current = find_job(
+            found.kube, found.name, found.namespace, layouts=(found.layout,), required=False
+        ).job
+        if (gone := job_gone(job, current)) is not None:
+            raise OperationError(f"{gone}; stopped following")
+        if now is None:
+            raise OperationError(f"pod {pod} is gone before its container started")
+        if not told:
+            say(f"waiting for pod {pod} to start its container ({phase_of(now, container)})")
+            told = True
+        time.sleep(1)

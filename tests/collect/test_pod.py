@@ -432,10 +432,6 @@ def test_the_helper_name_is_a_dns_label_for_the_longest_job_name():
         ({"waiting": {"reason": "ImagePullBackOff"}}, "container: ImagePullBackOff (image"),
         ({"waiting": {"reason": "InvalidImageName", "message": "bad"}}, "InvalidImageName: bad"),
         (
-            {"waiting": {"reason": "CreateContainerConfigError", "message": "no user"}},
-            "CreateContainerConfigError: no user",
-        ),
-        (
             {"terminated": {"reason": "StartError", "message": "exec: sleep: not found"}},
             "container: it ended (StartError: exec: sleep: not found)",
         ),
@@ -490,3 +486,103 @@ def test_an_interrupt_while_the_helper_starts_says_it_was_deleted(signum, code):
         pass
     assert isinstance(err.value, OperationError), err.value  # not the bare interrupt
     assert str(err.value) == f"interrupted ({name_}): no helper pod was created; --to is as it was"
+
+
+class Retried(Kubelike):
+    """A helper whose container the kubelet fails to create ``fails`` times (each poll
+    one), then starts (``fails`` None: never)."""
+
+    def __init__(self, waiting: dict, fails: int | None) -> None:
+        super().__init__(
+            {"phase": "Pending", "containerStatuses": [{"name": "reader", "state": waiting}]}
+        )
+        self.fails = fails
+
+    def get(self, api_version, kind, name, namespace=None):
+        got = super().get(api_version, kind, name, namespace)
+        if got is not None and self.fails is not None:
+            if self.fails <= 0:
+                got["status"] = RUNNING
+            self.fails -= 1
+        return got
+
+
+# Found by the fourth hostile pass: a helper in CreateContainerError (or
+# CreateContainerConfigError: a ConfigMap or Secret not there yet) ended the wait at once,
+# though the kubelet retries it and the container may well start.
+@pytest.mark.parametrize("reason", ["CreateContainerError", "CreateContainerConfigError"])
+def test_a_container_the_kubelet_retries_is_waited_for_and_said_once(reason):
+    from ddpdeploy.collect.pod import pod_source
+
+    spec = JobSpec.model_validate(CKPT_JOB)
+    waiting = {"waiting": {"reason": reason, "message": 'configmap \x1b[31m"c" not found'}}
+    kube = Retried(waiting, fails=2)
+    notes: list[str] = []
+    with pod_source(kube, spec, 30, note=notes.append) as src:
+        assert src.pod.startswith("j-collect-")
+    assert notes == [
+        f"the helper pod {src.pod} cannot create its container yet ({reason}: configmap "
+        '\ufffd"c" not found); the kubelet retries it: waiting up to --timeout 30s'
+    ]
+    assert _helpers(kube) == []
+
+
+def test_a_container_never_created_ends_the_wait_at_its_timeout_with_the_reason():
+    from ddpdeploy.collect.pod import pod_source
+    from ddpdeploy.errors import OperationError
+
+    spec = JobSpec.model_validate(CKPT_JOB)
+    waiting = {"waiting": {"reason": "CreateContainerError", "message": "name in use"}}
+    kube = Retried(waiting, fails=None)
+    began = time.monotonic()
+    with pytest.raises(OperationError) as err, pod_source(kube, spec, 2.5):
+        pass
+    assert time.monotonic() - began >= 2.5
+    line = str(err.value)
+    assert line.endswith(
+        "is Pending after 2.5s: CreateContainerError: name in use; it has been deleted"
+    ), line
+    assert _helpers(kube) == []
+
+
+# Found by the fourth hostile pass: a helper pod the scheduler cannot place (too little CPU
+# left, a quota) ended its --timeout blaming a ReadWriteOnce volume.
+def test_an_unschedulable_helper_times_out_with_the_schedulers_reason():
+    from ddpdeploy.collect.pod import pod_source
+    from ddpdeploy.errors import OperationError
+
+    spec = JobSpec.model_validate(CKPT_JOB)
+    cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": "0/1 nodes are available: 1 Insufficient cpu."}  # fmt: skip
+    kube = Kubelike({"phase": "Pending", "conditions": [cond]})
+    with pytest.raises(OperationError) as err, pod_source(kube, spec, 1):
+        pass
+    assert str(err.value).endswith(
+        "is Pending after 1s: Unschedulable: 0/1 nodes are available: 1 Insufficient cpu.; "
+        "it has been deleted"
+    ), err.value
+
+
+# Found by the fourth hostile pass (a leftover of the third): Ctrl-C while collect read
+# through the job's own running pod said `aborted (SIGINT); nothing more was done`, unlike
+# the helper pod's line, and did not say that --to was as it was.
+@pytest.mark.parametrize(("signum", "name"), [(2, "SIGINT"), (15, "SIGTERM")])
+def test_an_interrupt_while_reading_the_jobs_pod_says_what_was_done(signum, name):
+    from ddpdeploy.collect.pod import pod_source
+    from ddpdeploy.errors import OperationError
+    from ddpdeploy.signals import Interrupted
+
+    spec = JobSpec.model_validate(CKPT_JOB)
+    kube = FakeKube()
+    pod = _pod("j-worker-0", "Running", {"running": {}})
+    pod["metadata"] |= {"namespace": "ns", "labels": layout_of(spec.target).pod_selector("j")}
+    kube.add(pod)
+    with pytest.raises(OperationError) as err, pod_source(kube, spec, 5) as src:
+        assert src.pod == "j-worker-0"
+        raise Interrupted(signum)
+    assert str(err.value) == (
+        f"interrupted ({name}): it was reading the job's pod j-worker-0, nothing was made; "
+        "--to is as it was"
+    )
+    assert err.value.exit_code == 128 + signum
+    assert [c for c in kube.calls if c[0] in ("create", "delete")] == []

@@ -210,3 +210,28 @@ def test_follow_says_the_job_went_away(
     assert follow.finish(timeout=30) == 1, (follow.out, follow.err)
     what = "deleted" if how == "deleted" else "replaced (a new job of that name)"
     assert follow.err == [f"error: PyTorchJob {namespace}/j was {what}; stopped following"]
+
+
+# Found by the fourth hostile pass: `logs --index 1 -f` on a pod still Pending (its claim
+# not there yet, on the real cluster) ended at once, exit 0, without a line, and
+# `logs --index 1` printed nothing at all; the merged `logs` says why.
+def test_one_pod_not_started_is_waited_for_when_followed_and_said_when_not(
+    control_plane, kube_cli, admin, namespace, kubelet
+):
+    args = ["up", "--image", IMAGE, "--name", "j", "-n", namespace, "--nodes", "2"]
+    assert kube_cli(*args, "--procs", "2", "--no-wait").returncode == 0
+    master, worker = create_pods(admin, get_job(admin, namespace, "j"), node=kubelet.node_name)
+    running(admin, namespace, master)  # worker-1: Pending, no container yet
+    kubelet.set_log(worker, "")  # the API's empty answer for a pod not scheduled yet
+    out = kube_cli("logs", "j", "-n", namespace, "--index", "1")
+    assert out.returncode == 0 and out.stdout == ""
+    assert out.stderr == f"no log lines: no container has started yet (pods: {worker} Pending)\n"
+    follow = Follow(control_plane, namespace, "--index", "1")
+    follow.wait_for(f"waiting for pod {worker} to start its container (Pending)", "err")
+    assert follow.proc.poll() is None  # still there, not ended at once
+    kubelet.set_log(worker, "[rank2]:w1")
+    running(admin, namespace, worker)
+    follow.wait_for("[rank2]:w1")
+    follow.proc.send_signal(signal.SIGINT)
+    assert follow.finish() == 130
+    assert len(follow.err) == 1, follow.err

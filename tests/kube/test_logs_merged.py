@@ -271,6 +271,20 @@ def test_a_pod_whose_log_endpoint_fails_is_one_line(kube_cli, namespace, kubelet
     )
 
 
+# Found by the fourth hostile pass: with no right to pods/log (a read-only RBAC role on
+# the real cluster) every pod failed and the last line still said "the other pods' lines
+# are above", where there were none.
+def test_no_pod_whose_log_can_be_read_is_said_as_such(kube_cli, namespace, kubelet, job):
+    master, worker = job()
+    kubelet.failing[master] = kubelet.failing[worker] = 500
+    out = kube_cli("logs", "j", "-n", namespace)
+    assert out.returncode == 1 and out.stdout == ""
+    errors = out.stderr.strip().splitlines()
+    assert len(errors) == 3, errors
+    both = ", ".join(sorted([master, worker]))
+    assert errors[2] == f"error: could not read the log of any pod of the job ({both})"
+
+
 def test_status_shows_rank0s_progress(kube_cli, namespace, kubelet, job):
     master, worker = job()
     lines = fixture("run2x2-node0.log").splitlines()
