@@ -390,18 +390,6 @@ def test_local_and_docker_together_are_refused(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_resume_without_a_checkpoint_volume_is_refused(tmp_path):
-    # Found by the fourth hostile pass: `smoke --resume` on a spec without `checkpoint:` ran
-    # from step 0 and was green, while .ddpdeploy/checkpoints/NAME held a --kill-at run's step.
-    from cli_runner import run_main
-
-    out = run_main("smoke", "--resume", cwd=tmp_path)
-    assert out.returncode == 2 and out.stderr.startswith(
-        "error: --resume: the job has no checkpoint volume, so there is nothing to resume "
-    )
-    assert list(tmp_path.iterdir()) == []
-
-
 def test_steps_given_twice_on_one_command_line_is_refused(tmp_path):
     # Found by the third hostile pass: `smoke --steps 2 -- --steps 3` ran 2 steps, silently.
     from cli_runner import run_main

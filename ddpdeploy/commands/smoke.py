@@ -110,12 +110,6 @@ def smoke(
     if chaos is not None:
         spec, restarts = _chaos_spec(spec, chaos)
     folder = None if docker else _checkpoint_folder(spec, chaos is not None)
-    if resume and folder is None:  # it ran from step 0 and called that a green resume
-        raise UserError(
-            "--resume: the job has no checkpoint volume, so there is nothing to resume from; "
-            "add `checkpoint: {claimName: NAME}` to the spec (the folder is "
-            ".ddpdeploy/checkpoints/<job name>)"
-        )
     world = _announce(spec, docker)
     options = runner.RunOptions(
         world_size=world,
