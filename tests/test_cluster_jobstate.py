@@ -67,9 +67,50 @@ CASES = [
         False,
     ),
     (
-        "unschedulable",
+        # A node that only lacks room now: what runs there may end, an autoscaler may add
+        # one (`up` warned that the pods wait); waited out, not the end.
+        "unschedulable for now",
         job(),
         [pod(sched="0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")],
+        "Unschedulable",
+        False,
+        False,
+    ),
+    (
+        "unschedulable for now on one node of three",
+        job(),
+        [
+            pod(
+                sched="0/3 nodes are available: 1 Too many pods, 2 node(s) didn't match Pod's "
+                "node affinity/selector."
+            )
+        ],
+        "Unschedulable",
+        False,
+        False,
+    ),
+    (
+        "unschedulable on every node whatever runs",
+        job(),
+        [
+            pod(
+                sched="0/2 nodes are available: 2 node(s) had taint {gpu: only}, that the pod "
+                "didn't tolerate."
+            )
+        ],
+        "Unschedulable",
+        True,
+        False,
+    ),
+    (
+        "a newer scheduler's preemption clause",
+        job(),
+        [
+            pod(
+                sched="0/1 nodes are available: 1 node(s) didn't match Pod's node "
+                "affinity/selector. preemption: 0/1 nodes are available: 1 Insufficient cpu."
+            )
+        ],
         "Unschedulable",
         True,
         False,

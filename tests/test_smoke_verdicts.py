@@ -281,7 +281,7 @@ def test_kill_at_a_script_that_starts_over(tmp_path, saves):
     out = res.stdout
     assert re.search(
         r"^restarted +[\d.]+ s after the kill; no torch.load: it started over", out, re.M
-    ), out
+    ), f"exit {res.returncode}\n{out}\n{res.stderr[-3000:]}"  # CI once saw it fail silently
     if saves:
         assert res.returncode == 1, res.stderr[-3000:]
         assert (

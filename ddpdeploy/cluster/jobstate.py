@@ -9,6 +9,7 @@ are) is the target's (ddpdeploy.targets).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,9 @@ from ddpdeploy.targets import Layout, layout_for_kind
 # Container waiting reasons that no amount of waiting fixes.
 IMAGE_PULL = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageNeverPull")
 CONFIG_ERRORS = ("CreateContainerConfigError", "CreateContainerError")
+# The scheduler's reasons a node turned a pod down that end by themselves: what runs there
+# now frees up (another job ends) or an autoscaler adds a node. One such node is enough.
+_PRESSURE = re.compile(r"^\d+ (Insufficient \S+|Too many pods)$", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -196,8 +200,18 @@ def _stuck(pod: Obj) -> JobState | None:
                 text += f": {line}"
             return JobState(reason, text, done=True)
     if (msg := _unschedulable(pod)) is not None:
-        return JobState("Unschedulable", f"pod {name}: {msg}", done=True)
+        # Waited out when a node only lacks room now (`up` said so when it applied the
+        # job); a pod no node will ever take (selector, taints) ends the wait.
+        return JobState("Unschedulable", f"pod {name}: {msg}", done=not _room_may_free(msg))
     return _held(pod)
+
+
+def _room_may_free(message: str) -> bool:
+    """Whether some node turned the pod down only for what is in use on it now
+    ("0/3 nodes are available: 1 Insufficient cpu, 2 node(s) had taint ...")."""
+    _, _, reasons = message.partition("nodes are available: ")
+    first = reasons.split(". ", 1)[0].rstrip(".")  # newer schedulers add "preemption: ..."
+    return any(_PRESSURE.match(r.strip()) for r in first.split(","))
 
 
 def _last_failure(pods: list[Obj]) -> str:

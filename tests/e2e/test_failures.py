@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2ejob import apis, cluster_kubectl, job_events, wait_for, write_spec
+from e2ejob import JOB_NAME_LABEL, apis, cluster_kubectl, job_events, wait_for, write_spec
 from realcluster import Cluster, fresh_namespace
 
 # A 1-node job asking little (several run at once on the 2-core node).
@@ -118,7 +118,8 @@ def _stopped(core: Any, ns: str, pod: str) -> bool:
 def _busy_node(cli: Callable[..., Any], ns: str, image: str, cluster: Cluster) -> dict[str, Any]:
     """A pod holding most of the node's CPU, then a 2-node job that fits the node when it
     is empty: the preflight warns, one pod runs, the real scheduler keeps the other Pending
-    (Unschedulable: Insufficient cpu), and `up --wait` ends there."""
+    (Unschedulable: Insufficient cpu), and `up --wait` waits on (as the warning says) to its
+    --timeout; once the hog is gone the scheduler places the pod."""
     from ddpdeploy.cluster.capacity import pod_requests
     from ddpdeploy.spec import quantity
 
@@ -151,9 +152,17 @@ def _busy_node(cli: Callable[..., Any], ns: str, image: str, cluster: Cluster) -
     core.create_namespaced_pod(ns, hog)
     wait_for("the hog pod running", lambda: _phase(core, ns, "hog") == "Running", 120)
     up = cli("up", "--name", "busy", "--image", image, "--nodes", "2", "--gpus", "0",
-             "--cpu", "400m", "--memory", "512Mi", *WAIT, "-n", ns)  # fmt: skip
+             "--cpu", "400m", "--memory", "512Mi", "--wait", "--timeout", "30s",
+             "-n", ns)  # fmt: skip
     status = cli("status", "busy", "-n", ns, "-o", "json")
     core.delete_namespaced_pod("hog", ns, grace_period_seconds=0)
+
+    def placed() -> bool:
+        pods = core.list_namespaced_pod(ns, label_selector=f"{JOB_NAME_LABEL}=busy")
+        return len(pods.items) == 2 and all(p.spec.node_name for p in pods.items)
+
+    wait_for("both pods of busy placed once the hog is gone", placed, 120, every=1)
+    cli("down", "busy", "-n", ns)  # its CPU back for the scenarios that follow
     return {"up": up, "status": status, "hog": str(hog_cpu)}
 
 
@@ -213,8 +222,8 @@ def test_a_pod_the_node_has_no_room_for(failures: dict[str, Any]) -> None:
         up.stderr
     ), up.stderr
     line = last_line(up.stderr)
-    assert line.startswith("error: PyTorchJob busy Unschedulable: pod busy-worker-"), line
-    assert "Insufficient cpu" in line, line
+    assert line.startswith("error: timed out after 30s waiting for PyTorchJob "), line
+    assert "it is Unschedulable (pod busy-worker-" in line and "Insufficient cpu" in line, line
     assert title(got["status"]).startswith("Unschedulable: pod busy-worker-")
 
 

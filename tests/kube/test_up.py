@@ -234,12 +234,13 @@ FAILURES = {
                     "type": "PodScheduled",
                     "status": "False",
                     "reason": "Unschedulable",
-                    "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu.",
+                    "message": "0/4 nodes are available: 4 node(s) had taint {gpu: a100}, "
+                    "that the pod didn't tolerate.",
                 }
             ],
         },
-        "PyTorchJob j Unschedulable: pod j-worker-0: 0/4 nodes are available: 4 Insufficient "
-        "nvidia.com/gpu.",
+        "PyTorchJob j Unschedulable: pod j-worker-0: 0/4 nodes are available: 4 node(s) had "
+        "taint {gpu: a100}, that the pod didn't tolerate.",
     ),
 }
 
@@ -256,6 +257,30 @@ def test_wait_ends_with_the_stuck_pods_reason(admin, control_plane, namespace, k
     last = err.strip().splitlines()[-1]
     assert expected in last, err
     assert "ddpdeploy down j" in last
+
+
+def test_wait_waits_out_a_pod_the_nodes_have_no_room_for_now(admin, control_plane, namespace):
+    # The preflight's warning says such pods wait until room frees up (or an autoscaler
+    # adds a node): `up --wait` waits on, showing why, and its timeout names it.
+    def drive(pods):
+        sched = {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu.",
+        }
+        set_pod_status(admin, namespace, pods[0], {"phase": "Pending", "conditions": [sched]})
+
+    proc = start_cli(
+        control_plane.kubeconfig, *up_args(namespace, "j", "--wait", "--timeout", "6s")
+    )
+    drive(create_pods(admin, wait_for_job(admin, namespace, "j", proc)))
+    code, _, err = finish(proc)
+    assert code == 1, err
+    assert "j-worker-0: Pending, 0 restarts Unschedulable: 0/4 nodes" in err  # the live view
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: timed out after 6s waiting for PyTorchJob"), err
+    assert "it is Unschedulable (pod j-worker-0: 0/4 nodes are available: 4 Insufficient " in last
 
 
 def test_wait_ends_with_job_failed(admin, control_plane, namespace):
