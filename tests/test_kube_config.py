@@ -199,3 +199,46 @@ def test_every_path_in_the_kubeconfig_variable_is_checked(tmp_path, kind):
     fix = "" if kind == "huge" else FIX["KUBECONFIG"]
     assert res.returncode == 2, res.stderr[-500:]
     assert res.stderr == f"error: KUBECONFIG: {path} {SAYS[kind]}{fix}\n"
+
+
+def contexts_kubeconfig(tmp_path: Path, count: int, current: str) -> Path:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [
+            {"name": f"ctx{i}", "context": {"cluster": "c", "user": "u"}} for i in range(count)
+        ],
+        "current-context": current,
+    }
+    path = tmp_path / "config"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_a_context_not_in_the_kubeconfig_names_those_that_are(tmp_path):
+    # Found by the fourth hostile pass (left open then): `--context nope` said only the
+    # client's "Expected object with name nope in .../contexts list", exit 1, naming
+    # neither the contexts there are nor the current one.
+    path = contexts_kubeconfig(tmp_path, 12, current="ctx3")
+    out = status(path, tmp_path, "--context", "nope", run=run_main)
+    assert out.returncode == 2, out.stderr
+    names = ", ".join(f"ctx{i}" for i in range(10))
+    assert out.stderr == (
+        f"error: --context: no context nope in the kubeconfig ({path}); it has 12: {names} "
+        "and 2 more; current-context: ctx3; pass one of those (`kubectl config "
+        "get-contexts` lists them)\n"
+    )
+
+
+def test_a_current_context_not_in_the_kubeconfig_is_named(tmp_path):
+    # Found by the fourth hostile pass (left open then): the same, for a file whose
+    # current-context names no context.
+    path = contexts_kubeconfig(tmp_path, 2, current="gone")
+    out = status(path, tmp_path, run=run_main)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr == (
+        f"error: kubeconfig ({path}): its current-context gone is not one of its contexts; "
+        "it has 2: ctx0, ctx1; pass --context NAME or fix current-context\n"
+    )

@@ -445,6 +445,7 @@ def _load_kubeconfig(cfg: Any, kubeconfig: str | None, context: str | None) -> A
     merged = kube_config.KubeConfigMerger(kubeconfig or kube_config.KUBE_CONFIG_DEFAULT_LOCATION)
     if merged.config is None:
         raise kube_config.ConfigException("Invalid kube-config file. No configuration found.")
+    _check_context(merged.config, context, kubeconfig)
     loader = kube_config.KubeConfigLoader(
         config_dict=merged.config,
         config_base_path=None,
@@ -453,6 +454,45 @@ def _load_kubeconfig(cfg: Any, kubeconfig: str | None, context: str | None) -> A
     )
     loader.load_and_set(cfg)
     return loader.current_context
+
+
+CONTEXTS_NAMED = 10  # a missing context's line names at most this many of the others
+
+
+def _check_context(config: Any, context: str | None, kubeconfig: str | None) -> None:
+    """The context asked for (--context, else the file's current-context) must be in the
+    merged kubeconfig: the client says only "Expected object with name X", not which
+    contexts there are. A UserError naming them (at most CONTEXTS_NAMED) and the current
+    one; nothing asked (no current-context), nothing checked."""
+    doc = getattr(config, "value", config)
+    if not isinstance(doc, dict):
+        return
+    current = doc.get("current-context")
+    wanted = context if context is not None else current
+    entries = doc.get("contexts")
+    if not isinstance(wanted, str) or not wanted or not isinstance(entries, list):
+        return
+    names = []
+    for entry in entries:
+        entry = getattr(entry, "value", entry)
+        if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+            names.append(entry["name"])
+    if wanted in names:
+        return
+    shown_names = ", ".join(plain(n) for n in names[:CONTEXTS_NAMED])
+    more = f" and {len(names) - CONTEXTS_NAMED} more" if len(names) > CONTEXTS_NAMED else ""
+    has = f"it has {len(names)}: {shown_names}{more}" if names else "it has no contexts"
+    now = f"; current-context: {plain(current)}" if isinstance(current, str) and current else ""
+    where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+    if context is not None:
+        raise UserError(
+            f"--context: no context {plain(context)} in the kubeconfig ({plain(where)}); "
+            f"{has}{now}; pass one of those (`kubectl config get-contexts` lists them)"
+        )
+    raise UserError(
+        f"kubeconfig ({plain(where)}): its current-context {plain(wanted)} is not one of its "
+        f"contexts; {has}; pass --context NAME or fix current-context"
+    )
 
 
 def _check_kubeconfig(path: Path, label: str, required: bool) -> None:
