@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 from rich.console import Console
@@ -13,6 +14,8 @@ from rich.console import Console
 from ddpdeploy.cluster.jobstate import job_state
 from ddpdeploy.commands import views
 from ddpdeploy.errors import OperationError
+from ddpdeploy.events import Progress
+from ddpdeploy.render.output import to_yaml
 
 ESC = "\x1b"
 REASON = f"[/bold]{ESC}]0;pwned{ESC}\\{ESC}[2J"
@@ -75,6 +78,28 @@ def test_the_status_document_keeps_the_text_and_json_escapes_it():
     text = json.dumps(doc)
     assert ESC not in text and "\\u001b" in text
     assert json.loads(text)["pods"][0]["detail"].startswith(REASON)
+
+
+@pytest.mark.parametrize(
+    "training",
+    [
+        Progress(events=2, step=5, total_steps=10, loss=0.5, probe="busbw 1", run="image x"),
+        Progress(quiet="training: waiting for peers since 2026-01-01T00:00:00Z"),
+        "training: cannot read rank 0's log: forbidden",
+    ],
+    ids=["events", "quiet", "error"],
+)
+def test_the_status_document_says_training_once(training):
+    # Found by the fourth hostile pass (left open then): `status -o yaml` showed a
+    # `training:` section whose lines (and quiet or error field) began `training:` again.
+    doc = views.status_doc("j", "ns", snap([]), training)
+    text = to_yaml(doc)
+    assert text.count("training:") == 1, text
+    assert json.loads(json.dumps(doc)) == yaml.safe_load(text)  # -o json: the same document
+    section = doc["training"]
+    if isinstance(training, Progress):
+        assert section["lines"][0] == training.lines()[0].removeprefix("training: ")
+        assert section["lines"][1:] == training.lines()[1:]
 
 
 def test_a_big_job_waits_as_a_summary_naming_the_stuck_pods():

@@ -192,10 +192,20 @@ def print_training(training: Progress | str | None) -> None:
     write_stdout("".join(plain(line) + "\n" for line in lines))
 
 
+TRAINING = "training: "  # how the table's first training line starts
+
+
 def _training_doc(training: Progress | str | None) -> Obj | None:
+    """The ``training`` section: the table's lines and the line fields without their
+    "training: " start, which the section's key says (YAML showed `training:` again under
+    `training:`)."""
     if training is None or isinstance(training, str):
-        return None if training is None else {"error": training}
-    return training.doc()
+        return None if training is None else {"error": training.removeprefix(TRAINING)}
+    doc = training.doc()
+    if isinstance(doc.get("quiet"), str):
+        doc["quiet"] = doc["quiet"].removeprefix(TRAINING)
+    doc["lines"] = [line.removeprefix(TRAINING) for line in doc["lines"]]
+    return doc
 
 
 def status_doc(

@@ -42,7 +42,8 @@ def test_waiting_at_the_rendezvous_says_so_since_the_container_started(
     assert "ddpkit.log" not in line
     doc = json.loads(kube_cli("status", "j", "-n", namespace, "-o", "json").stdout)
     (quiet,) = doc["training"]["lines"]
-    assert quiet == doc["training"]["quiet"] and quiet.split(" (")[0] == line.split(" (")[0]
+    assert quiet == doc["training"]["quiet"]
+    assert "training: " + quiet.split(" (")[0] == line.split(" (")[0]
 
 
 def test_a_crash_loop_on_a_flag_error_names_the_error(kube_cli, admin, namespace, kubelet, job):

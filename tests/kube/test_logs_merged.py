@@ -305,10 +305,10 @@ def test_status_shows_rank0s_progress(kube_cli, namespace, kubelet, job):
     assert (
         training["step"] == 4 and training["total_steps"] == 6 and training["checkpoint_step"] == 3
     )
-    assert training["lines"][0].startswith("training: step 4/6")
+    assert training["lines"][0].startswith("step 4/6")
     kubelet.set_log(master, fixture("run2x2-node0.log"))
     done = kube_cli("status", "j", "-n", namespace, "-o", "yaml").stdout
-    assert "training: step 6/6 (done)" in done
+    assert "- step 6/6 (done)" in done and done.count("training:") == 1
     assert "run: image registry.example/train:v1, spec 3f5a9c0e1d2b, git 64a6f7540b0a" in done
 
 
