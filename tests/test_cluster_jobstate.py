@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from ddpdeploy.cluster.capacity import gpu_nodes, gpu_nodes_free
-from ddpdeploy.cluster.jobstate import job_size, job_state, logs_show_rank0, pod_view
+from ddpdeploy.cluster.jobstate import (
+    conditions_state,
+    job_size,
+    job_state,
+    logs_show_rank0,
+    pod_view,
+)
 from ddpdeploy.cluster.saved import scaled_spec, with_saved_spec
 from ddpdeploy.commands.options import spec_from_flags
 from ddpdeploy.errors import UserError
@@ -368,3 +374,20 @@ def test_a_pod_the_operator_could_not_make_counts_against_the_jobs_size() -> Non
     # An elastic range may run below its maximum: nothing is missing there.
     job["spec"]["elasticPolicy"] = {"minReplicas": 1, "maxReplicas": 2}
     assert job_state(job, [pod(name="pn-worker-1", phase="Running")]).reason == "1/1 pods running"
+
+
+@pytest.mark.parametrize(
+    ("conds", "state", "reason"),
+    [
+        ((), "Pending", "no condition yet; its pods could not be read"),
+        ((("Created", "made"), ("Running", "up")), "Running", "up; its pods could not be read"),
+        ((("Running", "up"), ("Restarting", "")), "Restarting", "its pods could not be read"),
+        ((("Running", "up"), ("Succeeded", "done")), "Succeeded", "done"),
+        ((("Running", "up"), ("Failed", "boom")), "Failed", "boom"),
+    ],
+)
+def test_the_state_of_a_job_whose_pods_are_unread_is_its_conditions(conds, state, reason):
+    # Found by the fourth hostile pass (left open then): `status` had no state to show
+    # when the pods could not be listed.
+    got = conditions_state(job(*conds))
+    assert (got.state, got.reason) == (state, reason)

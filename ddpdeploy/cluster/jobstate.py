@@ -274,6 +274,29 @@ def job_state(job: Obj | None, pods: list[Obj]) -> JobState:
     return JobState("Pending", f"{len(pods)} pods created" if pods else "no pods yet", done=False)
 
 
+def conditions_state(job: Obj) -> JobState:
+    """The job's state from its own object alone, for when its pods cannot be read (RBAC
+    forbids listing them): its terminal conditions as ``job_state`` reads them, else the
+    condition the controller set last (Running, Restarting, Suspended, Created), else
+    Pending; the reason says that the pods were not read."""
+    unread = "its pods could not be read"
+    layout = layout_for_kind(job.get("apiVersion", ""), job.get("kind", ""))
+    if layout is None:
+        return job_state(job, [])
+    if _condition(job, layout.succeeded) or _condition(job, layout.failed):
+        return job_state(job, [])  # final: the pods do not change it
+    conds = [
+        c
+        for c in (job.get("status") or {}).get("conditions") or []
+        if isinstance(c, dict) and c.get("status") == "True" and isinstance(c.get("type"), str)
+    ]
+    if not conds:
+        return JobState("Pending", f"no condition yet; {unread}", done=False)
+    last = conds[-1]  # the operators append; the newest is last
+    message = str(last.get("message") or last.get("reason") or "")
+    return JobState(last["type"], f"{message}; {unread}" if message else unread, done=False)
+
+
 def _missing(job: Obj, layout: Layout, pods: list[Obj]) -> list[str]:
     """The pods a fixed-size job with named replicas (PyTorchJob) asks for that do not
     exist; none for an elastic range, whose size may lawfully be below its maximum."""

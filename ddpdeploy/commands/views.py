@@ -98,6 +98,11 @@ def _title(name: str, snap: Snapshot) -> Text:
     return cell(title)
 
 
+def title(name: str, snap: Snapshot) -> Text:
+    """The table's title line alone (`status` when the job's pods could not be read)."""
+    return _title(name, snap)
+
+
 def table(name: str, snap: Snapshot, max_rows: int | None = None) -> Table:
     """The job's pods, one row each; over ``max_rows`` pods a summary by phase with the
     pods that are not running named."""

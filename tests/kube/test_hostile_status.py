@@ -9,7 +9,16 @@ import json
 from pathlib import Path
 
 import pytest
-from actors import container_status, create_pods, get_job, set_pod_status, set_running
+import yaml
+from actors import (
+    container_status,
+    create_pods,
+    get_job,
+    res,
+    set_job_conditions,
+    set_pod_status,
+    set_running,
+)
 
 IMAGE = "registry.invalid/train:v1"
 FLAG_ERROR = (Path(__file__).resolve().parent / "fixtures" / "flagerror-node0.log").read_text()
@@ -73,3 +82,37 @@ def test_workers_that_print_but_log_no_event_are_a_script_without_ddpkit(
     kubelet.set_log(job[0], "[rank0]:epoch 1 loss 0.3")
     (line,) = training(kube_cli("status", "j", "-n", namespace))
     assert line == "no training events in rank 0's log (a script without ddpkit.log)"
+
+
+def test_a_job_whose_pods_cannot_be_listed_still_shows_its_own_state(
+    kube_cli, admin, namespace, job
+):
+    # Found by the fourth hostile pass (left open then): with the job readable and its pods
+    # not (RBAC lets the user read PyTorchJobs only), `status` ended in the list's error
+    # alone: no state, no conditions.
+    set_job_conditions(admin, namespace, "j", ("Created", ""), ("Running", "all 2 up"))
+    rules = [{"apiGroups": ["kubeflow.org"], "resources": ["*"], "verbs": ["get", "list"]}]
+    res(admin, "rbac.authorization.k8s.io/v1", "Role").create(
+        namespace=namespace, body={"metadata": {"name": "jobs-only"}, "rules": rules}
+    )
+    user = {"kind": "User", "name": "limited", "apiGroup": "rbac.authorization.k8s.io"}
+    role = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "jobs-only"}
+    res(admin, "rbac.authorization.k8s.io/v1", "RoleBinding").create(
+        namespace=namespace,
+        body={"metadata": {"name": "limited-jobs"}, "roleRef": role, "subjects": [user]},
+    )
+    why = f"could not read the pods of PyTorchJob {namespace}/j: listing Pod: forbidden: "
+    rbac = 'User "limited" cannot list resource "pods"'
+    out = kube_cli("status", "j", "-n", namespace, "--context", "limited")
+    assert out.returncode == 1, out.stderr
+    assert out.stdout.splitlines() == [
+        "PyTorchJob j: Running — all 2 up; its pods could not be read"
+    ]
+    (line,) = out.stderr.splitlines()
+    assert line.startswith(f"error: {why}") and rbac in line and "its own state is above" in line
+    for fmt, read in (("json", json.loads), ("yaml", yaml.safe_load)):
+        out = kube_cli("status", "j", "-n", namespace, "--context", "limited", "-o", fmt)
+        assert out.returncode == 1 and out.stderr.startswith(f"error: {why}")
+        doc = read(out.stdout)
+        assert doc["state"] == "Running" and doc["pods"] is None and rbac in doc["pods_error"]
+        assert [c["type"] for c in doc["conditions"]] == ["Created", "Running"]
