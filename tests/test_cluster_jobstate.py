@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddpdeploy.cluster.capacity import gpu_nodes, gpu_nodes_free
+from ddpdeploy.cluster.capacity import gpu_nodes, gpu_nodes_free, limit_range_breaches
 from ddpdeploy.cluster.jobstate import (
     conditions_state,
     job_size,
@@ -391,3 +391,38 @@ def test_the_state_of_a_job_whose_pods_are_unread_is_its_conditions(conds, state
     # when the pods could not be listed.
     got = conditions_state(job(*conds))
     assert (got.state, got.reason) == (state, reason)
+
+
+def _limit_range(*items: dict) -> dict:
+    return {"metadata": {"name": "lr"}, "spec": {"limits": list(items)}}
+
+
+OUR_POD = {"containers": [{"name": "pytorch", "resources": {
+    "requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "4Gi"}}}]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("items", "broken"),
+    [
+        # Defaults above the request, a memory ratio of 1 (limit = request): kept.
+        ([{"type": "Container", "default": {"cpu": "4"}, "defaultRequest": {"cpu": "1"}}], []),
+        ([{"type": "Pod", "maxLimitRequestRatio": {"memory": "1"}}], []),
+        ([{"type": "PersistentVolumeClaim", "max": {"storage": "1Gi"}}], []),
+        # max with the API server's default from it: the max is named first (`up` says it).
+        (
+            [{"type": "Container", "max": {"cpu": "1"}, "default": {"cpu": "1"}}],
+            [("cpu", "max", "request"), ("cpu", "default", "request")],
+        ),
+        # GPUs: a max on an extended resource our pods do not set is a limit they lack.
+        (
+            [{"type": "Container", "max": {"nvidia.com/gpu": "1"}}],
+            [("nvidia.com/gpu", "max", "limit")],
+        ),
+        ([{"type": "Pod", "min": {"cpu": "3"}}], [("cpu", "min", "request")]),
+    ],
+    ids=["defaults-kept", "ratio-kept", "pvc-skipped", "max-over-default", "gpu-max", "pod-min"],
+)
+def test_limit_range_breaches(items, broken):
+    # Found by the fourth hostile pass (left open then): `up` checked no LimitRange.
+    got = limit_range_breaches([_limit_range(*items)], OUR_POD)
+    assert [(b.resource, b.bound, b.what) for b in got] == broken

@@ -26,6 +26,7 @@ from ddpdeploy.cluster.capacity import (
     fit,
     gpu_nodes,
     gpu_nodes_free,
+    limit_range_breaches,
     pod_quota_use,
     pod_requests,
     quota_shorts,
@@ -92,6 +93,7 @@ def preflight(
         _check_gpus(kube, checked)
     _check_fit(kube, checked, layout)
     _check_quota(kube, checked, layout)
+    _check_limit_ranges(kube, checked, layout)
     _check_storage(kube, checked)
     if not checked.create_namespace:
         _check_existing(kube, checked, layout)
@@ -344,6 +346,31 @@ def _check_quota(kube: KubeApi, checked: Checked, layout: Layout) -> None:
             f"{where}: {short.key} {short.amount(short.used)} of {short.amount(short.hard)} "
             f"is used; {asked}: some wait uncreated until that frees up"
         )
+
+
+def _check_limit_ranges(kube: KubeApi, checked: Checked, layout: Layout) -> None:
+    """The namespace's LimitRanges must let the job's pods be created: one outside a
+    bound (a max below --cpu or --memory, a min above, a limit/request ratio, a default CPU
+    limit below the CPU request ours leave unlimited) is refused by the API server when
+    the operator creates it, and the job waits with no pod and no word of why, as over a
+    quota. Checked here whether or not the API server enforces them (its LimitRanger)."""
+    spec = checked.spec
+    if checked.create_namespace:
+        return  # a new namespace has no LimitRange
+    job = next((o for o in checked.objects if o["kind"] == layout.kind), None)
+    templates = layout.pod_templates(job) if job is not None else []
+    if not templates:
+        return
+    try:
+        ranges = kube.list("v1", "LimitRange", spec.namespace)
+    except Forbidden:
+        return
+    for template in templates:  # a PyTorchJob's Master and Worker differ in nothing here
+        for breach in limit_range_breaches(ranges, template):
+            raise OperationError(
+                f"LimitRange {spec.namespace}/{breach.limit_range} {breach.line()}: the "
+                "operator could not create the job's pods"
+            )
 
 
 def _check_storage(kube: KubeApi, checked: Checked) -> None:

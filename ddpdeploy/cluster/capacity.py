@@ -241,3 +241,161 @@ def quota_shorts(quotas: list[Obj], one_pod: Resources, count: int) -> list[Quot
             if asked > limit - now:
                 out.append(QuotaShort(name, key, limit, now, asked))
     return out
+
+
+# --- LimitRange: what the namespace lets one container or pod set --------------------------
+
+# The flag that sets each resource a LimitRange bounds (the spec field otherwise).
+_FLAGS = {CPU: "--cpu", MEMORY: "--memory", GPU: "--gpus"}
+
+
+@dataclass(frozen=True)
+class LimitBreach:
+    """One bound of a LimitRange that the job's pods break: the API server refuses them
+    when the operator creates them."""
+
+    limit_range: str
+    type: str  # Container or Pod
+    resource: str
+    bound: str  # max, min, maxLimitRequestRatio, default (a default limit below the request)
+    allowed: Decimal
+    what: str  # limit, request, limit/request
+    got: Decimal | None  # None: the pod sets none
+
+    def line(self) -> str:
+        """What is wrong and what to change, without the LimitRange's name."""
+        r, allowed = self.resource, self.amount(self.allowed)
+        per = f"per {self.type.lower()}"
+        flag = _FLAGS.get(r, f"the spec's {r}")
+        if self.bound == "maxLimitRequestRatio":
+            got = "none" if self.got is None else f"{self.got.normalize():f}"
+            return (
+                f"allows a {r} limit at most {allowed}x the request {per}; the job's pods "
+                f"have {got}; set a {r} limit within that of the request ({flag})"
+            )
+        if self.bound == "default":
+            return (
+                f"gives containers without a {r} limit a default limit of {allowed}, below "
+                f"the job's {r} request {self.amount(self.got or Decimal(0))}; lower {flag} "
+                f"to at most {allowed}"
+            )
+        if self.got is None:
+            return (
+                f"requires a {r} {self.what} {per} ({self.bound} {allowed}); the job's pods "
+                f"set none; set {flag}"
+            )
+        got = self.amount(self.got)
+        if self.bound == "max":
+            return (
+                f"allows {r} at most {allowed} {per}; the job's pods' {r} {self.what} is "
+                f"{got}; lower {flag} to at most {allowed}"
+            )
+        return (
+            f"requires {r} at least {allowed} {per}; the job's pods' {r} {self.what} is "
+            f"{got}; raise {flag} to at least {allowed}"
+        )
+
+    def amount(self, value: Decimal) -> str:
+        return shown(self.resource, value) if self.resource in FIT_RESOURCES else f"{value:f}"
+
+
+def _resource_list(values: Any) -> Resources:
+    if not isinstance(values, dict):
+        return {}
+    out: Resources = {}
+    for name, value in values.items():
+        try:
+            amount = quantity(value)[1]
+        except (ValueError, TypeError):
+            continue
+        if amount.is_finite():
+            out[str(name)] = amount
+    return out
+
+
+def _checked(
+    name: str, kind: str, item: Obj, requests: Resources, limits: Resources
+) -> list[LimitBreach]:
+    """The bounds of one LimitRange item (``kind``: Container or Pod) that ``requests``
+    and ``limits`` break, as the LimitRanger admission plugin checks them."""
+    out = []
+    for r, bound in _resource_list(item.get("max")).items():
+        if r not in limits:
+            out.append(LimitBreach(name, kind, r, "max", bound, "limit", None))
+        elif limits[r] > bound:
+            out.append(LimitBreach(name, kind, r, "max", bound, "limit", limits[r]))
+        elif r in requests and requests[r] > bound:
+            out.append(LimitBreach(name, kind, r, "max", bound, "request", requests[r]))
+    for r, bound in _resource_list(item.get("min")).items():
+        if r not in requests:
+            out.append(LimitBreach(name, kind, r, "min", bound, "request", None))
+        elif requests[r] < bound:
+            out.append(LimitBreach(name, kind, r, "min", bound, "request", requests[r]))
+        elif r in limits and limits[r] < bound:
+            out.append(LimitBreach(name, kind, r, "min", bound, "limit", limits[r]))
+    for r, bound in _resource_list(item.get("maxLimitRequestRatio")).items():
+        req, lim = requests.get(r, Decimal(0)), limits.get(r, Decimal(0))
+        ratio = lim / req if req > 0 and lim > 0 else None
+        if ratio is None or ratio > bound:
+            out.append(
+                LimitBreach(name, kind, r, "maxLimitRequestRatio", bound, "limit/request", ratio)
+            )
+    return out
+
+
+def limit_range_breaches(ranges: list[Obj], pod_spec: Obj) -> list[LimitBreach]:
+    """The LimitRange bounds (type Container or Pod) that a pod of ``pod_spec`` breaks once
+    the namespace's defaults are applied to it: a container without a limit (ours set no
+    CPU limit) or request gets the first LimitRange's ``default``/``defaultRequest`` for it
+    (the API server itself fills ``default`` from ``max`` when a LimitRange leaves it out),
+    and a default limit below the container's request makes the pod invalid."""
+    items = [
+        ((r.get("metadata") or {}).get("name", ""), item)
+        for r in ranges
+        for item in ((r.get("spec") or {}).get("limits") or [])
+        if isinstance(item, dict)
+    ]
+    containers = [
+        c
+        for c in [*(pod_spec.get("containers") or []), *(pod_spec.get("initContainers") or [])]
+        if isinstance(c, dict)
+    ]
+    out: list[LimitBreach] = []
+    pod_requests_sum: Resources = {}
+    pod_limits_sum: Resources = {}
+    for container in containers:
+        resources = container.get("resources") or {}
+        requests = _resource_list(resources.get("requests"))
+        limits = _resource_list(resources.get("limits"))
+        for r, v in limits.items():  # the API server's own default: request = limit
+            requests.setdefault(r, v)
+        for name, item in items:
+            if item.get("type") != "Container":
+                continue
+            for r, v in _resource_list(item.get("default")).items():
+                if r not in limits:
+                    limits[r] = v
+                    if r in requests and requests[r] > v:
+                        out.append(
+                            LimitBreach(name, "Container", r, "default", v, "request", requests[r])
+                        )
+            for r, v in _resource_list(item.get("defaultRequest")).items():
+                requests.setdefault(r, v)
+        for name, item in items:
+            if item.get("type") == "Container":
+                out += _checked(name, "Container", item, requests, limits)
+        if container in (pod_spec.get("containers") or []):
+            for r, v in requests.items():
+                pod_requests_sum[r] = pod_requests_sum.get(r, Decimal(0)) + v
+            for r, v in limits.items():
+                pod_limits_sum[r] = pod_limits_sum.get(r, Decimal(0)) + v
+    for name, item in items:
+        if item.get("type") == "Pod":
+            out += _checked(name, "Pod", item, pod_requests_sum, pod_limits_sum)
+    # One line per bound, whichever container broke it first; a default limit below the
+    # request last: a bound the LimitRange states (its max, which the default comes from)
+    # is what to name.
+    unique: dict[tuple[str, str, str, str], LimitBreach] = {}
+    for breach in sorted(out, key=lambda b: b.bound == "default"):
+        unique.setdefault((breach.limit_range, breach.type, breach.resource, breach.bound), breach)
+    return list(unique.values())

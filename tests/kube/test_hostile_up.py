@@ -8,6 +8,7 @@ import signal
 import time
 
 import pytest
+import yaml
 from actors import MERGE, Lines, get_job, res, start_cli
 
 IMAGE = "registry.invalid/train:v1"
@@ -91,3 +92,66 @@ def test_ctrl_c_while_waiting_is_one_line_and_changes_nothing(
     assert not any("Traceback" in line for line in seen)
     assert get_job(admin, namespace, "j")["metadata"]["uid"] == old["metadata"]["uid"]
     release(admin, namespace)
+
+
+# Found by the fourth hostile pass (left open then): a LimitRange that the job's pods break
+# passed `up`'s preflight; the operator's pod creates were then refused and the job waited
+# with no pod and no word of why.
+@pytest.mark.parametrize(
+    ("limits", "says"),
+    [
+        (
+            {"type": "Container", "max": {"cpu": "1"}},
+            "allows cpu at most 1 per container; the job's pods' cpu request is 2; lower "
+            "--cpu to at most 1",
+        ),
+        (
+            {"type": "Pod", "max": {"memory": "1Gi"}},
+            "allows memory at most 1Gi per pod; the job's pods' memory limit is 2Gi; lower "
+            "--memory to at most 1Gi",
+        ),
+        (
+            {"type": "Container", "min": {"memory": "4Gi"}},
+            "requires memory at least 4Gi per container; the job's pods' memory request is "
+            "2Gi; raise --memory to at least 4Gi",
+        ),
+        (
+            {"type": "Container", "default": {"cpu": "500m"}},
+            "gives containers without a cpu limit a default limit of 0.5, below the job's "
+            "cpu request 2; lower --cpu to at most 0.5",
+        ),
+        (
+            {"type": "Container", "maxLimitRequestRatio": {"cpu": "2"}},
+            "allows a cpu limit at most 2x the request per container; the job's pods have "
+            "none; set a cpu limit within that of the request (--cpu)",
+        ),
+    ],
+    ids=["container-max", "pod-max", "min", "default", "ratio"],
+)
+def test_a_limit_range_the_pods_break_is_refused_before_anything_is_made(
+    kube_cli, admin, namespace, limits, says
+):
+    body = {"metadata": {"name": "lr"}, "spec": {"limits": [limits]}}
+    res(admin, "v1", "LimitRange").create(namespace=namespace, body=body)
+    sizes = ("--cpu", "2", "--memory", "2Gi")
+    out = kube_cli(*up_args(namespace, *sizes))
+    assert out.returncode == 1, out.stderr
+    assert out.stderr == (
+        f"error: LimitRange {namespace}/lr {says}: the operator could not create the job's pods\n"
+    )
+    assert get_job(admin, namespace, "j") is None
+    # The API server (its LimitRanger admission, on here) refuses such a pod indeed.
+    rendered = kube_cli("render", "--image", IMAGE, "--name", "j", "-n", namespace, *sizes)
+    job = next(d for d in yaml.safe_load_all(rendered.stdout) if d["kind"] == "PyTorchJob")
+    template = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+    pod = {"metadata": {"name": "probe"}, "spec": {"containers": template["spec"]["containers"]}}
+    with pytest.raises(Exception, match="Forbidden|Invalid|Unprocessable|must be less"):
+        res(admin, "v1", "Pod").create(namespace=namespace, body=pod)
+
+
+def test_a_limit_range_the_pods_keep_lets_up_through(kube_cli, admin, namespace):
+    limits = {"type": "Container", "max": {"cpu": "4", "memory": "8Gi"}, "min": {"cpu": "1"}}
+    body = {"metadata": {"name": "lr"}, "spec": {"limits": [limits]}}
+    res(admin, "v1", "LimitRange").create(namespace=namespace, body=body)
+    out = kube_cli(*up_args(namespace, "--cpu", "2", "--memory", "2Gi"))
+    assert out.returncode == 0, out.stderr
