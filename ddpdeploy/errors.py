@@ -30,3 +30,12 @@ class OperationError(DdpdeployError):
 class LogUnavailable(OperationError):
     """A container's log the kubelet no longer has (the container is gone): it answered
     with its own error text as the log. Callers say so, never show it as the pod's line."""
+
+
+class ApiUnreachable(OperationError):
+    """The Kubernetes API did not answer (refused, reset, timed out): no call will."""
+
+
+class ApiSilent(ApiUnreachable):
+    """The API server stopped answering while a log was followed (its connection open, no
+    bytes): a followed log ends on it, rather than wait for ever."""

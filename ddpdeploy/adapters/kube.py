@@ -17,6 +17,7 @@ import importlib.util
 import json
 import logging
 import os
+import queue
 import re
 import sys
 import threading
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ddpdeploy import fs
-from ddpdeploy.errors import LogUnavailable, OperationError, UserError
+from ddpdeploy.errors import ApiSilent, ApiUnreachable, LogUnavailable, OperationError, UserError
 from ddpdeploy.obj import Obj
 from ddpdeploy.streams import LineSplitter
 from ddpdeploy.text import plain
@@ -41,6 +42,10 @@ CONNECT_TIMEOUT = 10  # seconds to connect (TCP and TLS handshake)
 DEFAULT_TIMEOUT = (CONNECT_TIMEOUT, REQUEST_TIMEOUT)
 WATCH_SECONDS = 30  # the server ends a watch after this long; it is then resumed
 FOLLOW_QUIET = 7 * 24 * 3600  # seconds a followed log may stay silent
+# A followed log has no heartbeat of its own: after this many seconds without a line the
+# API server is asked whether it still answers (GET /version, PING_TIMEOUT at most).
+HEARTBEAT = 15
+PING_TIMEOUT = 10
 _SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
@@ -815,7 +820,7 @@ class Kube:
             raise self._unreachable(what, getattr(exc, "reason", None) or exc) from None
 
     def _unreachable(self, what: str, reason: Any) -> OperationError:
-        return OperationError(
+        return ApiUnreachable(
             f"{what}: cannot reach the Kubernetes API at {self.server} "
             f"({_one_line(reason, 200)}); check that the cluster is up and "
             "that the kubeconfig context (--context) points at it"
@@ -1106,16 +1111,87 @@ class Kube:
         }
         query = [(k, _query_value(v)) for k, v in given.items() if v is not None]
         path = f"/api/v1/namespaces/{_quote(namespace)}/pods/{_quote(pod)}/log"
-        with self.errors(what):
-            resp = self._get_raw(
-                path,
-                query,
-                # A followed stream may stay quiet for long (the client takes no None for
-                # "no read timeout", so a week); connecting is still bounded.
-                (CONNECT_TIMEOUT, FOLLOW_QUIET) if follow else DEFAULT_TIMEOUT,
-            )
-            gone = f"the log of pod {pod}{' (its previous run)' if previous else ''}"
-            yield from kubelet_checked(_body_lines(resp), timestamps, gone)
+        gone = f"the log of pod {pod}{' (its previous run)' if previous else ''}"
+
+        def read(stop: threading.Event | None = None) -> Iterator[str]:
+            with self.errors(what):
+                resp = self._get_raw(
+                    path,
+                    query,
+                    # A followed stream may stay quiet for long (the client takes no None
+                    # for "no read timeout", so a week; the heartbeat watches the server);
+                    # connecting is still bounded.
+                    (CONNECT_TIMEOUT, FOLLOW_QUIET) if follow else DEFAULT_TIMEOUT,
+                )
+                try:
+                    for line in kubelet_checked(_body_lines(resp), timestamps, gone):
+                        if stop is not None and stop.is_set():
+                            return
+                        yield line
+                finally:
+                    with contextlib.suppress(Exception):
+                        resp.release_conn()
+
+        if follow:
+            yield from self._heartbeat(read, what)
+        else:
+            yield from read()
+
+    def _heartbeat(
+        self, read: Callable[[threading.Event], Iterator[str]], what: str
+    ) -> Iterator[str]:
+        """``read``'s lines, read on a thread: after HEARTBEAT seconds without one the API
+        server is asked whether it still answers, and one that does not ends the follow
+        (ApiSilent), where the stream's read would wait a week on a server that accepts
+        connections and sends nothing (stopped, hung). Waiting on the queue also leaves
+        the caller's thread interruptible."""
+        out: queue.Queue[tuple[bool, Any]] = queue.Queue()
+        stop = threading.Event()
+
+        def pump() -> None:
+            try:
+                for line in read(stop):
+                    out.put((True, line))
+            except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+                out.put((False, exc))
+            else:
+                out.put((False, None))
+
+        threading.Thread(target=pump, name=f"ddpdeploy {what}", daemon=True).start()
+        try:
+            while True:
+                try:
+                    ok, item = out.get(timeout=HEARTBEAT)
+                except queue.Empty:
+                    self._check_answering(what)
+                    continue
+                if ok:
+                    yield item
+                elif item is None:
+                    return
+                else:
+                    raise item
+        finally:
+            stop.set()  # the reader ends at its next line (or stays blocked, a daemon)
+
+    def _check_answering(self, what: str) -> None:
+        """ApiSilent unless the API server answers a GET /version within PING_TIMEOUT
+        (any answer counts, a refusal too: it is there)."""
+        from kubernetes.client.exceptions import ApiException
+
+        def ping() -> None:
+            with contextlib.suppress(ApiException):
+                self._get_raw("/version", [], (CONNECT_TIMEOUT, PING_TIMEOUT)).release_conn()
+
+        try:
+            bounded(ping, PING_TIMEOUT, "asking the API server")  # its retry bounded too
+        except Exception as exc:  # noqa: BLE001 - a timeout, a refused or reset connection
+            raise ApiSilent(
+                f"{what}: the API server at {self.server} stopped answering (no answer "
+                f"within {PING_TIMEOUT} s after {HEARTBEAT} s without a line: "
+                f"{_one_line(exc, 120)}); check the cluster's control plane, then run the "
+                "command again"
+            ) from None
 
     def _get_raw(self, path: str, query: builtins.list[tuple[str, str]], timeout: Any) -> Any:
         """GET ``path`` through the client's ApiClient (its auth, TLS and REST layer; the

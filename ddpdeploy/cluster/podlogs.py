@@ -30,7 +30,7 @@ from ddpdeploy.cluster.watch import (
     rank0_likeliest,
     rank0_search,
 )
-from ddpdeploy.errors import LogUnavailable, OperationError, UserError
+from ddpdeploy.errors import ApiSilent, ApiUnreachable, LogUnavailable, OperationError, UserError
 from ddpdeploy.events import (
     NO_EVENTS,
     Progress,
@@ -381,6 +381,11 @@ def _follow_loop(
         if watch is not None:
             try:
                 changed = watch.take(time.monotonic()) or changed  # what came, no waiting
+            except ApiUnreachable as exc:
+                if not seen.open:  # nothing left to follow: ending at once would be exit 0
+                    raise OperationError(f"{exc}; stopped following") from None
+                notice(f"warning: {exc}; a container that restarts now is not followed")
+                watch, final = None, True
             except OperationError as exc:
                 notice(f"warning: {exc}; a container that restarts now is not followed")
                 watch, final = None, True
@@ -409,6 +414,8 @@ def _follow_loop(
         elif item[0] is _END:
             seen.open.discard(item[1])
             changed = True  # a restart seen while it was open is read now
+        elif isinstance(item[1], ApiSilent):
+            raise item[1]  # the API server, not one pod: every stream waits on it
         else:
             failed(*item)
 

@@ -235,3 +235,29 @@ def test_one_pod_not_started_is_waited_for_when_followed_and_said_when_not(
     follow.proc.send_signal(signal.SIGINT)
     assert follow.finish() == 130
     assert len(follow.err) == 1, follow.err
+
+
+@pytest.mark.parametrize("one_pod", [(), ("--index", "0")], ids=["merged", "one-pod"])
+def test_a_follow_ends_when_the_api_server_stops_answering(
+    control_plane, admin, namespace, kubelet, job, one_pod
+):
+    # Found by the fourth hostile pass (left open then): with the API server stopped
+    # (SIGSTOP: connections accepted, no byte sent), `logs -f` waited for ever, silent.
+    master, worker = job
+    kubelet.set_log(master, "[rank0]:m first")
+    kubelet.set_log(worker, "[rank2]:w first")
+    follow = Follow(control_plane, namespace, *one_pod)
+    follow.wait_for("[rank0]:m first" if one_pod else "[rank0 node0] m first")
+    (apiserver,) = [p for p in control_plane.procs if p.args[0] == control_plane.apiserver_bin]
+    apiserver.send_signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        code = follow.finish(timeout=90)
+        took = time.monotonic() - started
+    finally:
+        apiserver.send_signal(signal.SIGCONT)
+    assert code == 1, (follow.out, follow.err)
+    (line,) = follow.err
+    assert line.startswith(f"error: reading the logs of pod {master}: the API server at ")
+    assert "stopped answering" in line and "run the command again" in line
+    assert took < 60
