@@ -261,3 +261,24 @@ def test_a_follow_ends_when_the_api_server_stops_answering(
     assert line.startswith(f"error: reading the logs of pod {master}: the API server at ")
     assert "stopped answering" in line and "run the command again" in line
     assert took < 60
+
+
+def test_a_follow_of_pods_not_started_ends_when_the_api_server_stops_answering(
+    control_plane, kube_cli, admin, namespace, kubelet
+):
+    # Found by the fourth hostile pass (left open then): with no stream open (the pods
+    # Pending) the watch's timeout was a warning and `logs -f` ended, exit 0.
+    out = kube_cli("up", "--image", IMAGE, "--name", "j", "-n", namespace, "--no-wait")
+    assert out.returncode == 0, out.stderr
+    create_pods(admin, get_job(admin, namespace, "j"), node=kubelet.node_name)
+    follow = Follow(control_plane, namespace)
+    time.sleep(3)  # its lists and watches are open
+    (apiserver,) = [p for p in control_plane.procs if p.args[0] == control_plane.apiserver_bin]
+    apiserver.send_signal(signal.SIGSTOP)
+    try:
+        code = follow.finish(timeout=120)
+    finally:
+        apiserver.send_signal(signal.SIGCONT)
+    assert code == 1, (follow.out, follow.err)
+    assert "cannot reach the Kubernetes API" in follow.err[-1]
+    assert follow.err[-1].endswith("; stopped following")
