@@ -245,15 +245,20 @@ def test_resume_refusals_are_one_line(tmp_path, marker, args, message):
 
 @pytest.mark.slow
 def test_a_relative_write_is_green_locally_with_the_pods_warning(tmp_path, marker):
+    # Found by the fourth hostile pass (left open then): the warning said the read-only
+    # root "would refuse it" and offered --writable-rootfs, not what happens on the cluster
+    # (the write fails; a file there is lost with the pod) nor that a job without a
+    # checkpoint volume has no $DDPDEPLOY_CHECKPOINT_DIR to save under.
     ws = workspace(tmp_path, "nodes: 1\nprocs: 2\ncommand: {script: relative_write.py}\n")
     res = smoke(ws, marker)
     assert res.returncode == 0, res.stderr
     assert (ws / "snapshot.pt").is_file()
     warned = [ln for ln in res.stderr.splitlines() if ln.startswith("smoke: warning: ")]
     assert warned == [
-        "smoke: warning: the run wrote snapshot.pt in the workspace, outside "
-        "$DDPDEPLOY_CHECKPOINT_DIR; the pod's read-only root would refuse it: write under "
-        "$DDPDEPLOY_CHECKPOINT_DIR (or /tmp), or pass --writable-rootfs"
+        "smoke: warning: the run wrote snapshot.pt in the workspace; on the cluster that "
+        "write fails (the pod's root file system is read-only, and a file there would be lost "
+        "with the pod anyway): add `checkpoint: {size: 10Gi}` to the spec and save it under "
+        "$DDPDEPLOY_CHECKPOINT_DIR (ddpkit.checkpoint_dir()); scratch files go to /tmp"
     ], res.stderr
     # The checkpoint folder is where writes belong; a writable root is the user's choice.
     ok = workspace(
@@ -263,6 +268,18 @@ def test_a_relative_write_is_green_locally_with_the_pods_warning(tmp_path, marke
     assert "warning" not in smoke(ok, marker).stderr
     loose = smoke(ws, marker, "--writable-rootfs")
     assert loose.returncode == 0 and "warning" not in loose.stderr, loose.stderr
+
+
+def test_a_job_with_a_volume_is_told_to_save_there_not_to_add_one():
+    from ddpdeploy.smoke.workspace import warning
+
+    assert warning(["a.pt", "b.pt"], volume=True) == (
+        "warning: the run wrote a.pt and 1 more in the workspace; on the cluster that write "
+        "fails (the pod's root file system is read-only, and a file there would be lost with "
+        "the pod anyway): save it under $DDPDEPLOY_CHECKPOINT_DIR (ddpkit.checkpoint_dir()); "
+        "scratch files go to /tmp"
+    )
+    assert warning([], volume=False) is None
 
 
 @pytest.mark.slow

@@ -291,7 +291,8 @@ def _workspace_writes(spec: JobSpec, runs: WorkspaceRuns) -> Iterator[None]:
         yield
     finally:
         wrote = runs.end()
-        line = workspace.warning(wrote) if spec.security.read_only_root_filesystem else None
+        volume = spec.checkpoint is not None
+        line = workspace.warning(wrote, volume) if spec.security.read_only_root_filesystem else None
         if line:  # the names of files the job wrote: plain text
             typer.echo(f"smoke: {plain_lines(line)}", err=True)
 
