@@ -54,7 +54,8 @@ def workspace(tmp_path: Path, spec: str) -> Path:
 
 
 def smoke(ws: Path, *args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(TRAIN)}  # `import ddpkit`, as in the image
+    # `import ddpkit`, as in the image; this checkout's ddpdeploy, not the installed one's
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TRAIN.parent), str(TRAIN)])}
     return subprocess.run(
         [sys.executable, "-m", "ddpdeploy", "smoke", "--local", *args],
         cwd=ws,
@@ -258,6 +259,28 @@ def test_a_resume_past_the_last_step_trains_nothing_and_is_not_green(tmp_path):
     more = smoke(ws, "--steps", "9", "--resume")
     assert more.returncode == 0, more.stderr[-3000:]
     assert re.search(r"^steps\s+9$", more.stdout, re.M), more.stdout
+
+
+# Found by the fourth hostile pass (left open then): `--resume` on a spec without
+# `checkpoint:` ran fresh from step 0 although the --kill-at run before it had saved steps
+# into .ddpdeploy/checkpoints (a kill run gives the job that folder). It now resumes from
+# that folder, saying so in one line; a plain run without --resume still starts fresh.
+@pytest.mark.slow
+def test_resume_without_a_checkpoint_volume_uses_the_folder_a_kill_run_left(tmp_path):
+    ws = workspace(tmp_path, "nodes: 1\nprocs: 1\n")
+    kill = smoke(ws, "--steps", "6", "--kill-at", "3")
+    assert kill.returncode == 0, kill.stderr[-3000:]
+    resumed = smoke(ws, "--steps", "8", "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    folder = ws / ".ddpdeploy" / "checkpoints" / "ddp-train"
+    assert resumed.stderr.splitlines()[0] == (
+        f"smoke: --resume: the spec has no checkpoint volume, but {folder} holds what an "
+        "earlier --kill-at run saved; this run gets that folder, as the kill run did"
+    )
+    assert '"resume_step": 6' in resumed.stderr, resumed.stderr[-3000:]
+    fresh = smoke(ws, "--steps", "2")
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    assert '"resumed": false' in fresh.stderr and "--resume:" not in fresh.stderr
 
 
 def test_steps_per_s_counts_the_steps_this_run_trained():

@@ -414,12 +414,15 @@ class WeightsOnlyRefusal(Exception):
 
 
 def save(state: Any, step: int, *, keep: int = DEFAULT_KEEP, directory: str | None = None) -> str:
-    """Checkpoint ``state`` (anything torch.save takes) as step ``step``; call on every rank.
+    """Checkpoint ``state`` (anything torch.save takes but None, which ``load_latest``
+    returns for "no checkpoint") as step ``step``; call on every rank (only rank 0's
+    ``state`` is written).
 
     Global rank 0 writes it atomically with its sidecar and keeps this run's ``keep``
     newest; then one broadcast tells every rank how that went, so on return the checkpoint
     is durable and the call is a step boundary. When rank 0's write fails (a state
-    torch.save cannot pickle, a full disk) every rank raises the same ``CheckpointError``.
+    torch.save cannot pickle, a full disk, a None state) every rank raises the same
+    ``CheckpointError``.
     ``step``: an integer from 0 to 10**18 - 1 (else ValueError, on every rank). Returns the
     payload's path.
     """
@@ -429,6 +432,12 @@ def save(state: Any, step: int, *, keep: int = DEFAULT_KEEP, directory: str | No
     error: Exception | None = None
     if rank() == 0:
         try:
+            if state is None:  # it would load as None: a restart would start over, silently
+                raise TypeError(
+                    "ddpkit.save(None): load_latest() returns None for no checkpoint, so a "
+                    "restart would start over; save what to resume from, e.g. "
+                    "{'model': model.state_dict(), 'optimizer': opt.state_dict()}"
+                )
             store.write(state, meta(n))
         except Exception as e:  # every rank learns of it below and raises alike
             error = e

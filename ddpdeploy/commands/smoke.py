@@ -109,7 +109,7 @@ def smoke(
     restarts = None
     if chaos is not None:
         spec, restarts = _chaos_spec(spec, chaos)
-    folder = None if docker else _checkpoint_folder(spec, chaos is not None)
+    folder = None if docker else _checkpoint_folder(spec, chaos is not None, resume)
     world = _announce(spec, docker)
     options = runner.RunOptions(
         world_size=world,
@@ -229,17 +229,34 @@ def _check_script(spec: JobSpec) -> None:
     )
 
 
-def _checkpoint_folder(spec: JobSpec, chaos: bool) -> Path | None:
+def _checkpoint_folder(spec: JobSpec, chaos: bool, resume: bool = False) -> Path | None:
     """Where a local run's checkpoints go: .ddpdeploy/checkpoints/NAME, when the job has a
-    checkpoint volume (a chaos run of the built-in trainer gets one)."""
-    if spec.checkpoint is None and not chaos:
-        return None
+    checkpoint volume (every --kill-at run gets one); with --resume also when it has none
+    but that folder holds what a --kill-at run saved there (said in one line)."""
     from ddpdeploy.fs import linked_below
     from ddpdeploy.paths import local_checkpoints
 
+    folder = Path.cwd() / local_checkpoints(spec.name)
+    if spec.checkpoint is None and not chaos:
+        # --resume keeps the last run's checkpoint folder: a --kill-at run of this job had
+        # one although the spec has none, and the user resumes what that run saved.
+        if not resume or not _holds_files(folder):
+            return None
+        typer.echo(
+            f"smoke: --resume: the spec has no checkpoint volume, but {folder} holds what "
+            "an earlier --kill-at run saved; this run gets that folder, as the kill run did",
+            err=True,
+        )
     # Never through a link: the folder is emptied before each run.
     linked_below(Path.cwd(), local_checkpoints(spec.name))
-    return Path.cwd() / local_checkpoints(spec.name)
+    return folder
+
+
+def _holds_files(folder: Path) -> bool:
+    """Whether ``folder`` (never followed through a link) holds a file anywhere below."""
+    if folder.is_symlink() or not folder.is_dir():
+        return False
+    return any(files for _, _, files in os.walk(folder))
 
 
 @contextlib.contextmanager
@@ -274,7 +291,8 @@ def _workspace_writes(spec: JobSpec, runs: WorkspaceRuns) -> Iterator[None]:
         yield
     finally:
         wrote = runs.end()
-        line = workspace.warning(wrote) if spec.security.read_only_root_filesystem else None
+        volume = spec.checkpoint is not None
+        line = workspace.warning(wrote, volume) if spec.security.read_only_root_filesystem else None
         if line:  # the names of files the job wrote: plain text
             typer.echo(f"smoke: {plain_lines(line)}", err=True)
 

@@ -6,6 +6,7 @@ decides what to print.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -247,7 +248,7 @@ def _build_with_progress(
             context,
             build_args,
             base,
-            _on_build(shown),
+            _on_build(shown, build_args),
             no_cache=no_cache,
             network=network,
             labels=labels,
@@ -256,7 +257,9 @@ def _build_with_progress(
     return result
 
 
-def _on_build(shown: Progress) -> Callable[[BuildProgress], None]:
+def _on_build(
+    shown: Progress, build_args: dict[str, str] | None = None
+) -> Callable[[BuildProgress], None]:
     """The build's progress: where it is, and a line per step where that is all a log shows."""
     seen: set[int] = set()
 
@@ -264,7 +267,7 @@ def _on_build(shown: Progress) -> Callable[[BuildProgress], None]:
         step = state.current
         if step is None:
             return
-        instruction = " ".join(step.instruction.split())
+        instruction = _as_used(" ".join(step.instruction.split()), build_args or {})
         cached = " (cached)" if step.cached else ""
         shown.update(
             total=state.total,
@@ -276,6 +279,20 @@ def _on_build(shown: Progress) -> Callable[[BuildProgress], None]:
             shown.step(f"step {step.number}/{state.total}: {instruction[:100]}")
 
     return on_build
+
+
+_ARG_DEFAULT = re.compile(r"ARG ([A-Za-z_][A-Za-z0-9_]*)=")
+
+
+def _as_used(instruction: str, build_args: dict[str, str]) -> str:
+    """An ``ARG NAME=default`` step with the value this build passed for NAME instead: the
+    log shows what was used (the CUDA base image's name under --base-image was not)."""
+    found = _ARG_DEFAULT.match(instruction)
+    if found is None or found[1] not in build_args:
+        return instruction
+    value = build_args[found[1]]
+    shown = value if value and not re.search(r"[\s\"'\\]", value) else json.dumps(value)
+    return f"ARG {found[1]}={shown}"
 
 
 def _push_with_progress(report: Report, client: Any, repository: str, tag: str) -> str:

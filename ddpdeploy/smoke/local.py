@@ -4,7 +4,10 @@ run's checkpoint folder on this host.
 Cleanup does not rely on process groups: torchrun starts each worker in a session of its
 own, so signalling an agent's group misses its workers, and an agent that died (SIGKILL)
 leaves them orphaned. Every agent therefore gets a per-run marker in its env, which its
-workers inherit; `stop()` kills every process whose /proc/<pid>/environ carries it.
+workers inherit; `stop()` kills every process whose /proc/<pid>/environ carries it. A
+process that clears its environment and leaves its session carries no marker: this process
+is the run's child subreaper (smoke.reaper), so such an orphan is re-parented here, and
+`stop()` also kills every descendant the run added.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from pathlib import Path
 from ddpdeploy.errors import OperationError
 from ddpdeploy.fs import linked_below, write_atomic
 from ddpdeploy.paths import helpers_dir
-from ddpdeploy.smoke import workspace
+from ddpdeploy.smoke import reaper, workspace
 from ddpdeploy.smoke.backend import Line, Node, NoWorker, RunBackend
 from ddpdeploy.smoke.launch import HOLD_RELEASE_ENV, HOLD_STEP_ENV, LocalNode
 from ddpdeploy.text import clip
@@ -60,6 +63,9 @@ class LocalRun(RunBackend):
         held = any(HOLD_STEP_ENV in n.env for n in nodes)
         self.release = self.log_dir / "chaos-release" if held else None
         self._stopped = False
+        # Before any agent: what is ours already is not the run's; orphans come here.
+        self._before = reaper.snapshot()
+        self._subreaper = reaper.become_subreaper()
         try:
             for node in nodes:
                 self._start(node, cwd)
@@ -169,6 +175,9 @@ class LocalRun(RunBackend):
             _signal_group(agent.proc, signal.SIGKILL)
             agent.proc.wait()
         kill_marked(self.marker)
+        reaper.kill_descendants(self._before)  # what left the marker behind (env -i)
+        if self._subreaper:
+            reaper.stop_subreaping()
         shutil.rmtree(self.log_dir, ignore_errors=True)
 
 

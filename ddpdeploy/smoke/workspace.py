@@ -40,15 +40,19 @@ def created(before: Listing, after: Listing, known: Listing) -> list[str]:
     )
 
 
-def warning(files: list[str]) -> str | None:
-    """The one line `smoke --local` prints for ``files`` (None when there are none)."""
+def warning(files: list[str], volume: bool = True) -> str | None:
+    """The one line `smoke --local` prints for ``files`` (None when there are none): what
+    the write does in a pod, and where to save instead (``volume``: the job has a
+    checkpoint volume; without one $DDPDEPLOY_CHECKPOINT_DIR is unset)."""
     if not files:
         return None
     more = f" and {len(files) - 1} more" if len(files) > 1 else ""
+    where = "save it under $DDPDEPLOY_CHECKPOINT_DIR (ddpkit.checkpoint_dir())"
+    fix = where if volume else f"add `checkpoint: {{size: 10Gi}}` to the spec and {where}"
     return (
-        f"warning: the run wrote {files[0]}{more} in the workspace, outside "
-        "$DDPDEPLOY_CHECKPOINT_DIR; the pod's read-only root would refuse it: write under "
-        "$DDPDEPLOY_CHECKPOINT_DIR (or /tmp), or pass --writable-rootfs"
+        f"warning: the run wrote {files[0]}{more} in the workspace; on the cluster that "
+        "write fails (the pod's root file system is read-only, and a file there would be "
+        f"lost with the pod anyway): {fix}; scratch files go to /tmp"
     )
 
 

@@ -316,3 +316,33 @@ def test_missing_dockerfile_is_one_line(tmp_path: Path) -> None:
     # An install without docker/ (a wheel that lacks it) must say so, not raise OSError.
     with pytest.raises(UserError, match="the Dockerfile ddpdeploy ships is missing at"):
         build_context.dockerfile(tmp_path)
+
+
+# Found by the fourth hostile pass (left open then): under --base-image X the build log's
+# first line was `ARG BASE_IMAGE=pytorch/pytorch:…-cuda…`, the Dockerfile's default, not X.
+def test_the_build_log_shows_the_arg_values_this_build_passed() -> None:
+    from ddpdeploy.image.build import _on_build
+    from ddpdeploy.report import _Nothing
+
+    lines: list[str] = []
+
+    class Shown(_Nothing):
+        def step(self, text: str) -> None:
+            lines.append(text)
+
+    on_build = _on_build(Shown(), {"BASE_IMAGE": "mine/torch:1", "SYSTEM_PACKAGES": "git vim"})
+    state = BuildProgress()
+    for event in [
+        {"stream": f"Step 1/4 : ARG BASE_IMAGE={image.DEFAULT_BASE_IMAGE}\n"},
+        {"stream": "Step 2/4 : FROM ${BASE_IMAGE}\n"},
+        {"stream": 'Step 3/4 : ARG SYSTEM_PACKAGES=""\n'},
+        {"stream": "Step 4/4 : ARG USER_UID=10001\n"},
+    ]:
+        state.feed(event)
+        on_build(state)
+    assert lines == [
+        "step 1/4: ARG BASE_IMAGE=mine/torch:1",
+        "step 2/4: FROM ${BASE_IMAGE}",
+        'step 3/4: ARG SYSTEM_PACKAGES="git vim"',
+        "step 4/4: ARG USER_UID=10001",  # not passed: the Dockerfile's default is what ran
+    ]

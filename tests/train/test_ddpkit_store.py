@@ -406,6 +406,24 @@ def test_a_state_weights_only_refuses_is_one_error_not_a_fresh_start(
     assert kit.load_latest(weights_only=False)["args"].lr == 0.1
 
 
+# Found by the fourth hostile pass (left open then): save(None) wrote a checkpoint that
+# load_latest() returned as None, its answer for "no checkpoint": the restart started over.
+def test_saving_none_is_refused_not_read_back_as_a_fresh_start(
+    kit: ModuleType, tmp_path: Path
+) -> None:
+    with pytest.raises(kit.CheckpointError) as caught:
+        kit.save(None, 1)
+    said = str(caught.value)
+    assert "\n" not in said and said.endswith(
+        "was not written: rank 0: TypeError: ddpkit.save(None): load_latest() returns None "
+        "for no checkpoint, so a restart would start over; save what to resume from, e.g. "
+        "{'model': model.state_dict(), 'optimizer': opt.state_dict()}"
+    ), said
+    assert not (tmp_path / "ck").exists() or steps_in(tmp_path / "ck") == {"pt": [], "json": []}
+    kit.save({"w": 0}, 2)  # any other state loads back as saved
+    assert kit.load_latest() == {"w": 0}
+
+
 @pytest.mark.slow
 def test_a_weights_only_refusal_raises_alike_on_every_rank(tmp_path: Path) -> None:
     env = {"PYTHONPATH": str(TRAIN_DIR), "DDPDEPLOY_CHECKPOINT_DIR": str(tmp_path / "ck")}
