@@ -1186,11 +1186,11 @@ class Kube:
         try:
             bounded(ping, PING_TIMEOUT, "asking the API server")  # its retry bounded too
         except Exception as exc:  # noqa: BLE001 - a timeout, a refused or reset connection
+            why = "" if isinstance(exc, TimeoutError) else f": {_one_line(exc, 120)}"
             raise ApiSilent(
                 f"{what}: the API server at {self.server} stopped answering (no answer "
-                f"within {PING_TIMEOUT} s after {HEARTBEAT} s without a line: "
-                f"{_one_line(exc, 120)}); check the cluster's control plane, then run the "
-                "command again"
+                f"within {PING_TIMEOUT} s after {HEARTBEAT} s without a line{why}); check "
+                "the cluster's control plane, then run the command again"
             ) from None
 
     def _get_raw(self, path: str, query: builtins.list[tuple[str, str]], timeout: Any) -> Any:
