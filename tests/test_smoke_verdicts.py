@@ -318,3 +318,20 @@ def test_kill_at_a_script_that_starts_over(tmp_path, saves):
     else:
         assert res.returncode == 0, res.stderr[-3000:]
         assert "it started over (it had saved no checkpoint before the kill)" in out, out
+
+
+# Found by the fifth hostile pass: `ddpdeploy smoke --local 2>&1 | tee run.log` in the
+# workspace warned "the run wrote run.log in the workspace; on the cluster that write
+# fails": tee wrote it, beside the run, and still held it open when the run had ended.
+def test_a_file_another_process_still_writes_is_not_the_runs(tmp_path):
+    from ddpdeploy.smoke.local import WorkspaceRuns
+
+    with open(tmp_path / "run.log", "w") as tee:  # as tee holds it, beside the run
+        runs = WorkspaceRuns(tmp_path)
+        assert runs.begin(keep=False) == []
+        tee.write("smoke: ...\n")
+        tee.flush()
+        (tmp_path / "snapshot.pt").write_bytes(b"the run's")
+        assert runs.end() == ["snapshot.pt"]
+    assert WorkspaceRuns(tmp_path).begin(keep=False) == ["snapshot.pt"]
+    assert (tmp_path / "run.log").read_text() == "smoke: ...\n"

@@ -366,10 +366,17 @@ def _warn_if_counts_can_differ() -> None:
 
 # ---- where checkpoints go ----------------------------------------------------------------
 def checkpoint_dir(directory: str | os.PathLike[str] | None = None) -> str:
-    """``directory`` if given, else ``$DDPDEPLOY_CHECKPOINT_DIR``; exits 2 with one line if
-    neither is set, or the variable is empty (the job has no checkpoint volume)."""
+    """``directory`` if given (ValueError if empty), else ``$DDPDEPLOY_CHECKPOINT_DIR``;
+    exits 2 with one line if neither is set, or the variable is empty (the job has no
+    checkpoint volume)."""
     if directory is not None:
-        return os.fspath(directory)
+        given = os.fspath(directory)
+        if not given.strip():  # "" lists nothing: load_latest found no checkpoint, a fresh start
+            raise ValueError(
+                f"directory={given!r} names no folder; pass the checkpoint folder, or "
+                f"directory=None for ${CHECKPOINT_DIR_ENV}"
+            )
+        return given
     found = os.environ.get(CHECKPOINT_DIR_ENV)
     if not found:
         state = "is not set" if found is None else "is set but empty"

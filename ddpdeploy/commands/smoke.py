@@ -437,6 +437,8 @@ def _report_kill(outcome: Outcome, kill: Kill, clean: Outcome, again: Outcome | 
         how = "it loaded a file (torch.load)" if kill.loaded else "no torch.load: it started over"
         if started_over and not kill.saved_before:
             how += " (it had saved no checkpoint before the kill)"
+        elif started_over and not kill.lost_progress:
+            how += " (no checkpoint was complete before the restart)"
         if kill.resumed_step is not None:
             how = f"it resumed from step {kill.resumed_step}"
         echo(f"restarted       {kill.restarted_at - kill.at:.1f} s after the kill; {how}")
@@ -448,7 +450,7 @@ def _report_kill(outcome: Outcome, kill: Kill, clean: Outcome, again: Outcome | 
             f"(kill -> step {kill.recovered_step} after torchrun restarted the workers)"
         )
     echo(f"finished        every node exited 0 after the kill{_steps_of(outcome)}")
-    if started_over and kill.saved_before:
+    if kill.lost_progress:
         raise OperationError(
             "--kill-at: the restarted workers started over (no torch.load after the restart) "
             "although the job had saved with torch.save before the kill, so it lost that "

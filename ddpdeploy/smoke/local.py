@@ -225,6 +225,33 @@ def _own_streams(root: Path) -> frozenset[str]:
     return frozenset(out)
 
 
+def _held_for_writing(root: Path) -> frozenset[str]:
+    """Files in ``root`` (relative paths) that a live process holds open for writing (Linux;
+    elsewhere: none known). After a run every process of it has ended, so such a file is
+    someone else's: the `tee run.log` smoke's output is piped to, an editor, a logger."""
+    base = root.resolve()
+    out = set()
+    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{entry.name}/fd")
+        except OSError:  # gone, or not ours to read
+            continue
+        for fd in fds:
+            try:
+                path = Path(os.readlink(f"/proc/{entry.name}/fd/{fd}"))
+                if not path.is_relative_to(base):
+                    continue
+                info = Path(f"/proc/{entry.name}/fdinfo/{fd}").read_text()
+            except OSError:
+                continue
+            flags = [ln.split()[1] for ln in info.splitlines() if ln.startswith("flags:")]
+            if flags and int(flags[0], 8) & (os.O_WRONLY | os.O_RDWR):
+                out.add(str(path.relative_to(base)))
+    return frozenset(out)
+
+
 def _signal_group(proc: subprocess.Popen[str], sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
@@ -297,7 +324,11 @@ class WorkspaceRuns:
         recorded for the next smoke to set aside."""
         if self.before is None:
             return sorted(self.wrote)
+        # What another process still writes (smoke's output through `| tee run.log`) is not
+        # the run's: its processes have all ended.
+        self.own |= _held_for_writing(self.root)
         now = self._listing()
+        self.wrote -= self.own
         self.wrote |= set(workspace.written(self.before, now))
         recorded = self._recorded()
         made = workspace.created(self.before, now, recorded)

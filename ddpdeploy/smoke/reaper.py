@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
@@ -55,43 +56,56 @@ def stop_subreaping() -> None:
         prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 
 
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, ppid, start time) of ``pid`` from /proc/PID/stat; None once gone."""
+class _Proc(NamedTuple):
+    state: str
+    ppid: int
+    pgrp: int
+    start: int  # clock ticks since boot
+
+
+def _stat(pid: int) -> _Proc | None:
+    """What /proc/PID/stat says of ``pid``; None once gone."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = raw.rpartition(")")[2].split()  # after the command name, which may hold spaces
     try:
-        return fields[0], int(fields[1]), int(fields[19])
+        return _Proc(fields[0], int(fields[1]), int(fields[2]), int(fields[19]))
     except (IndexError, ValueError):
         return None
 
 
-def _tree() -> dict[int, list[tuple[int, str, int]]]:
-    """Every process by its parent: ppid -> [(pid, state, start time)]."""
-    children: dict[int, list[tuple[int, str, int]]] = {}
+def _table() -> dict[int, _Proc]:
+    """Every process on this host."""
+    table: dict[int, _Proc] = {}
     if not os.path.isdir("/proc"):
-        return children
+        return table
     for entry in os.scandir("/proc"):
         if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
-            state, ppid, start = stat
-            children.setdefault(ppid, []).append((int(entry.name), state, start))
-    return children
+            table[int(entry.name)] = stat
+    return table
+
+
+def _below(table: dict[int, _Proc], skip: frozenset[Stamp]) -> dict[int, _Proc]:
+    """This process's descendants in ``table``, not entering ``skip``."""
+    children: dict[int, list[int]] = {}
+    for pid, proc in table.items():
+        children.setdefault(proc.ppid, []).append(pid)
+    found: dict[int, _Proc] = {}
+    todo = [os.getpid()]
+    while todo:
+        for pid in children.get(todo.pop(), []):
+            if (pid, table[pid].start) in skip or pid in found:
+                continue
+            found[pid] = table[pid]
+            todo.append(pid)
+    return found
 
 
 def descendants(skip: frozenset[Stamp] = frozenset()) -> dict[int, tuple[str, int]]:
     """This process's descendants, pid -> (state, start time), not entering ``skip``."""
-    children = _tree()
-    found: dict[int, tuple[str, int]] = {}
-    todo = [os.getpid()]
-    while todo:
-        for pid, state, start in children.get(todo.pop(), []):
-            if (pid, start) in skip or pid in found:
-                continue
-            found[pid] = (state, start)
-            todo.append(pid)
-    return found
+    return {pid: (p.state, p.start) for pid, p in _below(_table(), skip).items()}
 
 
 def snapshot() -> frozenset[Stamp]:
@@ -99,14 +113,36 @@ def snapshot() -> frozenset[Stamp]:
     return frozenset((pid, start) for pid, (_, start) in descendants().items())
 
 
-def kill_descendants(before: frozenset[Stamp], timeout: float = 10.0) -> None:
+def kill_descendants(before: frozenset[Stamp], timeout: float = 10.0) -> list[int]:
     """SIGKILL every descendant that is not in ``before`` (nor below it) until none is
-    alive, then reap those re-parented here (the agents are reaped by their Popen)."""
+    alive, then reap those re-parented here (the agents are reaped by their Popen); the
+    pids still alive at ``timeout``.
+
+    A process that forks and exits over and over moves on to a new pid between the scan
+    and the kill, and a single scan can miss it altogether (gone, its child not yet
+    listed, its parent a zombie): the tree must be found empty on several scans in a row,
+    and each process group whose members are all the run's (zombies included) is killed
+    whole, which the kernel does at once (a fork in it is in the group and killed, or
+    fails)."""
     deadline = time.monotonic() + timeout
+    empty_scans = 0
+    live: list[int] = []
     while time.monotonic() < deadline:
-        live = [pid for pid, (state, _) in descendants(before).items() if state not in "ZX"]
+        table = _table()
+        run = _below(table, before)
+        # A zombie's group too: a hopper's live pid may be newer than the listing.
+        others = {p.pgrp for pid, p in table.items() if pid not in run}
+        for group in {p.pgrp for p in run.values()} - others:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGKILL)
+        live = [pid for pid, p in run.items() if p.state not in "ZX"]
         if not live:
-            break
+            empty_scans += 1
+            if empty_scans >= _EMPTY_SCANS:
+                break
+            time.sleep(0.02)
+            continue
+        empty_scans = 0
         for pid in live:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
@@ -114,6 +150,10 @@ def kill_descendants(before: frozenset[Stamp], timeout: float = 10.0) -> None:
     me = os.getpid()
     for pid in descendants(before):
         stat = _stat(pid)
-        if stat is not None and stat[1] == me and stat[0] in "ZX":
+        if stat is not None and stat.ppid == me and stat.state in "ZX":
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
+    return [] if empty_scans >= _EMPTY_SCANS else live
+
+
+_EMPTY_SCANS = 3  # scans in a row that find no live descendant before the end is believed

@@ -130,9 +130,22 @@ class Kill:
     restarted_at: float | None = None
     loaded: bool = False  # a restarted worker called torch.load (it resumed from a file)
     saved_before: bool = False  # some rank had called torch.save when the kill struck
+    # ddpkit prints `checkpoint` once a save is complete: a job that prints them lost
+    # progress only if one came from the workers before the restart (a save still in
+    # flight at the kill, such as the built-in trainer's asynchronous one, left nothing).
+    announces: bool = False  # the job printed a `checkpoint` event
+    committed: bool = False  # ... before the restart
     resumed_step: int | None = None  # the step its `start` event says it resumed from
     recovered_at: float | None = None
     recovered_step: int | None = None
+
+    @property
+    def lost_progress(self) -> bool:
+        """The restarted workers started over although a save was complete before them."""
+        started_over = self.restarted_at is not None and not self.loaded
+        if not started_over or self.resumed_step is not None or not self.saved_before:
+            return False
+        return self.committed or not self.announces
 
 
 @dataclass
@@ -374,7 +387,9 @@ class _Run:
                     kill.resumed_step = resumed
             self.view.note(f"{node}: {text}")
             self.saw_checkpoint = self.saw_checkpoint or event.kind == "checkpoint"
-            kill = self.kill
+            if event.kind == "checkpoint" and kill is not None:
+                kill.announces = True
+                kill.committed = kill.committed or not kill.restarted
             if event.kind == "checkpoint" and kill and kill.at_.checkpoint and not kill.at:
                 self.strike(f"checkpoint step {step}" if step is not None else "checkpoint")
 

@@ -253,3 +253,24 @@ def test_an_event_line_is_one_write_with_its_newline(monkeypatch: pytest.MonkeyP
     ddpkit.emit({"event": "step", "step": 3})
     assert [json.loads(w) for w in writes] == [{"event": "step", "step": 3}]
     assert writes[0].endswith(b"\n")
+
+
+# Found by the fifth hostile pass: load_latest(directory="") (a script's
+# os.environ.get("CKPT", "")) returned None, a fresh start, saying nothing, where an empty
+# $DDPDEPLOY_CHECKPOINT_DIR is one line, exit 2; save(directory="") failed on makedirs('').
+def test_an_empty_directory_argument_is_refused_on_load_and_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(TRAIN_DIR))
+    monkeypatch.chdir(tmp_path)
+    for k in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(k, raising=False)
+    import ddpkit
+
+    ddpkit.save({"step": 1}, 1, directory=str(tmp_path))  # a checkpoint here, in the cwd
+    for call in (
+        lambda: ddpkit.load_latest(directory=""),
+        lambda: ddpkit.save({}, 2, directory=" "),
+    ):
+        with pytest.raises(ValueError, match=r"names no folder; pass the checkpoint folder"):
+            call()
