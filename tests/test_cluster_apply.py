@@ -370,3 +370,33 @@ def test_a_quota_used_up_by_others_now_is_a_warning(kube):
         "ResourceQuota ns/q3: requests.cpu 0.2 of 0.3 is used; the job's 2 pod(s) ask for "
         "requests.cpu 0.2: some wait uncreated until that frees up"
     ]
+
+
+class NoSchedulers(FakeKube):
+    """A cluster without Volcano's and Kueue's CRDs."""
+
+    def has_kind(self, api_version: str, kind: str) -> bool:
+        return kind not in ("PodGroup", "LocalQueue")
+
+
+# Found by the fifth hostile pass: `up --scheduler volcano` (or `--queue q`) on a cluster
+# without Volcano (Kueue) passed; its pods sat Pending with no event (the job Suspended)
+# until --timeout, and `status` said only "Pending — 1 pods created" ("Suspended").
+@pytest.mark.parametrize(
+    ("scheduling", "says"),
+    [
+        ({"scheduler": "volcano"}, "--scheduler volcano: Volcano is not installed in the cluster"),
+        ({"queue": "q"}, "--queue q: Kueue is not installed in the cluster"),
+    ],
+    ids=["volcano", "kueue"],
+)
+def test_a_scheduler_or_queue_the_cluster_lacks_is_refused(scheduling, says):
+    kube = NoSchedulers()
+    kube.add({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ns"}})
+    doc = {"image": "r.invalid/t:1", "name": "j", "namespace": "ns", "scheduling": scheduling}
+    spec = JobSpec.model_validate(doc)
+    with pytest.raises(OperationError) as err:
+        deploy.preflight(kube, spec, with_saved_spec(render_objects(spec), spec), False)
+    assert str(err.value).startswith(says)
+    assert "install" in str(err.value) and "drop --" in str(err.value)
+    assert ours(kube) == []

@@ -88,6 +88,7 @@ def preflight(
             f"the {layout.kind} CRD ({layout.api_version}) is not installed in the cluster at "
             f"{kube.server}; {layout.install_hint}"
         )
+    _check_schedulers(kube, spec)
     _check_namespace(kube, checked, create_namespace)
     if spec.gpus:
         _check_gpus(kube, checked)
@@ -98,6 +99,30 @@ def preflight(
     if not checked.create_namespace:
         _check_existing(kube, checked, layout)
     return checked
+
+
+# The kinds whose CRDs say Volcano and Kueue run in the cluster (every release since Volcano
+# 1.0 and Kueue 0.3 serves these versions).
+VOLCANO_POD_GROUP = ("scheduling.volcano.sh/v1beta1", "PodGroup")
+KUEUE_LOCAL_QUEUE = ("kueue.x-k8s.io/v1beta1", "LocalQueue")
+
+
+def _check_schedulers(kube: KubeApi, spec: JobSpec) -> None:
+    """Volcano (--scheduler volcano) and Kueue (--queue) must be installed: without them the
+    job's pods wait for a scheduler that is not there, or the job stays suspended, for good
+    and without a word (no event, no condition)."""
+    if spec.scheduling.scheduler == "volcano" and not kube.has_kind(*VOLCANO_POD_GROUP):
+        raise OperationError(
+            f"--scheduler volcano: Volcano is not installed in the cluster at {kube.server} "
+            f"(no {VOLCANO_POD_GROUP[1]} kind, {VOLCANO_POD_GROUP[0]}): no pod of the job "
+            "would ever be scheduled; install Volcano, or drop --scheduler volcano"
+        )
+    if spec.queued and not kube.has_kind(*KUEUE_LOCAL_QUEUE):
+        raise OperationError(
+            f"--queue {spec.scheduling.queue}: Kueue is not installed in the cluster at "
+            f"{kube.server} (no {KUEUE_LOCAL_QUEUE[1]} kind, {KUEUE_LOCAL_QUEUE[0]}): the "
+            "job would stay suspended; install Kueue, or drop --queue"
+        )
 
 
 def prepare(
