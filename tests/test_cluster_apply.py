@@ -400,3 +400,22 @@ def test_a_scheduler_or_queue_the_cluster_lacks_is_refused(scheduling, says):
     assert str(err.value).startswith(says)
     assert "install" in str(err.value) and "drop --" in str(err.value)
     assert ours(kube) == []
+
+
+# Found by the fifth hostile pass: `up --host-network --nodes 2` on a one-node cluster
+# passed the preflight (the CPU and memory fit) and was applied; the second pod could never
+# be scheduled ("didn't have free ports for the requested pod ports").
+def test_host_network_pods_need_a_node_each(kube):
+    kube.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {}},
+              "status": {"allocatable": {"cpu": "8", "memory": "32Gi"}}})  # fmt: skip
+    doc = {"image": "r.invalid/t:1", "name": "j", "namespace": "ns", "nodes": 2, "gpus": 0,
+           "cpu": "1", "memory": "1Gi", "network": {"hostNetwork": True}}  # fmt: skip
+    spec = JobSpec.model_validate(doc)
+    with pytest.raises(OperationError) as err:
+        deploy.preflight(kube, spec, with_saved_spec(render_objects(spec), spec), False)
+    assert str(err.value).startswith(
+        "--host-network: each of the job's 2 pods needs a node of its own"
+    )
+    assert "lower --nodes to at most 1" in str(err.value)
+    spec = JobSpec.model_validate({**doc, "nodes": 1})
+    deploy.preflight(kube, spec, with_saved_spec(render_objects(spec), spec), False)

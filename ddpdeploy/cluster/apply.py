@@ -307,6 +307,14 @@ def _check_fit(kube: KubeApi, checked: Checked, layout: Layout) -> None:
         return  # nothing to measure against (a cluster that adds nodes on demand)
     count = spec.nodes
     got = fit(nodes, want, count, dict(spec.node_selector))
+    if spec.network.host_network and 0 < got.nodes < count:
+        # The scheduler puts no two of them on one node: they ask for the same host ports.
+        raise OperationError(
+            f"--host-network: each of the job's {count} pods needs a node of its own (on the "
+            f"host's network they listen on the same ports), and {got.nodes} schedulable "
+            f"node(s) take them; lower --nodes to at most {got.nodes}, add nodes, or drop "
+            "--host-network"
+        )
     asked = ", ".join(f"{r} {shown_amount(r, want[r])}" for r in FIT_RESOURCES if want[r] > 0)
     if got.pods < count:
         where = "the schedulable nodes hold" if got.nodes != 1 else "the node holds"
