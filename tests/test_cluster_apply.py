@@ -419,3 +419,22 @@ def test_host_network_pods_need_a_node_each(kube):
     assert "lower --nodes to at most 1" in str(err.value)
     spec = JobSpec.model_validate({**doc, "nodes": 1})
     deploy.preflight(kube, spec, with_saved_spec(render_objects(spec), spec), False)
+
+
+# Found by the fifth hostile pass: a mistyped -n (a namespace that does not exist) was "no
+# job j1 ... in namespace hostile5-zz; `ddpdeploy list -n hostile5-zz` shows the jobs",
+# as if the job were gone; the same from down, resume and collect.
+def test_no_job_in_a_namespace_that_does_not_exist_says_so(kube):
+    gone = ": the namespace does not exist; check -n (`kubectl get namespaces` lists them)"
+    with pytest.raises(OperationError) as err:
+        find_job(kube, "j", "typo", hint="; hint")
+    assert str(err.value) == "no job j (PyTorchJob, TrainJob or Job) in namespace typo" + gone
+    with pytest.raises(OperationError) as err:
+        find_job(kube, "j", "ns", hint="; hint")
+    assert str(err.value).endswith(" in namespace ns; hint")
+    with pytest.raises(OperationError) as err:
+        deploy.delete(find_job(kube, "j", "typo", verb="deleted", required=False), False, print)
+    assert str(err.value).endswith("namespace typo" + gone)
+    with pytest.raises(OperationError) as err:
+        deploy.resumable(find_job(kube, "j", "typo", verb="resumed", required=False), print)
+    assert str(err.value) == "no saved spec for j in namespace typo" + gone

@@ -32,7 +32,15 @@ from ddpdeploy.cluster.capacity import (
     quota_shorts,
 )
 from ddpdeploy.cluster.capacity import shown as shown_amount
-from ddpdeploy.cluster.find import Found, labelled_ours, no_job, not_ours, owner_of, require_ours
+from ddpdeploy.cluster.find import (
+    Found,
+    labelled_ours,
+    no_job,
+    no_namespace,
+    not_ours,
+    owner_of,
+    require_ours,
+)
 from ddpdeploy.cluster.find import ref as _ref
 from ddpdeploy.cluster.jobstate import job_state
 from ddpdeploy.cluster.labels import ours_selector
@@ -861,6 +869,8 @@ def _saved(found: Found) -> tuple[JobSpec, Obj]:
         spec = saved_spec(claim)  # strict: it must name this job, namespace and claim
         if spec is not None and spec.name == name:
             return spec, claim
+    if missing := no_namespace(found.kube, namespace):
+        raise OperationError(f"no saved spec for {name} in namespace {namespace}{missing}")
     raise OperationError(
         f"no saved spec for {name} in namespace {namespace}: neither a job nor a "
         "checkpoint PVC that `ddpdeploy up` made is there; run `ddpdeploy up` again"
@@ -897,7 +907,7 @@ def delete(found: Found, purge: bool, say: Say) -> None:
                 require_ours(claim, name, "deleted")
         adopted = _adopted_with_spec(kube, name, ns)
         if job is None and not gone_with_job and not (purge and claims) and adopted is None:
-            raise OperationError(no_job(name, ns) + "; nothing deleted")
+            raise OperationError(no_job(name, ns) + (no_namespace(kube, ns) or "; nothing deleted"))
         if job is not None and kube.delete(layout.api_version, layout.kind, name, ns):
             done.append(f"deleted {layout.kind} {ns}/{name}")
             say(done[-1])
