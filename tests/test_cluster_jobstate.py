@@ -121,6 +121,16 @@ CASES = [
         True,
         False,
     ),
+    # Found by the fifth hostile pass: a claim an Immediate StorageClass's provisioner has
+    # not bound yet (seconds after `up` made it) ended `up --wait` at once, Unschedulable.
+    (
+        "a claim not bound yet",
+        job(),
+        [pod(sched="0/1 nodes are available: 1 pod has unbound immediate PersistentVolumeClaims.")],
+        "Unschedulable",
+        False,
+        False,
+    ),
     (
         "crash loop",
         job(("Running", "")),
