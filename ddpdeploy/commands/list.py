@@ -37,14 +37,18 @@ def list_jobs(
     ours = ours_selector()
     jobs = []
     refused: list[str] = []
+    kinds_served = 0
     for t in TARGETS.values():
         if not kube.has_kind(t.api_version, t.kind):  # a CRD the cluster lacks holds no jobs
             continue
+        kinds_served += 1
         try:
             jobs += kube.list(t.api_version, t.kind, ns, labels=ours)
         except Forbidden as exc:
             # One kind the user may not list (RBAC for PyTorchJobs only) hides no other.
             refused.append(f"{t.kind}s: {exc}")
+    if refused and len(refused) == kinds_served:  # nothing listed: the refusal alone
+        raise OperationError(f"could not list {'; '.join(refused)}")
     now = datetime.now(timezone.utc)
     rows = []
     for job in sorted(jobs, key=lambda j: (j["metadata"]["namespace"], j["metadata"]["name"])):

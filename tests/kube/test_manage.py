@@ -92,6 +92,9 @@ def test_list_shows_the_kinds_it_may_list_and_names_the_refused(kube_cli, admin,
     (line,) = out.stderr.splitlines()
     assert line.startswith("error: could not list ") and "Jobs: listing Job: forbidden: " in line
     assert 'User "limited" cannot list resource "jobs"' in line
+    every = kube_cli("list", "-A", "--context", "limited")  # no kind may be listed anywhere
+    assert every.returncode == 1 and every.stdout == "", every.stdout
+    assert every.stderr.startswith("error: could not list PyTorchJobs: listing PyTorchJob: ")
 
 
 def test_down_keeps_the_pvc_unless_purge(kube_cli, admin, namespace, up):
