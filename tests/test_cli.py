@@ -284,3 +284,17 @@ def test_tab_lists_the_commands_without_loading_them():
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["render", "resume"]
     assert "LOADED=\n" in res.stderr
+
+
+@pytest.mark.parametrize("timeout", ["0", "0s", "0.0m"])
+def test_up_refuses_a_timeout_of_no_time_before_anything_is_made(tmp_path, timeout):
+    # Found by the fifth hostile pass: `up --wait --timeout 0` made the job, then "timed
+    # out after 0s waiting for PyTorchJob ..." at once, exit 1 (`collect --timeout 0` is
+    # refused as bad input).
+    env = {"KUBECONFIG": str(tmp_path / "none")}  # refused before any kubeconfig is read
+    out = run_main("up", "--image", "r.invalid/t:1", "--timeout", timeout, cwd=tmp_path, env=env)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr == (
+        f"error: --timeout: '{timeout}' is no time to wait; give a duration above 0 (90s, "
+        "15m), or leave --timeout out for 2m\n"
+    )

@@ -370,3 +370,71 @@ def test_a_quota_used_up_by_others_now_is_a_warning(kube):
         "ResourceQuota ns/q3: requests.cpu 0.2 of 0.3 is used; the job's 2 pod(s) ask for "
         "requests.cpu 0.2: some wait uncreated until that frees up"
     ]
+
+
+class NoSchedulers(FakeKube):
+    """A cluster without Volcano's and Kueue's CRDs."""
+
+    def has_kind(self, api_version: str, kind: str) -> bool:
+        return kind not in ("PodGroup", "LocalQueue")
+
+
+# Found by the fifth hostile pass: `up --scheduler volcano` (or `--queue q`) on a cluster
+# without Volcano (Kueue) passed; its pods sat Pending with no event (the job Suspended)
+# until --timeout, and `status` said only "Pending — 1 pods created" ("Suspended").
+@pytest.mark.parametrize(
+    ("scheduling", "says"),
+    [
+        ({"scheduler": "volcano"}, "--scheduler volcano: Volcano is not installed in the cluster"),
+        ({"queue": "q"}, "--queue q: Kueue is not installed in the cluster"),
+    ],
+    ids=["volcano", "kueue"],
+)
+def test_a_scheduler_or_queue_the_cluster_lacks_is_refused(scheduling, says):
+    kube = NoSchedulers()
+    kube.add({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ns"}})
+    doc = {"image": "r.invalid/t:1", "name": "j", "namespace": "ns", "scheduling": scheduling}
+    spec = JobSpec.model_validate(doc)
+    with pytest.raises(OperationError) as err:
+        deploy.preflight(kube, spec, with_saved_spec(render_objects(spec), spec), False)
+    assert str(err.value).startswith(says)
+    assert "install" in str(err.value) and "drop --" in str(err.value)
+    assert ours(kube) == []
+
+
+# Found by the fifth hostile pass: `up --host-network --nodes 2` on a one-node cluster
+# passed the preflight (the CPU and memory fit) and was applied; the second pod could never
+# be scheduled ("didn't have free ports for the requested pod ports").
+def test_host_network_pods_need_a_node_each(kube):
+    kube.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {}},
+              "status": {"allocatable": {"cpu": "8", "memory": "32Gi"}}})  # fmt: skip
+    doc = {"image": "r.invalid/t:1", "name": "j", "namespace": "ns", "nodes": 2, "gpus": 0,
+           "cpu": "1", "memory": "1Gi", "network": {"hostNetwork": True}}  # fmt: skip
+    spec = JobSpec.model_validate(doc)
+    with pytest.raises(OperationError) as err:
+        deploy.preflight(kube, spec, with_saved_spec(render_objects(spec), spec), False)
+    assert str(err.value).startswith(
+        "--host-network: each of the job's 2 pods needs a node of its own"
+    )
+    assert "lower --nodes to at most 1" in str(err.value)
+    spec = JobSpec.model_validate({**doc, "nodes": 1})
+    deploy.preflight(kube, spec, with_saved_spec(render_objects(spec), spec), False)
+
+
+# Found by the fifth hostile pass: a mistyped -n (a namespace that does not exist) was "no
+# job j1 ... in namespace hostile5-zz; `ddpdeploy list -n hostile5-zz` shows the jobs",
+# as if the job were gone; the same from down, resume and collect.
+def test_no_job_in_a_namespace_that_does_not_exist_says_so(kube):
+    gone = ": the namespace does not exist; check -n (`kubectl get namespaces` lists them)"
+    with pytest.raises(OperationError) as err:
+        find_job(kube, "j", "typo", hint="; hint")
+    assert str(err.value) == "no job j (PyTorchJob, TrainJob or Job) in namespace typo" + gone
+    with pytest.raises(OperationError) as err:
+        find_job(kube, "j", "ns", hint="; hint")
+    assert str(err.value).endswith(" in namespace ns; hint")
+    with pytest.raises(OperationError) as err:
+        deploy.delete(find_job(kube, "j", "typo", verb="deleted", required=False), False, print)
+    assert str(err.value).endswith("namespace typo" + gone)
+    with pytest.raises(OperationError) as err:
+        deploy.resumable(find_job(kube, "j", "typo", verb="resumed", required=False), print)
+    assert str(err.value) == "no saved spec for j in namespace typo" + gone

@@ -121,6 +121,16 @@ CASES = [
         True,
         False,
     ),
+    # Found by the fifth hostile pass: a claim an Immediate StorageClass's provisioner has
+    # not bound yet (seconds after `up` made it) ended `up --wait` at once, Unschedulable.
+    (
+        "a claim not bound yet",
+        job(),
+        [pod(sched="0/1 nodes are available: 1 pod has unbound immediate PersistentVolumeClaims.")],
+        "Unschedulable",
+        False,
+        False,
+    ),
     (
         "crash loop",
         job(("Running", "")),
@@ -426,3 +436,18 @@ def test_limit_range_breaches(items, broken):
     # Found by the fourth hostile pass (left open then): `up` checked no LimitRange.
     got = limit_range_breaches([_limit_range(*items)], OUR_POD)
     assert [(b.resource, b.bound, b.what) for b in got] == broken
+
+
+@pytest.mark.parametrize(
+    "item",
+    [{"type": "Pod", "max": {"cpu": "4"}}, {"type": "Pod", "maxLimitRequestRatio": {"cpu": "2"}}],
+    ids=["pod-max", "pod-ratio"],
+)
+def test_a_cpu_limit_the_pods_lack_is_not_told_to_set_with_cpu(item):
+    # Found by the fifth hostile pass: a Pod LimitRange's cpu max (or ratio) was told "set
+    # --cpu", which sets the request; ddpdeploy sets no CPU limit, so that changed nothing.
+    (breach,) = limit_range_breaches([_limit_range(item)], OUR_POD)
+    line = breach.line()
+    assert "set --cpu" not in line and "(--cpu)" not in line
+    assert "ddpdeploy sets no CPU limit (--cpu is the request)" in line
+    assert "default cpu limit" in line

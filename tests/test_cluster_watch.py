@@ -4,11 +4,14 @@ the Job and JobSet controllers make them: a random suffix, the completion index 
 from __future__ import annotations
 
 import pytest
+from fakekube import FakeKube
 
-from ddpdeploy.cluster.watch import check_named, node_pod, rank0_pod
+from ddpdeploy.cluster.saved import with_saved_spec
+from ddpdeploy.cluster.watch import check_named, node_pod, rank0_pod, wait
 from ddpdeploy.contract import COMPLETION_INDEX_KEY
-from ddpdeploy.errors import UserError
-from ddpdeploy.targets import layout_of
+from ddpdeploy.errors import OperationError, UserError
+from ddpdeploy.spec import JobSpec
+from ddpdeploy.targets import layout_of, render_objects
 
 
 def job(target: str) -> dict:
@@ -83,3 +86,16 @@ def test_a_replica_the_job_has_not_is_refused():
     with pytest.raises(UserError, match=r"has master replicas only \(static rendezvous\)"):
         check_named(pytorchjob(Master=1), "Worker", 0)
     check_named(pytorchjob(Master=1, Worker=1), "MASTER", None)
+
+
+def test_a_timeout_on_a_state_without_a_reason_adds_no_empty_brackets():
+    # Found by the fifth hostile pass: `up --queue q --wait` timed out with "it is
+    # Suspended ();": a Suspended job has no reason to show.
+    kube = FakeKube()
+    spec = JobSpec.model_validate({"image": "r.invalid/t:1", "name": "j", "namespace": "ns"})
+    (job,) = [o for o in with_saved_spec(render_objects(spec), spec) if o["kind"] == "PyTorchJob"]
+    job["status"] = {"conditions": [{"type": "Suspended", "status": "True"}]}
+    kube.add(job)
+    with pytest.raises(OperationError) as err:
+        wait(kube, "j", "ns", lambda snap: None, timeout=0.1)
+    assert "; it is Suspended; `ddpdeploy status j -n ns` shows it" in str(err.value)

@@ -203,3 +203,10 @@ def test_an_absurd_float_is_a_question_mark_not_digits(value):
 def test_an_ordinary_float_still_shows():
     got = progress(['{"event": "step", "step": 5, "samples_per_s": 123.456}'], now=0.0)
     assert got.lines() == ["training: step 5, 123.5 samples/s"]
+
+
+def test_a_lone_surrogate_in_an_event_is_written_by_status_o_yaml():
+    # Found by the fifth hostile pass (the fast tier's hypothesis run): a log event with a
+    # JSON "\\ud800" (a lone surrogate) made `status -o yaml` a UnicodeEncodeError traceback.
+    got = progress(['{"event": "probe", "world_size": "\\ud800"}'], now=0.0)
+    shown(got)

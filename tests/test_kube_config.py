@@ -242,3 +242,30 @@ def test_a_current_context_not_in_the_kubeconfig_is_named(tmp_path):
         f"error: kubeconfig ({path}): its current-context gone is not one of its contexts; "
         "it has 2: ctx0, ctx1; pass --context NAME or fix current-context\n"
     )
+
+
+@pytest.mark.parametrize("current", ["", None], ids=["empty", "missing"])
+def test_no_current_context_is_named_with_the_contexts(tmp_path, current):
+    # Found by the fifth hostile pass: a kubeconfig whose current-context was empty or
+    # missing said only the client's "Invalid kube-config file. Expected object with name
+    # in .../contexts list" (or "Expected key current-context"), exit 1.
+    path = contexts_kubeconfig(tmp_path, 2, current="")
+    if current is None:
+        doc = yaml.safe_load(path.read_text())
+        del doc["current-context"]
+        path.write_text(yaml.safe_dump(doc))
+    out = status(path, tmp_path, run=run_main)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr == (
+        f"error: kubeconfig ({path}): no current-context is set; it has 2: ctx0, ctx1; pass "
+        "--context NAME or set one (`kubectl config use-context NAME`)\n"
+    )
+
+
+def test_an_empty_context_is_the_current_one_as_kubectl_reads_it(tmp_path):
+    # Found by the fifth hostile pass: `--context ""` (an unset $CTX) was the client's
+    # "Expected object with name in .../contexts list", exit 1; kubectl takes the current one.
+    path = contexts_kubeconfig(tmp_path, 2, current="gone")
+    out = status(path, tmp_path, "--context", "", run=run_main)
+    assert out.returncode == 2, out.stderr
+    assert "its current-context gone is not one of its contexts" in out.stderr

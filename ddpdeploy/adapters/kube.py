@@ -450,6 +450,7 @@ def _load_kubeconfig(cfg: Any, kubeconfig: str | None, context: str | None) -> A
     merged = kube_config.KubeConfigMerger(kubeconfig or kube_config.KUBE_CONFIG_DEFAULT_LOCATION)
     if merged.config is None:
         raise kube_config.ConfigException("Invalid kube-config file. No configuration found.")
+    context = context or None  # kubectl reads an empty --context as none given
     _check_context(merged.config, context, kubeconfig)
     loader = kube_config.KubeConfigLoader(
         config_dict=merged.config,
@@ -468,14 +469,15 @@ def _check_context(config: Any, context: str | None, kubeconfig: str | None) -> 
     """The context asked for (--context, else the file's current-context) must be in the
     merged kubeconfig: the client says only "Expected object with name X", not which
     contexts there are. A UserError naming them (at most CONTEXTS_NAMED) and the current
-    one; nothing asked (no current-context), nothing checked."""
+    one; no current-context (the client says only "Expected key current-context") is
+    named the same way."""
     doc = getattr(config, "value", config)
     if not isinstance(doc, dict):
         return
     current = doc.get("current-context")
     wanted = context if context is not None else current
     entries = doc.get("contexts")
-    if not isinstance(wanted, str) or not wanted or not isinstance(entries, list):
+    if not isinstance(entries, list) or (wanted is not None and not isinstance(wanted, str)):
         return
     names = []
     for entry in entries:
@@ -489,6 +491,11 @@ def _check_context(config: Any, context: str | None, kubeconfig: str | None) -> 
     has = f"it has {len(names)}: {shown_names}{more}" if names else "it has no contexts"
     now = f"; current-context: {plain(current)}" if isinstance(current, str) and current else ""
     where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+    if not wanted:
+        raise UserError(
+            f"kubeconfig ({plain(where)}): no current-context is set; {has}; pass --context "
+            "NAME or set one (`kubectl config use-context NAME`)"
+        )
     if context is not None:
         raise UserError(
             f"--context: no context {plain(context)} in the kubeconfig ({plain(where)}); "

@@ -32,7 +32,15 @@ from ddpdeploy.cluster.capacity import (
     quota_shorts,
 )
 from ddpdeploy.cluster.capacity import shown as shown_amount
-from ddpdeploy.cluster.find import Found, labelled_ours, no_job, not_ours, owner_of, require_ours
+from ddpdeploy.cluster.find import (
+    Found,
+    labelled_ours,
+    no_job,
+    no_namespace,
+    not_ours,
+    owner_of,
+    require_ours,
+)
 from ddpdeploy.cluster.find import ref as _ref
 from ddpdeploy.cluster.jobstate import job_state
 from ddpdeploy.cluster.labels import ours_selector
@@ -88,6 +96,7 @@ def preflight(
             f"the {layout.kind} CRD ({layout.api_version}) is not installed in the cluster at "
             f"{kube.server}; {layout.install_hint}"
         )
+    _check_schedulers(kube, spec)
     _check_namespace(kube, checked, create_namespace)
     if spec.gpus:
         _check_gpus(kube, checked)
@@ -98,6 +107,30 @@ def preflight(
     if not checked.create_namespace:
         _check_existing(kube, checked, layout)
     return checked
+
+
+# The kinds whose CRDs say Volcano and Kueue run in the cluster (every release since Volcano
+# 1.0 and Kueue 0.3 serves these versions).
+VOLCANO_POD_GROUP = ("scheduling.volcano.sh/v1beta1", "PodGroup")
+KUEUE_LOCAL_QUEUE = ("kueue.x-k8s.io/v1beta1", "LocalQueue")
+
+
+def _check_schedulers(kube: KubeApi, spec: JobSpec) -> None:
+    """Volcano (--scheduler volcano) and Kueue (--queue) must be installed: without them the
+    job's pods wait for a scheduler that is not there, or the job stays suspended, for good
+    and without a word (no event, no condition)."""
+    if spec.scheduling.scheduler == "volcano" and not kube.has_kind(*VOLCANO_POD_GROUP):
+        raise OperationError(
+            f"--scheduler volcano: Volcano is not installed in the cluster at {kube.server} "
+            f"(no {VOLCANO_POD_GROUP[1]} kind, {VOLCANO_POD_GROUP[0]}): no pod of the job "
+            "would ever be scheduled; install Volcano, or drop --scheduler volcano"
+        )
+    if spec.queued and not kube.has_kind(*KUEUE_LOCAL_QUEUE):
+        raise OperationError(
+            f"--queue {spec.scheduling.queue}: Kueue is not installed in the cluster at "
+            f"{kube.server} (no {KUEUE_LOCAL_QUEUE[1]} kind, {KUEUE_LOCAL_QUEUE[0]}): the "
+            "job would stay suspended; install Kueue, or drop --queue"
+        )
 
 
 def prepare(
@@ -282,6 +315,14 @@ def _check_fit(kube: KubeApi, checked: Checked, layout: Layout) -> None:
         return  # nothing to measure against (a cluster that adds nodes on demand)
     count = spec.nodes
     got = fit(nodes, want, count, dict(spec.node_selector))
+    if spec.network.host_network and 0 < got.nodes < count:
+        # The scheduler puts no two of them on one node: they ask for the same host ports.
+        raise OperationError(
+            f"--host-network: each of the job's {count} pods needs a node of its own (on the "
+            f"host's network they listen on the same ports), and {got.nodes} schedulable "
+            f"node(s) take them; lower --nodes to at most {got.nodes}, add nodes, or drop "
+            "--host-network"
+        )
     asked = ", ".join(f"{r} {shown_amount(r, want[r])}" for r in FIT_RESOURCES if want[r] > 0)
     if got.pods < count:
         where = "the schedulable nodes hold" if got.nodes != 1 else "the node holds"
@@ -828,6 +869,8 @@ def _saved(found: Found) -> tuple[JobSpec, Obj]:
         spec = saved_spec(claim)  # strict: it must name this job, namespace and claim
         if spec is not None and spec.name == name:
             return spec, claim
+    if missing := no_namespace(found.kube, namespace):
+        raise OperationError(f"no saved spec for {name} in namespace {namespace}{missing}")
     raise OperationError(
         f"no saved spec for {name} in namespace {namespace}: neither a job nor a "
         "checkpoint PVC that `ddpdeploy up` made is there; run `ddpdeploy up` again"
@@ -864,7 +907,7 @@ def delete(found: Found, purge: bool, say: Say) -> None:
                 require_ours(claim, name, "deleted")
         adopted = _adopted_with_spec(kube, name, ns)
         if job is None and not gone_with_job and not (purge and claims) and adopted is None:
-            raise OperationError(no_job(name, ns) + "; nothing deleted")
+            raise OperationError(no_job(name, ns) + (no_namespace(kube, ns) or "; nothing deleted"))
         if job is not None and kube.delete(layout.api_version, layout.kind, name, ns):
             done.append(f"deleted {layout.kind} {ns}/{name}")
             say(done[-1])

@@ -267,6 +267,14 @@ class LimitBreach:
         r, allowed = self.resource, self.amount(self.allowed)
         per = f"per {self.type.lower()}"
         flag = _FLAGS.get(r, f"the spec's {r}")
+        if r == CPU and self.got is None and self.what != "request":
+            # No flag sets a CPU limit (--cpu is the request): only a default limit can.
+            return (
+                f"requires a cpu limit {per} ({self.bound} {allowed}); the job's pods set none: "
+                "ddpdeploy sets no CPU limit (--cpu is the request); a LimitRange of type "
+                "Container with a default cpu limit gives them one (the namespace's admin), "
+                "or use another namespace"
+            )
         if self.bound == "maxLimitRequestRatio":
             got = "none" if self.got is None else f"{self.got.normalize():f}"
             return (

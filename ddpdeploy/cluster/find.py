@@ -172,8 +172,20 @@ def find_job(
         require_ours(job, name, verb)
     if job is None and required:
         kinds = JOB_KINDS if layouts is None else " or ".join(t.kind for t in layouts)
-        raise OperationError(no_job(name, ns, kinds) + hint.format(namespace=ns))
+        missing = no_namespace(kube, ns)  # a mistyped -n: said, not "no job" alone
+        raise OperationError(no_job(name, ns, kinds) + (missing or hint.format(namespace=ns)))
     return Found(kube, name, ns, layout, job)
+
+
+def no_namespace(kube: KubeApi, namespace: str) -> str:
+    """What to add to a "no job" line when ``namespace`` does not exist (one that may not be
+    read is not known not to): a mistyped -n looked like a job gone."""
+    try:
+        if kube.get("v1", "Namespace", namespace) is not None:
+            return ""
+    except OperationError:  # forbidden (a namespaced role), or the read failed
+        return ""
+    return ": the namespace does not exist; check -n (`kubectl get namespaces` lists them)"
 
 
 def connect(kubeconfig: str | None, context: str | None) -> Kube:

@@ -22,7 +22,13 @@ IMAGE_PULL = ("ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrImageN
 CONFIG_ERRORS = ("CreateContainerConfigError", "CreateContainerError")
 # The scheduler's reasons a node turned a pod down that end by themselves: what runs there
 # now frees up (another job ends) or an autoscaler adds a node. One such node is enough.
-_PRESSURE = re.compile(r"^\d+ (Insufficient \S+|Too many pods)$", re.ASCII)
+# A claim not bound yet (Immediate binding: the provisioner makes its volume, seconds after
+# `up` made the claim) is the same: the scheduler tries again once it is bound.
+_PRESSURE = re.compile(
+    r"^(\d+ (Insufficient \S+|Too many pods)|(\d+ )?pod has unbound immediate "
+    r"PersistentVolumeClaims)$",
+    re.ASCII,
+)
 
 
 @dataclass(frozen=True)

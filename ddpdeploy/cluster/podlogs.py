@@ -361,6 +361,14 @@ def followed(
             seen.shown[source.pod] = run
             seen.open.add(source.pod)
             streams.start(source, select)
+        waiting = [by_name[s.pod] for s in todo if not s.previous and s.pod not in seen.open]
+        if waiting:  # said once, or a job whose pods wait (no room, no claim) is silence
+            named = [f"{p['metadata']['name']} ({phase_of(p, container)})" for p in waiting]
+            more = f" and {len(named) - 8} more" if len(named) > 8 else ""
+            notice(
+                f"waiting for pod(s) {', '.join(named[:8])}{more} to start their container; "
+                "each is followed once it starts (`ddpdeploy status` says why they wait)"
+            )
         yield from _follow_loop(found, job, watching, streams, seen, again, failed, notice)
 
 

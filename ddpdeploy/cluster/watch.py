@@ -116,9 +116,10 @@ def wait(
                 return snap
             if late:
                 state = snap[2]
+                why = f" ({plain(state.reason)})" if state.reason else ""  # Suspended has none
                 raise OperationError(
                     f"timed out after {timeout:g}s waiting for {kind_of(snap[0])} "
-                    f"{namespace}/{name}; it is {plain(state.state)} ({plain(state.reason)}); "
+                    f"{namespace}/{name}; it is {plain(state.state)}{why}; "
                     f"`ddpdeploy status {name} -n {namespace}` shows it, `ddpdeploy down` "
                     "removes it"
                 )

@@ -24,21 +24,31 @@ def list_jobs(
 
     Example: ddpdeploy list -A
     """
+    from ddpdeploy.adapters.kube import Forbidden
     from ddpdeploy.cluster.find import connect
     from ddpdeploy.cluster.jobstate import job_size, job_state
     from ddpdeploy.cluster.labels import ours_selector
     from ddpdeploy.commands import views
+    from ddpdeploy.errors import OperationError
     from ddpdeploy.targets import TARGETS
 
     kube = connect(kubeconfig, context)
     ns = None if all_namespaces else namespace or kube.default_namespace
     ours = ours_selector()
-    jobs = [
-        job
-        for t in TARGETS.values()
-        if kube.has_kind(t.api_version, t.kind)  # a CRD the cluster lacks holds no jobs
-        for job in kube.list(t.api_version, t.kind, ns, labels=ours)
-    ]
+    jobs = []
+    refused: list[str] = []
+    kinds_served = 0
+    for t in TARGETS.values():
+        if not kube.has_kind(t.api_version, t.kind):  # a CRD the cluster lacks holds no jobs
+            continue
+        kinds_served += 1
+        try:
+            jobs += kube.list(t.api_version, t.kind, ns, labels=ours)
+        except Forbidden as exc:
+            # One kind the user may not list (RBAC for PyTorchJobs only) hides no other.
+            refused.append(f"{t.kind}s: {exc}")
+    if refused and len(refused) == kinds_served:  # nothing listed: the refusal alone
+        raise OperationError(f"could not list {'; '.join(refused)}")
     now = datetime.now(timezone.utc)
     rows = []
     for job in sorted(jobs, key=lambda j: (j["metadata"]["namespace"], j["metadata"]["name"])):
@@ -57,5 +67,8 @@ def list_jobs(
         )
     if output == "json":
         views.print_json(rows)
-        return
-    views.print_out(views.list_table(rows), width=200)
+    else:
+        views.print_out(views.list_table(rows), width=200)
+    if refused:  # a partial list is not a success
+        kinds = "; ".join(refused)
+        raise OperationError(f"could not list {kinds} (the list above lacks them)")

@@ -106,6 +106,9 @@ def logs(
 # in one line, rather than by the server once per pod.
 INT64_MAX = 2**63 - 1
 MAX_RANK = 2**31 - 1  # a world size is an int32 (nodes x processes per node)
+# The kubelet turns sinceSeconds into a Go time.Duration (int64 nanoseconds): more seconds
+# than that holds wrap around to a start in the future, and every log reads as empty.
+MAX_SINCE_S = INT64_MAX // 10**9
 
 
 def _at_most(value: int | None, flag: str, unit: str) -> int | None:
@@ -118,9 +121,9 @@ def _since(text: str | None, parse: Callable[[str, str], float]) -> int | None:
     if text is None:
         return None
     seconds = parse(text, "--since")
-    if seconds > INT64_MAX:
+    if seconds > MAX_SINCE_S:
         raise UserError(
-            f"--since: {show(text)} is longer than the API takes ({INT64_MAX} seconds); "
+            f"--since: {show(text)} is longer than the API takes ({MAX_SINCE_S} seconds); "
             "leave --since out for the whole log"
         )
     return max(1, int(seconds))

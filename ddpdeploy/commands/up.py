@@ -13,6 +13,7 @@ import typer
 from ddpdeploy.commands.options import CLUSTER_PANEL, ContextOpt, KubeconfigOpt, spec_command
 from ddpdeploy.errors import UserError
 from ddpdeploy.formats import parse_duration
+from ddpdeploy.text import show
 
 if TYPE_CHECKING:
     from ddpdeploy.adapters.kube import Kube
@@ -87,7 +88,14 @@ def up(
     """
     from ddpdeploy.cluster import apply as deploy
 
-    seconds = parse_duration(timeout) if timeout else None
+    seconds = None if timeout is None else parse_duration(timeout)
+    if seconds is not None and seconds <= 0:
+        # 0 gave up at once: the job made, then "timed out after 0s" (and with --replace,
+        # the old job's deletion too), exit 1.
+        raise UserError(
+            f"--timeout: {show(timeout)} is no time to wait; give a duration above 0 (90s, "
+            "15m), or leave --timeout out for 2m"
+        )
     ns_given = "namespace" in spec.model_fields_set  # -n or the spec file; else the context's
     spec, record = _with_image(spec, build, base_image)
     kube, spec = _connect(spec, ns_given, kubeconfig, context)

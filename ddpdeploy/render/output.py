@@ -64,7 +64,13 @@ def _ambiguous(value: str) -> bool:
     return _NUMBER_LIKE.fullmatch(value) is not None
 
 
+# A lone surrogate (a log's JSON "\ud800", read back by `status`) cannot be written as
+# UTF-8: libyaml's emitter raised UnicodeEncodeError, a traceback of `status -o yaml`.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    value = _SURROGATE.sub("\ufffd", value)
     # Block scalars are never resolved implicitly; the emitter falls back to double quotes
     # where a literal block cannot hold the value (e.g. trailing spaces).
     if "\n" in value:

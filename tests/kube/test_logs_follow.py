@@ -237,6 +237,28 @@ def test_one_pod_not_started_is_waited_for_when_followed_and_said_when_not(
     assert len(follow.err) == 1, follow.err
 
 
+# Found by the fifth hostile pass: `logs -f` of a job whose pods all waited (Unschedulable
+# for room, on the real cluster) printed nothing at all until they started: silence.
+def test_pods_not_started_are_said_once_when_the_merged_log_is_followed(
+    control_plane, kube_cli, admin, namespace, kubelet
+):
+    args = ["up", "--image", IMAGE, "--name", "j", "-n", namespace, "--nodes", "2"]
+    assert kube_cli(*args, "--procs", "2", "--no-wait").returncode == 0
+    master, worker = create_pods(admin, get_job(admin, namespace, "j"), node=kubelet.node_name)
+    follow = Follow(control_plane, namespace)
+    follow.wait_for(
+        f"waiting for pod(s) {master} (Pending), {worker} (Pending) to start their container; "
+        "each is followed once it starts (`ddpdeploy status` says why they wait)",
+        "err",
+    )
+    kubelet.set_log(worker, "[rank2]:w1")
+    running(admin, namespace, worker)
+    follow.wait_for("[rank2 node1] w1")
+    follow.proc.send_signal(signal.SIGINT)
+    assert follow.finish() == 130
+    assert follow.err[1:] == ["[node1] container started; following it"], follow.err
+
+
 @pytest.mark.parametrize("one_pod", [(), ("--index", "0")], ids=["merged", "one-pod"])
 def test_a_follow_ends_when_the_api_server_stops_answering(
     control_plane, admin, namespace, kubelet, job, one_pod

@@ -72,6 +72,31 @@ def test_list_shows_only_ours(kube_cli, admin, namespace, up):
     assert "ours" in table and "3×0" in table and "theirs" not in table
 
 
+def test_list_shows_the_kinds_it_may_list_and_names_the_refused(kube_cli, admin, namespace, up):
+    # Found by the fifth hostile pass: a user who may list PyTorchJobs but not batch Jobs
+    # (the indexed-job target's) got the Jobs' forbidden line alone, exit 1: no job listed.
+    up("ours", "--gpus", "0")
+    rules = [{"apiGroups": ["kubeflow.org"], "resources": ["*"], "verbs": ["get", "list"]}]
+    res(admin, "rbac.authorization.k8s.io/v1", "Role").create(
+        namespace=namespace, body={"metadata": {"name": "jobs-only"}, "rules": rules}
+    )
+    user = {"kind": "User", "name": "limited", "apiGroup": "rbac.authorization.k8s.io"}
+    role = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "jobs-only"}
+    res(admin, "rbac.authorization.k8s.io/v1", "RoleBinding").create(
+        namespace=namespace,
+        body={"metadata": {"name": "limited-jobs"}, "roleRef": role, "subjects": [user]},
+    )
+    out = kube_cli("list", "-n", namespace, "--context", "limited", "-o", "json")
+    assert out.returncode == 1, out.stderr
+    assert [r["name"] for r in json.loads(out.stdout)] == ["ours"]
+    (line,) = out.stderr.splitlines()
+    assert line.startswith("error: could not list ") and "Jobs: listing Job: forbidden: " in line
+    assert 'User "limited" cannot list resource "jobs"' in line
+    every = kube_cli("list", "-A", "--context", "limited")  # no kind may be listed anywhere
+    assert every.returncode == 1 and every.stdout == "", every.stdout
+    assert every.stderr.startswith("error: could not list PyTorchJobs: listing PyTorchJob: ")
+
+
 def test_down_keeps_the_pvc_unless_purge(kube_cli, admin, namespace, up):
     up("j")
     out = kube_cli("down", "j", "-n", namespace)
