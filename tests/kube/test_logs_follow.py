@@ -299,7 +299,13 @@ def test_a_follow_of_pods_not_started_ends_when_the_api_server_stops_answering(
     assert out.returncode == 0, out.stderr
     create_pods(admin, get_job(admin, namespace, "j"), node=kubelet.node_name)
     follow = Follow(control_plane, namespace)
-    time.sleep(3)  # its lists and watches are open
+    # Past connecting (under load a fixed sleep was not), then its watches' lists are open.
+    waiting = "waiting for pod(s) j-worker-0 (Pending)"
+    deadline = time.monotonic() + 90
+    while not any(line.startswith(waiting) for line in follow.err):
+        assert time.monotonic() < deadline and follow.proc.poll() is None, follow.err
+        follow._take(0.1)
+    time.sleep(2)
     (apiserver,) = [p for p in control_plane.procs if p.args[0] == control_plane.apiserver_bin]
     apiserver.send_signal(signal.SIGSTOP)
     try:
