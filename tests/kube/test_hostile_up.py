@@ -122,8 +122,10 @@ def test_ctrl_c_while_waiting_is_one_line_and_changes_nothing(
         ),
         (
             {"type": "Container", "maxLimitRequestRatio": {"cpu": "2"}},
-            "allows a cpu limit at most 2x the request per container; the job's pods have "
-            "none; set a cpu limit within that of the request (--cpu)",
+            "requires a cpu limit per container (maxLimitRequestRatio 2); the job's pods set "
+            "none: ddpdeploy sets no CPU limit (--cpu is the request); a LimitRange of type "
+            "Container with a default cpu limit gives them one (the namespace's admin), or use "
+            "another namespace",
         ),
     ],
     ids=["container-max", "pod-max", "min", "default", "ratio"],
