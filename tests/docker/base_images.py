@@ -15,6 +15,7 @@ Run by hand: ``python tests/docker/base_images.py`` prints the torch image refer
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import re
@@ -225,6 +226,14 @@ def ensure_images(client: Any | None = None) -> dict[str, str]:
         client = docker.from_env()
     cache = cache_dir()
     start = time.monotonic()
+    # One build at a time on a machine: CI runs tests/kube (test_up_build) in a second
+    # pytest beside the suite; the second caller waits, then finds the images made.
+    with open(cache / "images.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _ensure_images(client, cache, start)
+
+
+def _ensure_images(client: Any, cache: Path, start: float) -> dict[str, str]:
     # A folder per run: concurrent sessions (two clones, one machine) never share one.
     with tempfile.TemporaryDirectory(dir=cache, prefix="wheels-") as tmp:
         wheels = fetch_wheels(Path(tmp))
