@@ -149,8 +149,8 @@ def test_a_diagnostics_file_named_with_file_is_that_plain_file(run_folder, tmp_p
 def test_a_real_hang_then_collect_debug_brings_every_ranks_stacks(tmp_path):
     pytest.importorskip("torch")
     (tmp_path / "ddpdeploy.yaml").write_text(
-        "name: hung\nnodes: 2\nprocs: 2\ncheckpoint: {claimName: local}\n"
-        "command: {args: [--debug-hang-rank, '2:4', --hang-timeout-s, '3']}\n"
+        "name: hung\nnodes: 1\nprocs: 2\ncheckpoint: {claimName: local}\n"
+        "command: {args: [--debug-hang-rank, '1:4', --hang-timeout-s, '3', --no-probe]}\n"
     )
     res = run_cli("smoke", "--local", "--steps", "500", cwd=tmp_path, timeout=300)
     assert res.returncode == 1, res.stdout + res.stderr
@@ -159,7 +159,7 @@ def test_a_real_hang_then_collect_debug_brings_every_ranks_stacks(tmp_path):
     out = run_cli("collect", "hung", "--to", str(to), "--debug", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     stacks = sorted((to / "debug").glob("hang-rank*.txt"))
-    assert [p.name for p in stacks] == [f"hang-rank{r}.txt" for r in range(4)]
+    assert [p.name for p in stacks] == [f"hang-rank{r}.txt" for r in range(2)]
     host = socket.gethostname()
     for rank, path in enumerate(stacks):
         text = path.read_text()
@@ -170,5 +170,5 @@ def test_a_real_hang_then_collect_debug_brings_every_ranks_stacks(tmp_path):
     assert (
         out.stderr.strip()
         .splitlines()[-1]
-        .startswith("debug: 4 hang stacks, 0 flight recorder dumps, 0 NCCL debug logs into ")
+        .startswith("debug: 2 hang stacks, 0 flight recorder dumps, 0 NCCL debug logs into ")
     )
