@@ -101,8 +101,10 @@ def test_own_code_runs_in_its_image_and_failures_name_the_rank(
     codes = re.findall(r"^exit code +(\d+)  (\S+)$", res.stdout, re.M)
     assert codes == [("0", f"{job}-worker-0"), ("0", f"{job}-worker-1")], res.stdout
     assert left_behind(engine, job) == []
+    # With a checkpoint volume (and its helper), which the failed run's teardown removes too.
     (ws / "fail.yaml").write_text(
-        f"name: {job}\nnodes: 2\nprocs: 2\ncommand: {{script: exit3_on_rank2.py}}\n"
+        f"name: {job}\nnodes: 2\nprocs: 2\ncheckpoint: {{size: 1Gi}}\n"
+        "command: {script: exit3_on_rank2.py}\n"
     )
     res = cli(*base, "-f", "fail.yaml", cwd=ws)
     assert res.returncode == 1, res.stderr[-3000:]
