@@ -228,7 +228,9 @@ def _settings(project_name: str, container: Any) -> dict[str, Any]:
 
 
 @pytest.mark.docker
-def test_the_sdk_creates_what_the_compose_cli_creates(started: dict[str, Any], engine: Any) -> None:
+def test_the_sdk_creates_what_the_compose_cli_creates_and_removes_only_that(
+    started: dict[str, Any], engine: Any
+) -> None:
     sdk, cli = started["sdk"], started["cli"]
     flt = {"label": f"{PROJECT_LABEL}={sdk.project_name}"}
     made = engine.containers.list(all=True, filters=flt)
@@ -245,10 +247,7 @@ def test_the_sdk_creates_what_the_compose_cli_creates(started: dict[str, Any], e
         assert node.name in ours["aliases"] and len(ours["aliases"]) == 2  # name, address
     assert sdk.volumes() == [f"{sdk.project_name}_checkpoints"]
 
-
-@pytest.mark.docker
-def test_teardown_removes_the_sdk_project_and_only_it(started: dict[str, Any], engine: Any) -> None:
-    sdk, cli = started["sdk"], started["cli"]
+    # Teardown removes the SDK's project, and only it.
     assert sdk.leftovers()
     sdk.stop()
     assert sdk.leftovers() == []

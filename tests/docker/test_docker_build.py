@@ -28,10 +28,8 @@ GIT_REPO = f"ddpdeploy-test/build-git-{os.getpid()}"
 
 
 def run_in(engine: Any, ref: str, command: list[str], timeout: int = 180) -> tuple[int, str]:
-    """Run ``command`` in a container of ``ref``; exit code and output. On the default bridge
-    network, as `docker run` does: torchrun's store binds the container's hostname, which
-    resolves only with a network."""
-    container = engine.containers.create(ref, command, shm_size="256m")
+    """Run ``command`` in a container of ``ref``; exit code and output."""
+    container = engine.containers.create(ref, command)
     try:
         container.start()
         code = container.wait(timeout=timeout)["StatusCode"]
@@ -77,12 +75,6 @@ def test_build_prints_only_the_reference(built: dict[str, Any], engine: Any) -> 
     assert ref.startswith(f"{REPO}:ctx-")  # the workspace is not in git: a context hash
     assert engine.images.get(ref)
     assert "step " in built["result"].stderr  # progress goes to stderr
-
-
-def test_trainer_runs_with_torchrun_two_procs(built: dict[str, Any], engine: Any) -> None:
-    cmd = ["torchrun", "--nproc-per-node", "2", TRAINER_IN_IMAGE, "--steps", "3"]
-    code, logs = run_in(engine, built["ref"], cmd)
-    assert code == 0, logs[-3000:]
 
 
 def test_image_layout_user_and_labels(built: dict[str, Any], engine: Any) -> None:
@@ -142,7 +134,9 @@ def test_code_only_change_reuses_dependency_layers(
 def test_failing_step_is_one_line_and_tags_nothing(
     torch_image: str, engine: Any, cli: Callable[..., Any], tmp_path: Path
 ) -> None:
-    (tmp_path / "requirements.txt").write_text("ddpdeploy-no-such-package==0.0.0\n")
+    # --no-index: pip's retries against the index --network none cuts off take seconds;
+    # without an index it fails at once, with the same error.
+    (tmp_path / "requirements.txt").write_text("--no-index\nddpdeploy-no-such-package==0.0.0\n")
     result, _ = build(cli, tmp_path, torch_image, repo=FAIL_REPO)
     assert result.returncode == 1
     assert result.stdout == ""
