@@ -33,72 +33,27 @@ def workspace(tmp_path: Path, spec: str) -> Path:
 
 
 @pytest.mark.slow
-def test_argparse_script_with_positional_args_succeeds_and_shows_rank0(tmp_path, marker):
-    ws = workspace(tmp_path, "nodes: 2\nprocs: 2\ncommand: {script: positional.py}\n")
+def test_rank_0_is_shown_plain_and_the_ranks_asked_for_with_their_rank(tmp_path, marker):
+    # An argparse script with positional arguments, printing plain text (no events).
+    ws = workspace(tmp_path, "nodes: 1\nprocs: 2\ncommand: {script: positional.py}\n")
     res = smoke(ws, marker, "--", "2", "hello")
     assert res.returncode == 0, res.stderr
     # Rank 0's own lines, unprefixed (one rank shown); no other rank's.
-    assert re.search(r"^hello epoch 1 sum 10 from rank 0$", res.stderr, re.M), res.stderr
-    assert "from rank 1" not in res.stderr and "from rank 3" not in res.stderr
+    assert re.search(r"^hello epoch 1 sum 3 from rank 0$", res.stderr, re.M), res.stderr
+    assert "from rank 1" not in res.stderr
     assert "trainer" not in res.stderr
     assert re.search(r"^wall time +\d+\.\d s$", res.stdout, re.M)
-    codes = re.findall(r"^exit code +(\d+)  (\S+)$", res.stdout, re.M)
-    assert codes == [("0", "ddp-train-worker-0"), ("0", "ddp-train-worker-1")], res.stdout
     assert "weights_sha256" not in res.stdout and "steps" not in res.stdout
     assert leftovers(marker) == []
-
-
-@pytest.mark.slow
-def test_every_ranks_output_is_prefixed_with_its_rank(tmp_path, marker):
-    ws = workspace(tmp_path, "nodes: 2\nprocs: 2\ncommand: {script: positional.py}\n")
-    res = smoke(ws, marker, "--ranks", "all", "--", "1", "hi")
-    assert res.returncode == 0, res.stderr
-    for rank in range(4):
-        line = rf"^\[rank{rank}\] hi epoch 0 sum 10 from rank {rank}$"
-        assert re.search(line, res.stderr, re.M), res.stderr
+    (ws / "ddpdeploy.yaml").write_text("nodes: 2\nprocs: 2\ncommand: {script: positional.py}\n")
     picked = smoke(ws, marker, "--ranks", "1,3", "--", "1", "hi")
     assert picked.returncode == 0, picked.stderr
-    assert re.search(r"^\[rank3\] hi epoch 0 sum 10 from rank 3$", picked.stderr, re.M)
+    for rank in (1, 3):
+        line = rf"^\[rank{rank}\] hi epoch 0 sum 10 from rank {rank}$"
+        assert re.search(line, picked.stderr, re.M), picked.stderr
     assert "from rank 0" not in picked.stderr and "from rank 2" not in picked.stderr
-
-
-@pytest.mark.slow
-def test_module_entry_runs_with_dash_m(tmp_path, marker):
-    ws = workspace(tmp_path, "nodes: 2\ncommand: {module: pkg.train}\n")
-    res = smoke(ws, marker, "--ranks", "all")
-    assert res.returncode == 0, res.stderr
-    assert re.search(r"^\[rank1\] module entry on rank 1 of 2$", res.stderr, re.M), res.stderr
-
-
-@pytest.mark.slow
-def test_plain_text_script_is_green_and_shown(tmp_path, marker):
-    ws = workspace(tmp_path, "nodes: 1\nprocs: 2\ncommand: {script: plain.py}\n")
-    res = smoke(ws, marker)
-    assert res.returncode == 0, res.stderr
-    assert re.search(r"^epoch 2 loss \d+\.\d{4}$", res.stderr, re.M), res.stderr
-    assert re.search(r"^snapshot saved$", res.stderr, re.M)
-    assert "exit code       0  ddp-train-worker-0" in res.stdout
-
-
-@pytest.mark.slow
-def test_stderr_only_script_is_not_swallowed(tmp_path, marker):
-    ws = workspace(tmp_path, "nodes: 2\ncommand: {script: stderr_only.py}\n")
-    res = smoke(ws, marker, "--ranks", "all")
-    assert res.returncode == 0, res.stderr
-    assert re.search(r"^\[rank0\] stderr line from rank 0$", res.stderr, re.M), res.stderr
-    assert re.search(r"^\[rank1\] stderr line from rank 1$", res.stderr, re.M)
-
-
-@pytest.mark.slow
-def test_exit_3_on_rank_2_is_named_as_the_root_cause(tmp_path, marker):
-    ws = workspace(tmp_path, "nodes: 2\nprocs: 2\ncommand: {script: exit3_on_rank2.py}\n")
-    res = smoke(ws, marker)
-    assert res.returncode == 1, res.stderr
-    error = res.stderr[res.stderr.index("error: ") :]
-    assert re.match(
-        r"error: node ddp-train-worker-[01] \(global rank 2\) exited with code 3;", error
-    ), error
-    assert "rank two: giving up with code 3" in error
+    codes = re.findall(r"^exit code +(\d+)  (\S+)$", picked.stdout, re.M)
+    assert codes == [("0", "ddp-train-worker-0"), ("0", "ddp-train-worker-1")], picked.stdout
     assert leftovers(marker) == []
 
 
@@ -160,7 +115,7 @@ def test_sigterm_through_timeout_command(tmp_path, marker):
     if shutil.which("timeout") is None:
         pytest.skip("no timeout(1) here")
     res = subprocess.run(
-        ["timeout", "12", sys.executable, "-m", "ddpdeploy", "smoke", "--local", "--nodes",
+        ["timeout", "8", sys.executable, "-m", "ddpdeploy", "smoke", "--local", "--nodes",
          "2", "--steps", "100000"],
         cwd=tmp_path, env={**__import__("os").environ, "DDPDEPLOY_TEST_MARKER": marker},
         capture_output=True, text=True, timeout=120,
@@ -168,23 +123,6 @@ def test_sigterm_through_timeout_command(tmp_path, marker):
     assert res.returncode == 124  # timeout's own code once its child ended on SIGTERM
     assert res.stderr.rstrip().splitlines()[-1].startswith("error: interrupted (SIGTERM)")
     assert leftovers(marker) == []
-
-
-@pytest.mark.slow
-def test_second_run_starts_from_an_empty_checkpoint_folder(tmp_path, marker):
-    (tmp_path / "ddpdeploy.yaml").write_text("nodes: 1\ncheckpoint: {claimName: local}\n")
-    args = ("--steps", "4", "--", "--checkpoint-every", "2")
-    first = smoke(tmp_path, marker, *args)
-    assert first.returncode == 0, first.stderr
-    second = smoke(tmp_path, marker, *args)
-    assert second.returncode == 0, second.stderr
-    assert '"resumed": false' in second.stderr, second.stderr
-    assert "emptied" in second.stderr
-    # --resume keeps the folder: the trainer finds its checkpoint (and trains on to step 6;
-    # to its step 4 again it would train nothing, which is no green run).
-    third = smoke(tmp_path, marker, "--resume", "--steps", "6", "--", "--checkpoint-every", "2")
-    assert third.returncode == 0, third.stderr
-    assert '"resumed": true' in third.stderr, third.stderr
 
 
 @pytest.mark.slow
@@ -209,25 +147,23 @@ def test_kill_at_checkpoint_for_a_script_without_events(tmp_path, marker):
     ), res.stdout
     assert "clean run       not compared" in res.stdout
     assert re.search(r"^resumed at iteration [1-9]\d*$", res.stderr, re.M), res.stderr[-3000:]
-    assert res.stderr.count("iteration 15\n") == 2  # the clean run and the killed one
+    assert res.stderr.count("iteration 11\n") == 2  # the clean run and the killed one
     assert (ws / ".ddpdeploy" / "checkpoints" / "ddp-train" / "snapshot.pt").is_file()
     assert leftovers(marker) == []
 
 
 @pytest.mark.slow
 def test_kill_at_a_time_for_a_script_without_events(tmp_path, marker):
-    spec = (
-        "nodes: 2\ncheckpoint: {claimName: local}\ncommand: {script: snapshot.py}\n"
-        "rendezvous: {mode: elastic, minNodes: 2, maxNodes: 2, maxRestarts: 1}\n"
-    )
+    # One node: when the kill strikes is the runner's clock, not the layout's.
+    spec = "nodes: 1\nprocs: 2\ncheckpoint: {claimName: local}\ncommand: {script: snapshot.py}\n"
     ws = workspace(tmp_path, spec)
-    res = smoke(ws, marker, "--kill-at", "6s")
+    res = smoke(ws, marker, "--kill-at", "4s")
     assert res.returncode == 0, res.stderr[-3000:]
     assert re.search(
-        r"^killed +local rank 0 \(pid \d+\) of \S+ at \d+ s( \(asked: 6 s\))?$", res.stdout, re.M
-    )
+        r"^killed +local rank 1 \(pid \d+\) of \S+ at \d+ s( \(asked: 4 s\))?$", res.stdout, re.M
+    ), res.stdout
     assert re.search(r"^kill-at: SIGKILL .*, \d+ s$", res.stderr, re.M), res.stderr[-3000:]
-    assert res.stderr.count("iteration 15\n") == 2
+    assert res.stderr.count("iteration 11\n") == 2
     assert leftovers(marker) == []
 
 
@@ -250,7 +186,7 @@ def test_a_relative_write_is_green_locally_with_the_pods_warning(tmp_path, marke
     # root "would refuse it" and offered --writable-rootfs, not what happens on the cluster
     # (the write fails; a file there is lost with the pod) nor that a job without a
     # checkpoint volume has no $DDPDEPLOY_CHECKPOINT_DIR to save under.
-    ws = workspace(tmp_path, "nodes: 1\nprocs: 2\ncommand: {script: relative_write.py}\n")
+    ws = workspace(tmp_path, "nodes: 1\nprocs: 1\ncommand: {script: relative_write.py}\n")
     res = smoke(ws, marker)
     assert res.returncode == 0, res.stderr
     assert (ws / "snapshot.pt").is_file()
@@ -261,14 +197,9 @@ def test_a_relative_write_is_green_locally_with_the_pods_warning(tmp_path, marke
         "with the pod anyway): add `checkpoint: {size: 10Gi}` to the spec and save it under "
         "$DDPDEPLOY_CHECKPOINT_DIR (ddpkit.checkpoint_dir()); scratch files go to /tmp"
     ], res.stderr
-    # The checkpoint folder is where writes belong; a writable root is the user's choice.
-    ok = workspace(
-        tmp_path / "ok",
-        "nodes: 1\ncheckpoint: {claimName: l}\ncommand: {script: checkpoint_env.py}\n",
-    )
-    assert "warning" not in smoke(ok, marker).stderr
-    loose = smoke(ws, marker, "--writable-rootfs")
-    assert loose.returncode == 0 and "warning" not in loose.stderr, loose.stderr
+    # No warning where the user chose a writable root (--writable-rootfs: the checkpoint
+    # kill test of tests/test_smoke_verdicts.py), nor for writes into the checkpoint folder,
+    # where they belong (test_every_rank_is_told_the_local_checkpoint_folder).
 
 
 def test_a_job_with_a_volume_is_told_to_save_there_not_to_add_one():
@@ -285,37 +216,22 @@ def test_a_job_with_a_volume_is_told_to_save_there_not_to_add_one():
 
 @pytest.mark.slow
 def test_every_rank_is_told_the_local_checkpoint_folder(tmp_path, marker):
-    spec = "nodes: 2\nprocs: 2\ncheckpoint: {claimName: l}\ncommand: {script: checkpoint_env.py}\n"
+    spec = "nodes: 2\nprocs: 1\ncheckpoint: {claimName: l}\ncommand: {script: checkpoint_env.py}\n"
     ws = workspace(tmp_path, spec)
     res = smoke(ws, marker, "--ranks", "all")
     assert res.returncode == 0, res.stderr
     folder = ws / ".ddpdeploy" / "checkpoints" / "ddp-train"
-    for rank in range(4):
+    for rank in range(2):
         line = (
             rf"^\[rank{rank}\] rank {rank} checkpoint dir {re.escape(str(folder))} writable True$"
         )
         assert re.search(line, res.stderr, re.M), res.stderr
-    assert sorted(p.name for p in folder.iterdir()) == [f"probe-{r}" for r in range(4)]
+    assert sorted(p.name for p in folder.iterdir()) == [f"probe-{r}" for r in range(2)]
+    assert "warning" not in res.stderr  # writes in the checkpoint folder are where they belong
     # No checkpoint volume: no variable (the helpers then say so in one line).
     (ws / "ddpdeploy.yaml").write_text("nodes: 1\ncommand: {script: checkpoint_env.py}\n")
     res = smoke(ws, marker)
     assert res.returncode == 0 and "rank 0 checkpoint dir <unset>" in res.stderr, res.stderr
-
-
-@pytest.mark.slow
-def test_a_helper_script_killed_at_a_step_resumes_to_the_clean_weights(tmp_path, marker):
-    # The node without rank 0 is the one killed; c10d decides which that is.
-    spec = "nodes: 2\ncheckpoint: {claimName: l}\ncommand: {script: helpers_resume.py}\n"
-    ws = workspace(tmp_path, spec)
-    res = smoke(ws, marker, "--kill-at", "7")
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert re.search(
-        r"^killed +local rank 0 \(pid \d+\) of ddp-train-worker-[01] at step \d+$", res.stdout, re.M
-    ), res.stdout
-    assert re.search(r"^recovery +\d+\.\d s \(kill -> step \d+", res.stdout, re.M), res.stdout
-    assert re.search(r"^clean run +[0-9a-f]{64} \(same\)$", res.stdout, re.M), res.stdout
-    assert '"resumed": true' in res.stderr
-    assert leftovers(marker) == []
 
 
 # Found by the fourth outside-scripts pass: the pytorch/examples tutorial, unchanged, ended
@@ -327,7 +243,7 @@ def test_a_script_that_pins_a_gpu_is_told_smoke_runs_on_the_cpu(tmp_path, marker
 
     if torch.cuda.is_available():
         pytest.skip("this torch has a GPU: the script would get past its set_device")
-    ws = workspace(tmp_path, "nodes: 1\nprocs: 2\ncommand: {script: cuda_first.py}\n")
+    ws = workspace(tmp_path, "nodes: 1\nprocs: 1\ncommand: {script: cuda_first.py}\n")
     res = smoke(ws, marker)
     assert res.returncode == 1, res.stderr
     error = res.stderr[res.stderr.index("error: ") :].splitlines()[0]
@@ -347,7 +263,7 @@ def test_a_script_that_pins_a_gpu_is_told_smoke_runs_on_the_cpu(tmp_path, marker
 # 20, so nothing was killed; choose an earlier point": no step is early enough.
 @pytest.mark.slow
 def test_a_step_kill_of_a_script_without_step_events_says_why_after_one_run(tmp_path, marker):
-    ws = workspace(tmp_path, "nodes: 1\nprocs: 2\ncommand: {script: plain.py}\n")
+    ws = workspace(tmp_path, "nodes: 1\nprocs: 1\ncommand: {script: plain.py}\n")
     res = smoke(ws, marker, "--kill-at", "1")
     assert res.returncode == 2, res.stderr
     assert res.stderr.rstrip().splitlines()[-1] == (

@@ -1,6 +1,6 @@
 """`smoke --local` tells the truth: the root-cause rank of a failure with its own lines, no
-process left behind when an agent is SIGKILLed, a refusal to start thousands of workers on
-a few cores, and `--kill-at` chaos that recovers to the same weights as a clean run."""
+process left behind when an agent is SIGKILLed, and a refusal to start thousands of workers
+on a few cores."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from local_smoke import HASH, leftovers, smoke, start_smoke, workers
+from local_smoke import leftovers, smoke, start_smoke, workers
 
 pytest.importorskip("torch")
 
@@ -71,13 +71,13 @@ def test_sigkilled_agent_leaves_no_worker_behind(tmp_path, marker):
     # torchrun starts each worker in a session of its own: killing the agent (SIGKILL, so it
     # cannot pass anything on) orphans its workers, out of reach of its process group.
     proc = start_smoke(
-        tmp_path, marker, "--nodes", "2", "--procs", "2", "--steps", "100000", "--",
+        tmp_path, marker, "--nodes", "2", "--procs", "1", "--steps", "100000", "--",
         "--debug-step-delay", "0.05",
     )  # fmt: skip
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and len(workers(marker)) < 4:
+    while time.monotonic() < deadline and len(workers(marker)) < 2:
         time.sleep(0.5)
-    assert len(workers(marker)) == 4, "the workers never started"
+    assert len(workers(marker)) == 2, "the workers never started"
     os.kill(agent_of("ddp-train-worker-1", marker), signal.SIGKILL)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err[-2000:]
@@ -93,23 +93,4 @@ def test_too_many_workers_for_this_host_are_refused(tmp_path, marker):
     assert res.stderr.count("\n") == 1, res.stderr
     assert res.stderr.startswith("error: --nodes/--procs: 50 x 50 = 2500 worker processes on")
     assert "--force" in res.stderr
-    assert leftovers(marker) == []
-
-
-@pytest.mark.slow  # torchrun agents
-def test_kill_at_recovers_to_the_weights_of_a_clean_run(tmp_path, marker):
-    args = ["--nodes", "2", "--procs", "2", "--steps", "24"]
-    # Slow steps so the kill lands mid-run, well before the end (rank 0's line arrives late).
-    delay = ["--", "--debug-step-delay", "0.1"]
-    (tmp_path / "clean").mkdir()
-    clean = smoke(tmp_path / "clean", marker, *args, *delay)
-    assert clean.returncode == 0, clean.stderr[-2000:]
-    chaos = smoke(tmp_path, marker, *args, "--kill-at", "8", *delay)
-    assert chaos.returncode == 0, chaos.stderr[-3000:]
-    assert HASH.search(chaos.stdout)[1] == HASH.search(clean.stdout)[1], chaos.stdout
-    assert re.search(r"^killed +local rank 1 \(pid \d+\) of ddp-train-worker-[01] at step 8$",
-                     chaos.stdout, re.M), chaos.stdout  # fmt: skip
-    assert re.search(r"^recovery +\d+\.\d s \(kill -> step \d+ after", chaos.stdout, re.M)
-    # torchrun restarted the workers and they resumed from a checkpoint before the kill.
-    assert '"restart_count": 1' in chaos.stderr and '"resumed": true' in chaos.stderr
     assert leftovers(marker) == []

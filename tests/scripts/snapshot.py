@@ -8,7 +8,7 @@ import time
 import torch
 import torch.distributed as dist
 
-ITERATIONS = 16
+ITERATIONS = 12
 folder = os.environ.get("DDPDEPLOY_CHECKPOINT_DIR")
 path = os.path.join(folder, "snapshot.pt") if folder else None
 
@@ -21,7 +21,7 @@ if path and os.path.exists(path):
 for i in range(start, ITERATIONS):
     total = torch.ones(1)
     dist.all_reduce(total)
-    time.sleep(0.4)
+    time.sleep(0.3)
     if rank == 0 and path:
         torch.save({"next": i + 1}, path + ".tmp")
         os.replace(path + ".tmp", path)  # whole or not at all
