@@ -2,13 +2,16 @@
 
 Built here, installed (not editable) with its `train` extra and torch==2.13.0 into one fresh
 venv outside the source tree, and run from an empty folder, as a user who ran
-`pip install 'ddpdeploy[train]'` would. Slow (a venv and a torch install, about a minute),
-and part of the suite all the same.
+`pip install 'ddpdeploy[train]'` would. The venv's torch is this environment's, linked in
+(its 750 MB unpacked again took most of a minute and says nothing about the wheel); pip
+installs everything else there, the train extra's numpy and torch's own dependencies
+included. Slow (a build and a venv), and part of the suite all the same.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -65,15 +68,33 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"tree": tree, "sdist": from_sdist}
 
 
+def link_torch(venv: Path, shelf: Path) -> None:
+    """Make this environment's torch the venv's own: its top-level folders and dist-info,
+    linked into ``shelf``, which a .pth file puts on the venv's path. pip takes it as
+    installed; a torch that is not 2.13.0 (or none) it installs into the venv instead."""
+    try:
+        dist = importlib.metadata.distribution("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return
+    shelf.mkdir()
+    for top in {str(f).split("/")[0] for f in dist.files or [] if not str(f).startswith("..")}:
+        (shelf / top).symlink_to(Path(str(dist.locate_file(top))))
+    (site,) = (venv / "lib").glob("python*/site-packages")
+    (site / "torch-of-the-tests.pth").write_text(f"{shelf}\n")
+
+
 @pytest.fixture(scope="module")
 def user(tmp_path_factory: pytest.TempPathFactory, wheels: dict[str, Path]):
     """(bin folder, clean env, empty working folder) of a fresh venv holding the wheel."""
     base = tmp_path_factory.mktemp("user")
     venv = base / "venv"
     check([sys.executable, "-m", "venv", venv], base)
+    link_torch(venv, base / "torch")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
-    pip = [venv / "bin" / "python", "-m", "pip", "install", "-q"]
+    # --no-compile: byte-compiling every dependency took longer than the rest of the install;
+    # Python compiles what a run imports, as it would without the .pyc files.
+    pip = [venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-compile"]
     check([*pip, f"{wheels['tree']}[train]", "torch==2.13.0"], base, env=env)
     empty = base / "work"
     empty.mkdir()

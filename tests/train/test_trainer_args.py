@@ -1,5 +1,6 @@
-"""The trainer's float flags, parsed in process: a finite number in the flag's range, or
-argparse's one line and exit 2."""
+"""The trainer's flags, parsed in process as its main() parses them: bad arguments are one
+line and exit 2 (test_trainer_cli.py shows two of them through a real process), a float
+flag is a finite number in its range."""
 
 from __future__ import annotations
 
@@ -17,6 +18,33 @@ from trainer_harness import ROOT  # noqa: E402
 def args_mod(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     monkeypatch.syspath_prepend(str(ROOT / "train"))
     return importlib.import_module("ddptrain_args")
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--steps", "0"], "--steps"),
+        (["--bogus"], "unrecognized arguments"),
+        (["--model", "no_such_module_xyz:make"], "--model"),
+        (["--model", "justamodule"], "pkg.mod:factory"),
+        (["--checkpoint-every", "5"], "--checkpoint-dir"),
+        (["--backend", "mpi"], "--backend"),
+        (["--lr", "nan"], "argument --lr: must be a finite number > 0"),  # third hostile pass
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(
+    args_mod: ModuleType, capfd: pytest.CaptureFixture[str], args: list[str], needle: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        a = args_mod.parse_args(args, "test")  # then, as main() does, the factories
+        for flag in ("model", "dataset"):
+            if getattr(a, flag):
+                args_mod.load_factory(flag, getattr(a, flag))
+    assert exited.value.code == 2
+    out, err = capfd.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ddptrain: error:") and needle in lines[0]
+    assert out == ""
 
 
 @pytest.mark.parametrize(

@@ -26,27 +26,71 @@ def _max_abs_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
     return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
 
 
+RECORDING_DATA = """
+import os
+import torch
+class Recording(torch.utils.data.Dataset):
+    def __init__(self):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(64, 32, generator=g)
+        self.f = open(f'seen{os.environ["RANK"]}.txt', 'a')
+    def __len__(self):
+        return 64
+    def __getitem__(self, i):
+        self.f.write(f'{i}\\n'); self.f.flush()
+        return self.x[i], i % 10
+def make():
+    return Recording()
+"""
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """All launches the tests below inspect, started once (each costs seconds)."""
     tmp = tmp_path_factory.mktemp("semantics")
+    (tmp / "recording_data.py").write_text(RECORDING_DATA)
     out: dict[str, Any] = {"tmp": tmp}
     with Launcher(tmp) as L:
         specs = {
             # 2 ranks x B vs 1 rank x 2B: the DDP == big batch identity.
-            "ddp2": (2, ["--batch-size", str(B), "--save-final", str(tmp / "ddp2.pt")]),
-            "big1": (1, ["--batch-size", str(2 * B), "--save-final", str(tmp / "big1.pt")]),
-            # Plain BatchNorm, per-rank dumps.
-            "bn": (2, ["--batch-size", str(B), "--bn", "--debug-dump", str(tmp / "bn")]),
-            # Rank-local optimizer difference.
-            "desync": (
+            "ddp2": (2, STEPS + ["--batch-size", str(B), "--save-final", str(tmp / "ddp2.pt")]),
+            "big1": (1, STEPS + ["--batch-size", str(2 * B), "--save-final", str(tmp / "big1.pt")]),
+            # --grad-accum 2 with micro-batch B/2 (no_sync on the first) vs ddp2.
+            "accum": (
                 2,
-                ["--batch-size", str(B), "--debug-desync-opt", "--debug-dump", str(tmp / "desync")],
+                STEPS
+                + [
+                    "--batch-size",
+                    str(B // 2),
+                    "--grad-accum",
+                    "2",
+                    "--save-final",
+                    str(tmp / "accum.pt"),
+                ],
+            ),
+            # Plain BatchNorm, per-rank dumps, a rank-local optimizer difference (rank 1 uses
+            # 2x lr); and a dataset that records which samples each rank loads (64 samples,
+            # 4 steps an epoch, 2 epochs).
+            "bn": (
+                2,
+                [
+                    "--dataset",
+                    "recording_data:make",
+                    "--batch-size",
+                    "8",
+                    "--epochs",
+                    "2",
+                    "--bn",
+                    "--debug-desync-opt",
+                    "--debug-dump",
+                    str(tmp / "bn"),
+                ],
             ),
             # CPU SyncBatchNorm vs one rank with the whole batch and plain BatchNorm.
             "syncbn2": (
                 2,
-                [
+                STEPS
+                + [
                     "--batch-size",
                     str(B),
                     "--bn",
@@ -59,7 +103,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             ),
             "bnbig1": (
                 1,
-                ["--batch-size", str(2 * B), "--bn", "--save-final", str(tmp / "bnbig1.pt")],
+                STEPS
+                + ["--batch-size", str(2 * B), "--bn", "--save-final", str(tmp / "bnbig1.pt")],
             ),
         }
         # Two at a time: the host has two cores.
@@ -68,13 +113,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             procs = []
             for name in names[i : i + 2]:
                 nproc, args = specs[name]
-                port_args = ["--standalone"]
-                procs.append(
-                    (
-                        name,
-                        L.torchrun(STEPS + args, nproc=nproc, name=name, torchrun_args=port_args),
-                    )
-                )
+                procs.append((name, L.torchrun(args, nproc=nproc, name=name)))
             for name, p in procs:
                 assert p.wait(180) == 0, p.tail()
                 out[name] = p
@@ -108,16 +147,16 @@ def test_gradients_are_averaged(runs: dict[str, Any]) -> None:
 
 def test_optimizer_state_not_synced(runs: dict[str, Any]) -> None:
     # Same averaged gradients + same optimizer state => replicas stay identical ...
-    s0, s1 = _dumps(runs["tmp"] / "desync")
-    b0, b1 = _dumps(runs["tmp"] / "bn")
-    params = [k for k in b0["state"] if "running" not in k and "num_batches" not in k]
-    assert all(torch.equal(b0["state"][k], b1["state"][k]) for k in params)
-    assert _max_abs_diff(b0["optimizer"]["state"][0], b1["optimizer"]["state"][0]) == 0.0
+    s0, s1 = _dumps(runs["tmp"] / "syncbn")
+    assert all(torch.equal(s0["state"][k], s1["state"][k]) for k in s0["state"])
+    assert _max_abs_diff(s0["optimizer"]["state"][0], s1["optimizer"]["state"][0]) == 0.0
     # ... but DDP never syncs optimizer state or hyperparameters: a rank-local difference
     # (rank 1 uses 2x lr) makes the replicas drift apart although gradients are averaged.
-    assert s0["optimizer"]["param_groups"][0]["lr"] != s1["optimizer"]["param_groups"][0]["lr"]
-    assert s0["final_sha"] != s1["final_sha"]  # no BatchNorm here: parameters differ
-    assert _max_abs_diff(s0["grads_avg"], s1["grads_avg"]) == 0.0
+    d0, d1 = _dumps(runs["tmp"] / "bn")
+    assert d0["optimizer"]["param_groups"][0]["lr"] != d1["optimizer"]["param_groups"][0]["lr"]
+    params = [k for k in d0["state"] if "running" not in k and "num_batches" not in k]
+    assert not all(torch.equal(d0["state"][k], d1["state"][k]) for k in params)
+    assert _max_abs_diff(d0["grads_avg"], d1["grads_avg"]) == 0.0
 
 
 def test_seeds_not_synced(runs: dict[str, Any]) -> None:
@@ -150,26 +189,9 @@ def test_gpu_sync_bn(tmp_path: Path) -> None:
         done_hash(p)
 
 
-def test_distributed_sampler_covers_each_sample_once(tmp_path: Path) -> None:
-    (tmp_path / "recording_data.py").write_text(
-        "import os\n"
-        "import torch\n"
-        "class Recording(torch.utils.data.Dataset):\n"
-        "    def __init__(self):\n"
-        "        g = torch.Generator().manual_seed(0)\n"
-        "        self.x = torch.randn(64, 32, generator=g)\n"
-        "        self.f = open(f'seen{os.environ[\"RANK\"]}.txt', 'a')\n"
-        "    def __len__(self):\n"
-        "        return 64\n"
-        "    def __getitem__(self, i):\n"
-        "        self.f.write(f'{i}\\n'); self.f.flush()\n"
-        "        return self.x[i], i % 10\n"
-        "def make():\n"
-        "    return Recording()\n"
-    )
-    with Launcher(tmp_path) as L:
-        L.run_ok(["--dataset", "recording_data:make", "--batch-size", "8", "--epochs", "2"])
-    per_rank = [[int(v) for v in (tmp_path / f"seen{r}.txt").read_text().split()] for r in range(2)]
+def test_distributed_sampler_covers_each_sample_once(runs: dict[str, Any]) -> None:
+    tmp = runs["tmp"]
+    per_rank = [[int(v) for v in (tmp / f"seen{r}.txt").read_text().split()] for r in range(2)]
     assert [len(s) for s in per_rank] == [64, 64]  # 32 per rank per epoch, 2 epochs
     epochs = [[s[e * 32 : (e + 1) * 32] for s in per_rank] for e in range(2)]
     for ep in epochs:
@@ -177,26 +199,9 @@ def test_distributed_sampler_covers_each_sample_once(tmp_path: Path) -> None:
     assert epochs[0][0] != epochs[1][0]  # set_epoch reshuffles
 
 
-def test_grad_accum_equals_bigger_micro_batch(tmp_path: Path) -> None:
+def test_grad_accum_equals_bigger_micro_batch(runs: dict[str, Any]) -> None:
     """--grad-accum 2 with micro-batch 8 (no_sync on the first) == micro-batch 16."""
-    with Launcher(tmp_path) as L:
-        a = L.torchrun(
-            STEPS
-            + [
-                "--batch-size",
-                "8",
-                "--grad-accum",
-                "2",
-                "--save-final",
-                str(tmp_path / "accum.pt"),
-            ],
-            name="accum",
-        )
-        b = L.torchrun(
-            STEPS + ["--batch-size", "16", "--save-final", str(tmp_path / "b16.pt")], name="b16"
-        )
-        for p in (a, b):
-            assert p.wait(180) == 0, p.tail()
-    wa = torch.load(tmp_path / "accum.pt", weights_only=True)
-    wb = torch.load(tmp_path / "b16.pt", weights_only=True)
+    tmp = runs["tmp"]
+    wa = torch.load(tmp / "accum.pt", weights_only=True)
+    wb = torch.load(tmp / "ddp2.pt", weights_only=True)
     assert _max_abs_diff(wa, wb) <= 1e-6

@@ -85,11 +85,13 @@ def _probes(d: Path, n: int) -> list[dict[str, bool]]:
 def test_checkpoint_and_resume_without_numpy(tmp_path: Path, no_numpy: dict[str, str]) -> None:
     ck = tmp_path / "ck"
     with Launcher(tmp_path) as L:
-        ref = L.run_ok([*ARGS, "--steps", "8"], env=no_numpy, name="ref")
+        # Checkpoints at steps 2, 4, 6 and 8 (RNG states of both ranks gathered) ...
+        ref = L.run_ok([*ARGS, "--steps", "8", "--checkpoint-dir", str(ck), "--checkpoint-every",
+                        "2", "--keep", "4"], env=no_numpy, name="ref")  # fmt: skip
         assert _probes(tmp_path, 2) == [{"numpy": False, "bridge": False}] * 2
-        # Checkpoints at steps 2 and 4 (RNG states of both ranks gathered), then a resume.
-        L.run_ok([*ARGS, "--steps", "4", "--checkpoint-dir", str(ck), "--checkpoint-every", "2"],
-                 env=no_numpy, name="first")  # fmt: skip
+        # ... then a resume from step 4's, as if the run had stopped there.
+        for f in [*ck.glob("ckpt-step-000000006.*"), *ck.glob("ckpt-step-000000008.*")]:
+            f.unlink()
         q = L.run_ok([*ARGS, "--steps", "8", "--checkpoint-dir", str(ck)], env=no_numpy,
                      name="second")  # fmt: skip
     st = start_event(q)
