@@ -86,8 +86,8 @@ def test_only_global_rank_0_calls_torch_save(tmp_path: Path, reference: str) -> 
 def test_kill_during_save_leaves_previous_checkpoint(tmp_path: Path, reference: str) -> None:
     ck = tmp_path / "ck"
     with Launcher(tmp_path) as L:
-        p = L.torchrun(ckpt_args(ck, "--debug-slow-save", "3"), name="first")
-        # Step 5's write takes 3 s; wait until it is committed, then until the step-10
+        p = L.torchrun(ckpt_args(ck, "--debug-slow-save", "2"), name="first")
+        # Step 5's write takes 2 s; wait until it is committed, then until the step-10
         # write is half-way (its temp file exists), and kill everything.
         p.wait_for(lambda: any(e["event"] == "checkpoint" for e in p.events()), timeout=90)
         p.wait_for(lambda: any(ck.glob(".tmp-*.pt")), timeout=60)
@@ -137,15 +137,15 @@ def test_world_size_change_only_at_epoch_boundary(tmp_path: Path) -> None:
         shutil.copytree(edge, mid)
         for f in mid.glob("ckpt-step-000000032.*"):
             f.unlink()
-        # The mid-epoch checkpoint from 2 ranks: 1 rank refuses it with one clear line ...
-        p = L.torchrun([*args, "--epochs", "2", "--checkpoint-dir", str(mid)], nproc=1,
-                       name="mid1")  # fmt: skip
+        # The mid-epoch checkpoint from 2 ranks: 1 rank (one process, no torchrun) refuses
+        # it with one clear line ...
+        p = L.python([*args, "--epochs", "2", "--checkpoint-dir", str(mid)], name="mid1")
         assert p.wait(120) != 0
         assert "written mid-epoch with world size 2" in p.stderr, p.tail()
         # ... and continues from the boundary's with the second epoch, which has 64 steps
         # in its layout.
-        q = L.run_ok([*args, "--epochs", "2", "--checkpoint-dir", str(edge)], nproc=1,
-                     name="edge1")  # fmt: skip
+        q = L.python([*args, "--epochs", "2", "--checkpoint-dir", str(edge)], name="edge1")
+        assert q.wait(120) == 0, q.tail()
     st = start_event(q)
     assert st["resume_step"] == 32 and st["world_size"] == 1 and st["total_steps"] == 96
     assert q.events()[-1]["step"] == 96
