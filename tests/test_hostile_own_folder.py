@@ -8,7 +8,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cli_runner import run_cli
 
 from ddpdeploy.errors import DdpdeployError
 from ddpdeploy.fs import own_folder
@@ -46,16 +45,3 @@ def test_a_file_in_its_place_is_one_line(tmp_path):
     (tmp_path / ".ddpdeploy").write_text("mine")
     with pytest.raises(DdpdeployError, match=r"cannot create .*\.ddpdeploy"):
         own_folder(tmp_path / ".ddpdeploy")
-
-
-@pytest.mark.slow
-def test_a_local_smoke_run_leaves_git_status_clean(tmp_path):
-    pytest.importorskip("torch")
-    ws = repo(tmp_path)
-    (ws / "ddpdeploy.yaml").write_text("checkpoint: {size: 1Gi}\n")
-    git(ws, "add", "ddpdeploy.yaml")
-    git(ws, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "spec")
-    res = run_cli("smoke", "--local", "--steps", "2", cwd=ws, timeout=300)
-    assert res.returncode == 0, res.stderr
-    assert (ws / ".ddpdeploy" / "checkpoints").is_dir()
-    assert git(ws, "status", "--porcelain", "--untracked-files=all") == ""

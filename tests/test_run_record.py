@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_runner import run_cli, run_main
+from cli_runner import run_main
 
 from ddpdeploy.cluster.saved import RECORD_PREFIX, SPEC_ANNOTATION, saved_record, with_saved_spec
 from ddpdeploy.commands.options import spec_from_flags
@@ -243,17 +243,6 @@ def test_the_build_labels_its_dirty_flag_beside_its_revision():
 
 
 # ---- real runs ---------------------------------------------------------------------------
-
-
-@pytest.mark.slow  # torchrun agents
-def test_no_probe_gives_no_probe_event(tmp_path: Path):
-    # With the probe (the default) the report shows its line: tests/test_smoke_diagnostics.py.
-    pytest.importorskip("torch")
-    res = run_cli("smoke", "--local", "--procs", "2", "--steps", "3", "--no-probe",
-                  cwd=tmp_path, timeout=300)  # fmt: skip
-    assert res.returncode == 0, res.stderr
-    assert "rank times" in res.stdout, res.stdout  # a report with the trainer's lines, ...
-    assert "probe" not in [ln.split()[0] for ln in res.stdout.splitlines() if ln.strip()]
 
 
 def test_git_dirty_is_true_false_or_unknown(tmp_path: Path):

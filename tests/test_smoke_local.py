@@ -42,6 +42,9 @@ def test_every_targets_layout_trains_to_the_same_weights(tmp_path, marker):
         assert res.returncode == 0, res.stderr
         hashes[target] = HASH.search(res.stdout)[1]
         assert re.search(r"^steps\s+6$", res.stdout, re.M), res.stdout
+        # --no-probe: no probe event, so no probe line in the report (with the probe, the
+        # default: tests/test_smoke_diagnostics.py).
+        assert "probe" not in [ln.split()[0] for ln in res.stdout.splitlines() if ln.strip()]
         assert '"world_size": 4' in res.stderr
         first_node[target] = re.search(r'^([\w-]+): \{"event": "start"', res.stderr, re.M)[1]
         assert leftovers(marker) == []

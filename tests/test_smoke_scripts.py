@@ -33,27 +33,21 @@ def workspace(tmp_path: Path, spec: str) -> Path:
 
 
 @pytest.mark.slow
-def test_rank_0_is_shown_plain_and_the_ranks_asked_for_with_their_rank(tmp_path, marker):
-    # An argparse script with positional arguments, printing plain text (no events).
-    ws = workspace(tmp_path, "nodes: 1\nprocs: 2\ncommand: {script: positional.py}\n")
-    res = smoke(ws, marker, "--", "2", "hello")
+def test_argparse_script_with_positional_args_shows_the_ranks_asked_for(tmp_path, marker):
+    # A plain-text script (no events) with positional arguments. Rank 0 alone, unprefixed
+    # (the default): test_every_rank_is_told_the_local_checkpoint_folder's second run.
+    ws = workspace(tmp_path, "nodes: 2\nprocs: 2\ncommand: {script: positional.py}\n")
+    res = smoke(ws, marker, "--ranks", "1,3", "--", "2", "hello")
     assert res.returncode == 0, res.stderr
-    # Rank 0's own lines, unprefixed (one rank shown); no other rank's.
-    assert re.search(r"^hello epoch 1 sum 3 from rank 0$", res.stderr, re.M), res.stderr
-    assert "from rank 1" not in res.stderr
+    for rank in (1, 3):
+        line = rf"^\[rank{rank}\] hello epoch 1 sum 10 from rank {rank}$"
+        assert re.search(line, res.stderr, re.M), res.stderr
+    assert "from rank 0" not in res.stderr and "from rank 2" not in res.stderr
     assert "trainer" not in res.stderr
     assert re.search(r"^wall time +\d+\.\d s$", res.stdout, re.M)
+    codes = re.findall(r"^exit code +(\d+)  (\S+)$", res.stdout, re.M)
+    assert codes == [("0", "ddp-train-worker-0"), ("0", "ddp-train-worker-1")], res.stdout
     assert "weights_sha256" not in res.stdout and "steps" not in res.stdout
-    assert leftovers(marker) == []
-    (ws / "ddpdeploy.yaml").write_text("nodes: 2\nprocs: 2\ncommand: {script: positional.py}\n")
-    picked = smoke(ws, marker, "--ranks", "1,3", "--", "1", "hi")
-    assert picked.returncode == 0, picked.stderr
-    for rank in (1, 3):
-        line = rf"^\[rank{rank}\] hi epoch 0 sum 10 from rank {rank}$"
-        assert re.search(line, picked.stderr, re.M), picked.stderr
-    assert "from rank 0" not in picked.stderr and "from rank 2" not in picked.stderr
-    codes = re.findall(r"^exit code +(\d+)  (\S+)$", picked.stdout, re.M)
-    assert codes == [("0", "ddp-train-worker-0"), ("0", "ddp-train-worker-1")], picked.stdout
     assert leftovers(marker) == []
 
 
@@ -228,10 +222,13 @@ def test_every_rank_is_told_the_local_checkpoint_folder(tmp_path, marker):
         assert re.search(line, res.stderr, re.M), res.stderr
     assert sorted(p.name for p in folder.iterdir()) == [f"probe-{r}" for r in range(2)]
     assert "warning" not in res.stderr  # writes in the checkpoint folder are where they belong
-    # No checkpoint volume: no variable (the helpers then say so in one line).
-    (ws / "ddpdeploy.yaml").write_text("nodes: 1\ncommand: {script: checkpoint_env.py}\n")
+    # No checkpoint volume: no variable (the helpers then say so in one line). The default
+    # view: rank 0's lines alone, unprefixed.
+    (ws / "ddpdeploy.yaml").write_text("nodes: 1\nprocs: 2\ncommand: {script: checkpoint_env.py}\n")
     res = smoke(ws, marker)
-    assert res.returncode == 0 and "rank 0 checkpoint dir <unset>" in res.stderr, res.stderr
+    assert res.returncode == 0, res.stderr
+    assert re.search(r"^rank 0 checkpoint dir <unset> writable False$", res.stderr, re.M)
+    assert "rank 1 checkpoint dir" not in res.stderr, res.stderr
 
 
 # Found by the fourth outside-scripts pass: the pytorch/examples tutorial, unchanged, ended

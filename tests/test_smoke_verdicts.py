@@ -244,10 +244,14 @@ def test_a_kill_step_past_the_clean_runs_last_is_refused_before_the_kill_run(tmp
 # into .ddpdeploy/checkpoints (a kill run gives the job that folder). It now resumes from
 # that folder, saying so in one line; a plain run without --resume still starts fresh, and
 # every run but a --resume one starts from an emptied folder. Found by the third hostile
-# pass: exit 0, "6/4 done", "steps/s 0.5" for a --resume run that trained no step.
+# pass: exit 0, "6/4 done", "steps/s 0.5" for a --resume run that trained no step. None of
+# it shows in the user's `git status` (issue 24 §5: tests/test_hostile_own_folder.py).
 @pytest.mark.slow
 def test_resume_goes_on_from_the_folder_a_kill_run_left_but_never_past_the_last_step(tmp_path):
     ws = workspace(tmp_path, "nodes: 1\nprocs: 1\n")
+    git = ["git", "-C", str(ws), "-c", "user.name=t", "-c", "user.email=t@t"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "x"]):
+        subprocess.run([*git, *args], check=True, capture_output=True)
     kill = smoke(ws, "--no-probe", "--steps", "6", "--kill-at", "3")
     assert kill.returncode == 0, kill.stderr[-3000:]
     out = kill.stdout
@@ -276,6 +280,9 @@ def test_resume_goes_on_from_the_folder_a_kill_run_left_but_never_past_the_last_
     fresh = smoke(ws, "--no-probe", "--steps", "2")
     assert fresh.returncode == 0, fresh.stderr[-3000:]
     assert '"resumed": false' in fresh.stderr and "--resume:" not in fresh.stderr
+    assert any(folder.iterdir())
+    status = [*git, "status", "--porcelain", "--untracked-files=all"]
+    assert subprocess.run(status, check=True, capture_output=True, text=True).stdout == ""
 
 
 def test_steps_per_s_counts_the_steps_this_run_trained():
