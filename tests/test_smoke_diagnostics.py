@@ -1,6 +1,7 @@
 """smoke shows ddpkit's diagnostics: the probe line, the rank times with a straggler named
 by host, and a hang (the ranks that did not arrive, where the stacks are): the pure lines of
-ddpdeploy.events and real `smoke --local` runs of 2 nodes (torchrun agents)."""
+ddpdeploy.events and a real `smoke --local` hang on 2 nodes (torchrun agents). A real
+report's probe and rank-times lines: tests/test_smoke_local.py's layout runs."""
 
 from __future__ import annotations
 
@@ -68,22 +69,6 @@ def test_sparse_events_still_describe_and_others_do_not() -> None:
     assert line('{"event": "probe"}').startswith("busbw ? GB/s")
     assert line('{"event": "hang"}').startswith("hung at step ?")
     assert describe(parse_event('{"event": "step", "step": 1}')) is None  # type: ignore[arg-type]
-
-
-@pytest.mark.slow  # torchrun agents
-def test_smoke_report_shows_probe_and_straggler(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
-    # --ranks-every: smoke's flag, the spec's diagnostics setting, reaches the trainer.
-    res = run_cli("smoke", "--local", "--nodes", "2", "--procs", "2", "--steps", "20",
-                  "--ranks-every", "10", "--", "--debug-slow-rank", "3:0.05",
-                  cwd=tmp_path, timeout=300)  # fmt: skip
-    assert res.returncode == 0, res.stderr
-    report = dict(ln.split(None, 1) for ln in res.stdout.splitlines() if ln.startswith("probe"))
-    assert "busbw" in report["probe"] and "world 4, gloo; transport tcp" in report["probe"]
-    times = [ln for ln in res.stdout.splitlines() if ln.startswith("rank times")]
-    assert len(times) == 1 and f"straggler: rank 3 ({HOST}) " in times[0], res.stdout
-    # Live notes per window (the trainer's default is one at 50 steps: only the end's).
-    assert "step 10:" in res.stderr and "step 20:" in res.stderr
 
 
 @pytest.mark.slow  # torchrun agents

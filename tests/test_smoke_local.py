@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 
 import pytest
 from cli_runner import run_cli
@@ -30,23 +31,31 @@ def test_bad_trainer_args_fail_cleanly(tmp_path, marker):
     assert leftovers(marker) == []
 
 
-def test_every_targets_layout_trains_to_the_same_weights(tmp_path, marker):
+def test_two_targets_layouts_train_alike_and_report_ddpkits_diagnostics(tmp_path, marker):
     """Two targets' contracts (their names, rank source and injected env) emulated for 2
     nodes x 2 procs: the same training, bit for bit, as the PyTorchJob layout. (Each
     layout's rendered env is checked in the fast tier, its compose project against a local
-    run in tests/docker/test_compose_run.py.)"""
+    run in tests/docker/test_compose_run.py.) Each report shows ddpkit's diagnostics: the
+    probe's line and the rank times with a straggler named by host (the lines themselves:
+    tests/test_smoke_diagnostics.py)."""
+    host = socket.gethostname()
     hashes, first_node = {}, {}
     for target in ("pytorchjob", "trainjob"):
-        args = ("--target", target, "--nodes", "2", "--procs", "2", "--steps", "6")
-        res = smoke(tmp_path, marker, *args, "--no-probe")
+        # --ranks-every: smoke's flag, the spec's diagnostics setting, reaches the trainer.
+        args = ("--target", target, "--nodes", "2", "--procs", "2", "--steps", "20")
+        args += ("--ranks-every", "10", "--", "--debug-slow-rank", "3:0.05")
+        res = smoke(tmp_path, marker, *args)
         assert res.returncode == 0, res.stderr
         hashes[target] = HASH.search(res.stdout)[1]
-        assert re.search(r"^steps\s+6$", res.stdout, re.M), res.stdout
-        # --no-probe: no probe event, so no probe line in the report (with the probe, the
-        # default: tests/test_smoke_diagnostics.py).
-        assert "probe" not in [ln.split()[0] for ln in res.stdout.splitlines() if ln.strip()]
+        assert re.search(r"^steps\s+20$", res.stdout, re.M), res.stdout
         assert '"world_size": 4' in res.stderr
         first_node[target] = re.search(r'^([\w-]+): \{"event": "start"', res.stderr, re.M)[1]
+        (probe,) = [ln for ln in res.stdout.splitlines() if ln.startswith("probe ")]
+        assert "busbw" in probe and "world 4, gloo; transport tcp" in probe, probe
+        times = [ln for ln in res.stdout.splitlines() if ln.startswith("rank times")]
+        assert len(times) == 1 and f"straggler: rank 3 ({host}) " in times[0], res.stdout
+        # Live notes per window (the trainer's default is one at 50 steps: only the end's).
+        assert "step 10:" in res.stderr and "step 20:" in res.stderr
         assert leftovers(marker) == []
     assert len(set(hashes.values())) == 1, hashes
     # Rank 0's node, named as each target names its pods (c10d: whichever joined first).
