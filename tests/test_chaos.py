@@ -92,9 +92,8 @@ print("held", held, "after", [s for s, _ in out], flush=True)
 """
 
 
-@pytest.mark.slow
-def test_step_done_holds_at_the_step_until_the_release(tmp_path):
-    release = tmp_path / "release"
+def _hold_at_step_2(script: str, release: Path, arg: Path) -> subprocess.CompletedProcess[str]:
+    """Run a holder script with ddpkit's hold at step 2 released by ``release``; exit 0."""
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT / "train"),
@@ -102,13 +101,20 @@ def test_step_done_holds_at_the_step_until_the_release(tmp_path):
         launch.HOLD_RELEASE_ENV: str(release),
     }
     done = subprocess.run(
-        [sys.executable, "-c", _HOLDER, str(release)],
+        [sys.executable, "-c", script, str(arg)],
         env=env,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
+    return done
+
+
+@pytest.mark.slow
+def test_step_done_holds_at_the_step_until_the_release(tmp_path):
+    release = tmp_path / "release"
+    done = _hold_at_step_2(_HOLDER, release, release)
     # Steps 1 and 2 done, held inside step_done(2) until the byte came; then 3 and 4.
     assert "held [1] after [1, 2, 3, 4]" in done.stdout, done.stdout
     assert '{"event": "step", "step": 2, "hold": true}' in done.stdout
@@ -119,21 +125,8 @@ def test_no_hold_once_released(tmp_path):
     # (Without the env nothing holds: every clean run of a ddpkit script shows that.)
     release = tmp_path / "release"
     release.write_bytes(b"\n")  # already released: a restarted worker passes the step
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT / "train"),
-        launch.HOLD_STEP_ENV: "2",
-        launch.HOLD_RELEASE_ENV: str(release),
-    }
     script = _HOLDER.replace('open(sys.argv[1], "ab").write(b"\\n")', "")
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "unused")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
+    done = _hold_at_step_2(script, release, tmp_path / "unused")
     assert "held [1, 2, 3, 4]" in done.stdout, done.stdout
     assert "hold" not in done.stdout.replace("held", "")
 
