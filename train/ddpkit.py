@@ -90,6 +90,9 @@ DEFAULT_KEEP = 3
 # zero-padded to 9 digits; at most 18, so a step always fits an int64 tensor.
 _SIDECAR = re.compile(r"^ckpt-step-(\d{9,18})\.json$", re.ASCII)
 MAX_STEP = 10**18 - 1
+# What _write_temp's mkstemp names (8 characters of its alphabet): only those are ours to
+# delete; a user's .tmp-notes.json in the folder is not.
+_TEMP_NAME = re.compile(r"^\.tmp-[a-z0-9_]{8}\.(pt|json)$", re.ASCII)
 MAX_SIDECAR = 1 << 20  # a sidecar is ~600 bytes; anything this big is not one
 # A temp file untouched this long is a dead writer's. A live writer moves its file's mtime
 # with every write(), and one still saving (a replaced pod in its SIGTERM grace, 30 s by
@@ -678,7 +681,7 @@ class CheckpointStore:
             return
         now = time.time()
         for n in os.listdir(self.dir):
-            if n.startswith(".tmp-") and n.endswith((".pt", ".json")):
+            if _TEMP_NAME.match(n):
                 path = os.path.join(self.dir, n)
                 with contextlib.suppress(OSError):  # gone already, a folder, a read-only mount
                     if now - os.lstat(path).st_mtime >= STALE_TEMP_S:

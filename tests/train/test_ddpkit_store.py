@@ -180,11 +180,11 @@ def test_a_temp_name_that_cannot_be_removed_is_left(kit: ModuleType, tmp_path: P
     # made load_latest raise IsADirectoryError (a read-only mount: the same, EROFS).
     ck = tmp_path / "ck"
     kit.save({"step": 1}, 1)
-    (ck / ".tmp-abc.pt").mkdir()
-    (ck / ".tmp-abc.pt" / "kept").write_text("someone's")
-    age(ck / ".tmp-abc.pt", kit.STALE_TEMP_S + 60)  # old enough to be tried
+    (ck / ".tmp-abc0_xyz.pt").mkdir()
+    (ck / ".tmp-abc0_xyz.pt" / "kept").write_text("someone's")
+    age(ck / ".tmp-abc0_xyz.pt", kit.STALE_TEMP_S + 60)  # old enough to be tried
     assert kit.load_latest()["step"] == 1
-    assert (ck / ".tmp-abc.pt" / "kept").is_file()
+    assert (ck / ".tmp-abc0_xyz.pt" / "kept").is_file()
 
 
 def test_load_latest_leaves_a_live_writers_temp_files(kit: ModuleType, tmp_path: Path) -> None:
@@ -222,12 +222,31 @@ def test_load_latest_removes_temp_files_untouched_for_ten_minutes(
 ) -> None:
     ck = tmp_path / "ck"
     kit.save({"step": 1}, 1)
-    for name in (".tmp-dead.pt", ".tmp-dead.json", ".tmp-live.pt", ".tmp-live.json"):
+    dead, live = (
+        [".tmp-dead0_ab.pt", ".tmp-dead0_ab.json"],
+        [".tmp-live0_ab.pt", ".tmp-live0_ab.json"],
+    )
+    for name in dead + live:
         (ck / name).write_bytes(b"half")
-    for name in (".tmp-dead.pt", ".tmp-dead.json"):
+    for name in dead:
         age(ck / name, kit.STALE_TEMP_S + 1)
     assert kit.load_latest()["step"] == 1
-    assert sorted(p.name for p in ck.glob(".tmp-*")) == [".tmp-live.json", ".tmp-live.pt"]
+    assert sorted(p.name for p in ck.glob(".tmp-*")) == sorted(live)
+
+
+def test_load_latest_keeps_old_files_that_only_look_like_temp_files(
+    kit: ModuleType, tmp_path: Path
+) -> None:
+    # Found by the sixth hostile pass: every old ".tmp-*.pt" or ".json" was removed, also a
+    # user's own .tmp-notes.json kept beside the checkpoints. Only names mkstemp makes go.
+    ck = tmp_path / "ck"
+    kit.save({"step": 1}, 1)
+    theirs = [".tmp-notes.json", ".tmp-ABCDEFGH.pt", ".tmp-abcdefghi.pt", ".tmp-abcdefgh.pt.bak"]
+    for name in theirs:
+        (ck / name).write_text("someone's")
+        age(ck / name, kit.STALE_TEMP_S + 60)
+    assert kit.load_latest()["step"] == 1
+    assert sorted(p.name for p in ck.glob(".tmp-*")) == sorted(theirs)
 
 
 def test_a_save_whose_rename_fails_leaves_no_temp_file(kit: ModuleType, tmp_path: Path) -> None:
