@@ -10,13 +10,15 @@ from ddpdeploy.errors import UserError
 
 
 def duration(seconds: float) -> str:
-    """``42s``, ``3m07s``, ``2h05m``."""
+    """``42s``, ``3m07s``, ``2h05m``, ``3d04h`` (the units the duration flags read)."""
     s = int(round(seconds))
     if s < 60:
         return f"{s}s"
     if s < 3600:
         return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 def ago(seconds: float) -> str:
@@ -35,6 +37,11 @@ def age(created: str | None, now: datetime) -> str:
     return f"{max(seconds, 0)}s"
 
 
+def counted(n: int, noun: str) -> str:
+    """``1 node``, ``2 nodes``, ``0 pods``: a count with its noun in the right number."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def size(n: int) -> str:
     """``512 bytes``, ``3.5 KiB``, ``12.0 MiB``."""
     if n < 1024:
@@ -43,8 +50,9 @@ def size(n: int) -> str:
 
 
 def parse_duration(text: str, flag: str = "--timeout") -> float:
-    """ "90", "90s", "15m", "2h" -> seconds."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text, re.ASCII)
+    """ "90", "90s", "15m", "2h", "3d" -> seconds. Days too: `list` shows ages in them, and
+    the value is sent on in seconds, never as a Go duration (which has no unit d)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text, re.ASCII)
     if not match:
-        raise UserError(f"{flag}: {text!r} is not a duration; use e.g. 90s, 15m or 2h")
-    return float(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[match[2]]
+        raise UserError(f"{flag}: {text!r} is not a duration; use e.g. 90s, 15m, 2h or 3d")
+    return float(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]]

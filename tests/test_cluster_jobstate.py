@@ -392,6 +392,12 @@ def test_a_pod_the_operator_could_not_make_counts_against_the_jobs_size() -> Non
         ((), "Pending", "no condition yet; its pods could not be read"),
         ((("Created", "made"), ("Running", "up")), "Running", "up; its pods could not be read"),
         ((("Running", "up"), ("Restarting", "")), "Restarting", "its pods could not be read"),
+        # Left by the fifth hostile pass: the operator's full stop made ".;".
+        (
+            (("Running", "PyTorchJob j is running."),),
+            "Running",
+            "PyTorchJob j is running; its pods could not be read",
+        ),
         ((("Running", "up"), ("Succeeded", "done")), "Succeeded", "done"),
         ((("Running", "up"), ("Failed", "boom")), "Failed", "boom"),
     ],
@@ -451,3 +457,13 @@ def test_a_cpu_limit_the_pods_lack_is_not_told_to_set_with_cpu(item):
     assert "set --cpu" not in line and "(--cpu)" not in line
     assert "ddpdeploy sets no CPU limit (--cpu is the request)" in line
     assert "default cpu limit" in line
+
+
+def test_counts_take_the_number_of_their_noun():
+    # Left by the fifth hostile pass: "1 pods created", "scaled ... to 1 nodes".
+    from ddpdeploy.formats import counted
+
+    assert job_state(job(("Created", "")), [pod()]).reason == "1 pod created"
+    assert job_state(job(("Created", "")), [pod(), pod("j-worker-0")]).reason == "2 pods created"
+    assert [counted(n, "node") for n in (0, 1, 2)] == ["0 nodes", "1 node", "2 nodes"]
+

@@ -4,6 +4,7 @@ the local target's launch, without torch."""
 from __future__ import annotations
 
 import sys
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -215,6 +216,20 @@ def test_digits_of_other_scripts_are_no_ranks_durations_or_steps_anywhere():
         parse_duration("\u0661\u0660s")
     assert split_rank("[rank3]: x") == (3, " x")
     assert split_rank("[rank\u0663]: x") == (None, "[rank\u0663]: x")
+
+
+def test_durations_read_and_write_the_same_units_list_shows_ages_in():
+    # Left by the fifth hostile pass: `list` showed an age of "3d" while `--since 3d` and
+    # `--timeout 3d` were refused, and a 3-day ETA read "72h00m".
+    from ddpdeploy.formats import age, duration, parse_duration
+
+    assert parse_duration("3d") == 3 * 86400 and parse_duration("1.5d") == 1.5 * 86400
+    assert duration(3 * 86400 + 4 * 3600 + 59) == "3d04h"
+    assert duration(23 * 3600) == "23h00m"
+    then = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    assert age("2026-01-01T00:00:00Z", then + timedelta(days=3)) == "3d"
+    with pytest.raises(UserError, match="use e.g. 90s, 15m, 2h or 3d"):
+        parse_duration("3w")
 
 
 def test_outcome_without_events_has_no_steps_and_no_comparison():

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddpdeploy.events import parse_event, split_rank, summary_failures
+from ddpdeploy.formats import counted
 from ddpdeploy.obj import Obj
 from ddpdeploy.targets import Layout, layout_for_kind
 
@@ -277,7 +278,9 @@ def job_state(job: Obj | None, pods: list[Obj]) -> JobState:
         return JobState("Suspended", "", done=False)
     if old:
         return JobState("Pending", _stopping(old), done=False)
-    return JobState("Pending", f"{len(pods)} pods created" if pods else "no pods yet", done=False)
+    return JobState(
+        "Pending", f"{counted(len(pods), 'pod')} created" if pods else "no pods yet", done=False
+    )
 
 
 def conditions_state(job: Obj) -> JobState:
@@ -299,7 +302,8 @@ def conditions_state(job: Obj) -> JobState:
     if not conds:
         return JobState("Pending", f"no condition yet; {unread}", done=False)
     last = conds[-1]  # the operators append; the newest is last
-    message = str(last.get("message") or last.get("reason") or "")
+    # The operators' messages end in a full stop ("PyTorchJob j is running."): not ".;".
+    message = str(last.get("message") or last.get("reason") or "").rstrip(" .")
     return JobState(last["type"], f"{message}; {unread}" if message else unread, done=False)
 
 

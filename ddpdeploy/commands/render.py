@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from ddpdeploy.commands.options import ObjectsOutput, spec_command
+from ddpdeploy.formats import counted
 
 if TYPE_CHECKING:
     from ddpdeploy.spec import JobSpec
@@ -40,6 +41,6 @@ def render(
     if out_dir is not None:
         files = folder_files(objects)
         write_folder(out_dir, files)
-        typer.echo(f"wrote {len(files)} files to {out_dir}", err=True)
+        typer.echo(f"wrote {counted(len(files), 'file')} to {out_dir}", err=True)
         return
     write_stdout(to_text(objects, output))

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from ddpdeploy.commands.options import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt
+from ddpdeploy.formats import counted
 
 
 def scale(
@@ -39,4 +40,4 @@ def scale(
     except KeyboardInterrupt as exc:
         raise interrupted(exc, "stopped before any change; nothing was changed") from None
     apply.apply(found.kube, checked, False, say, in_place=True)  # says what an interrupt left
-    say(f"scaled {job['kind']} {found.namespace}/{name} to {nodes} nodes")
+    say(f"scaled {job['kind']} {found.namespace}/{name} to {counted(nodes, 'node')}")

@@ -28,6 +28,7 @@ from ddpdeploy.adapters.stdout import write_stdout
 from ddpdeploy.cluster.jobstate import PodView, pod_view
 from ddpdeploy.cluster.watch import Snapshot, kind_of, layout_of_job
 from ddpdeploy.events import Progress
+from ddpdeploy.formats import counted
 from ddpdeploy.obj import Obj
 from ddpdeploy.text import plain
 
@@ -135,7 +136,7 @@ def _lines(name: str, snap: Snapshot, max_rows: int) -> list[str]:
         views = [v for v in views if v.phase != "Running" or v.detail][:max_rows]
     for v in views:
         detail = f" {v.detail}" if v.detail else ""
-        lines.append(plain(f"  {v.name}: {v.phase}, {v.restarts} restarts{detail}"))
+        lines.append(plain(f"  {v.name}: {v.phase}, {counted(v.restarts, 'restart')}{detail}"))
     return lines
 
 
