@@ -15,6 +15,7 @@ from ddpdeploy.cluster.jobstate import (
 from ddpdeploy.cluster.saved import scaled_spec, with_saved_spec
 from ddpdeploy.commands.options import spec_from_flags
 from ddpdeploy.errors import UserError
+from ddpdeploy.spec import JobSpec
 from ddpdeploy.targets import layout_of, render_objects
 
 
@@ -467,3 +468,28 @@ def test_counts_take_the_number_of_their_noun():
     assert job_state(job(("Created", "")), [pod(), pod("j-worker-0")]).reason == "2 pods created"
     assert [counted(n, "node") for n in (0, 1, 2)] == ["0 nodes", "1 node", "2 nodes"]
 
+
+@pytest.mark.parametrize("mode", ["static", "c10d"])
+def test_the_operators_init_container_is_checked_against_a_limit_range(mode):
+    # Left by the fifth hostile pass: only the templates were checked, while the operator adds
+    # init-pytorch (limits 100m / 20Mi) to a static job's workers, which a min memory refuses.
+    spec = JobSpec.model_validate({"image": "t:1", "nodes": 2, "rendezvous": {"mode": mode}})
+    layout = layout_of("pytorchjob")
+    (obj,) = [o for o in render_objects(spec) if o["kind"] == "PyTorchJob"]
+    ranges = [_limit_range({"type": "Container", "min": {"memory": "64Mi"}})]
+    got = [
+        b
+        for template, added in zip(
+            layout.pod_templates(obj), layout.added_containers(obj), strict=True
+        )
+        for b in limit_range_breaches(ranges, template, added)
+    ]
+    if mode == "c10d":  # Worker replicas only: the operator adds nothing
+        assert got == []
+        return
+    (breach,) = got
+    assert (breach.added, breach.what, breach.got) == ("init-pytorch", "request", 10 * 2**20)
+    assert breach.line(layout.added_by).startswith(
+        "bounds memory per container (min 64Mi), which the container init-pytorch breaks "
+        "(memory request 10Mi); it is the training operator's init container on the workers"
+    )

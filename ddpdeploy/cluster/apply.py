@@ -399,18 +399,20 @@ def _check_limit_ranges(kube: KubeApi, checked: Checked, layout: Layout) -> None
     if checked.create_namespace:
         return  # a new namespace has no LimitRange
     job = next((o for o in checked.objects if o["kind"] == layout.kind), None)
-    templates = layout.pod_templates(job) if job is not None else []
-    if not templates:
+    if job is None or not layout.pod_templates(job):
         return
     try:
         ranges = kube.list("v1", "LimitRange", spec.namespace)
     except Forbidden:
         return
-    for template in templates:  # a PyTorchJob's Master and Worker differ in nothing here
-        for breach in limit_range_breaches(ranges, template):
+    # The pods as the operator creates them: a PyTorchJob's workers get its init container.
+    for template, added in zip(
+        layout.pod_templates(job), layout.added_containers(job), strict=True
+    ):
+        for breach in limit_range_breaches(ranges, template, added):
             raise OperationError(
-                f"LimitRange {spec.namespace}/{breach.limit_range} {breach.line()}: the "
-                "operator could not create the job's pods"
+                f"LimitRange {spec.namespace}/{breach.limit_range} "
+                f"{breach.line(layout.added_by)}: the operator could not create the job's pods"
             )
 
 

@@ -4,7 +4,7 @@ requests the nodes' allocatable holds."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
@@ -261,9 +261,22 @@ class LimitBreach:
     allowed: Decimal
     what: str  # limit, request, limit/request
     got: Decimal | None  # None: the pod sets none
+    added: str = ""  # the name of a container the controller adds that breaks it, if one did
 
-    def line(self) -> str:
-        """What is wrong and what to change, without the LimitRange's name."""
+    def line(self, added_by: str = "") -> str:
+        """What is wrong and what to change, without the LimitRange's name. ``added_by``:
+        who adds the container that breaks it (the target's ``added_by``)."""
+        if self.added:
+            got = "none" if self.got is None else self.amount(self.got)
+            return (
+                f"bounds {self.resource} per {self.type.lower()} ({self.bound} "
+                f"{self.amount(self.allowed)}), which the container {self.added} breaks "
+                f"({self.resource} {self.what} {got}); it is {added_by or 'not ddpdeploy'}: "
+                "the namespace's admin can change the LimitRange, or use another namespace"
+            )
+        return self._ours()
+
+    def _ours(self) -> str:
         r, allowed = self.resource, self.amount(self.allowed)
         per = f"per {self.type.lower()}"
         flag = _FLAGS.get(r, f"the spec's {r}")
@@ -351,8 +364,11 @@ def _checked(
     return out
 
 
-def limit_range_breaches(ranges: list[Obj], pod_spec: Obj) -> list[LimitBreach]:
+def limit_range_breaches(
+    ranges: list[Obj], pod_spec: Obj, added: list[Obj] | None = None
+) -> list[LimitBreach]:
     """The LimitRange bounds (type Container or Pod) that a pod of ``pod_spec`` breaks once
+    its controller has added the init containers ``added`` (a breach of theirs names them) and
     the namespace's defaults are applied to it: a container without a limit (ours set no
     CPU limit) or request gets the first LimitRange's ``default``/``defaultRequest`` for it
     (the API server itself fills ``default`` from ``max`` when a LimitRange leaves it out),
@@ -368,10 +384,12 @@ def limit_range_breaches(ranges: list[Obj], pod_spec: Obj) -> list[LimitBreach]:
         for c in [*(pod_spec.get("containers") or []), *(pod_spec.get("initContainers") or [])]
         if isinstance(c, dict)
     ]
+    theirs = list(added or [])
     out: list[LimitBreach] = []
     pod_requests_sum: Resources = {}
     pod_limits_sum: Resources = {}
-    for container in containers:
+    for container in containers + theirs:
+        found = len(out)
         resources = container.get("resources") or {}
         requests = _resource_list(resources.get("requests"))
         limits = _resource_list(resources.get("limits"))
@@ -392,6 +410,8 @@ def limit_range_breaches(ranges: list[Obj], pod_spec: Obj) -> list[LimitBreach]:
         for name, item in items:
             if item.get("type") == "Container":
                 out += _checked(name, "Container", item, requests, limits)
+        if any(container is c for c in theirs):
+            out[found:] = [replace(b, added=str(container.get("name"))) for b in out[found:]]
         if container in (pod_spec.get("containers") or []):
             for r, v in requests.items():
                 pod_requests_sum[r] = pod_requests_sum.get(r, Decimal(0)) + v

@@ -141,6 +141,14 @@ class Layout(ABC):
     def pod_templates(self, obj: Obj) -> list[Obj]:
         """The pod specs inside the job object (for sizes, images, resources)."""
 
+    def added_containers(self, obj: Obj) -> list[list[Obj]]:
+        """Per pod template of ``obj`` (in pod_templates' order), the init containers its
+        controller adds to the pods it makes from it: none by default."""
+        return [[] for _ in self.pod_templates(obj)]
+
+    # Who adds those containers, and where their resources are set, for a line about them.
+    added_by = ""
+
     @abstractmethod
     def job_size(self, obj: Obj) -> tuple[int, int]:
         """(nodes, GPUs per node) of a job object of this target."""

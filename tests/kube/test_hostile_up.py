@@ -151,6 +151,46 @@ def test_a_limit_range_the_pods_break_is_refused_before_anything_is_made(
         res(admin, "v1", "Pod").create(namespace=namespace, body=pod)
 
 
+# Left by the fifth hostile pass: the preflight checked the pod templates alone, but the
+# operator gives a static job's workers its init container (limits 100m / 20Mi): a
+# LimitRange it breaks let `up` through, and the workers were then never created.
+@pytest.mark.parametrize("mode", ["static", "c10d"])
+def test_a_limit_range_the_operators_init_container_breaks_is_named(
+    kube_cli, admin, namespace, tmp_path, mode
+):
+    limits = {"type": "Container", "min": {"memory": "64Mi"}}
+    body = {"metadata": {"name": "lr"}, "spec": {"limits": [limits]}}
+    res(admin, "v1", "LimitRange").create(namespace=namespace, body=body)
+    spec = tmp_path / "ddpdeploy.yaml"
+    spec.write_text(f"nodes: 2\nrendezvous: {{mode: {mode}}}\n")
+    out = kube_cli(*up_args(namespace, "-f", str(spec), "--memory", "2Gi"))
+    if mode == "c10d":  # workers only: the operator adds no init container
+        assert out.returncode == 0, out.stderr
+        return
+    assert out.returncode == 1, out.stderr
+    assert out.stderr == (
+        f"error: LimitRange {namespace}/lr bounds memory per container (min 64Mi), which the "
+        "container init-pytorch breaks (memory request 10Mi); it is the training operator's "
+        "init container on the workers (its --pytorch-init-container-template-file sets it, "
+        "not ddpdeploy): the namespace's admin can change the LimitRange, or use another "
+        "namespace: the operator could not create the job's pods\n"
+    )
+    assert get_job(admin, namespace, "j") is None
+    # The API server refuses such an init container indeed.
+    init = {
+        "name": "init-pytorch",
+        "image": IMAGE,
+        "resources": {
+            "limits": {"cpu": "100m", "memory": "20Mi"},
+            "requests": {"cpu": "50m", "memory": "10Mi"},
+        },
+    }
+    pod = {"metadata": {"name": "probe"}, "spec": {"initContainers": [init], "containers": [
+        {"name": "c", "image": IMAGE, "resources": {"requests": {"memory": "1Gi"}}}]}}  # fmt: skip
+    with pytest.raises(Exception, match="Forbidden|minimum memory usage"):
+        res(admin, "v1", "Pod").create(namespace=namespace, body=pod)
+
+
 def test_a_limit_range_the_pods_keep_lets_up_through(kube_cli, admin, namespace):
     limits = {"type": "Container", "max": {"cpu": "4", "memory": "8Gi"}, "min": {"cpu": "1"}}
     body = {"metadata": {"name": "lr"}, "spec": {"limits": [limits]}}

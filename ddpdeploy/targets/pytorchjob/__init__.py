@@ -20,6 +20,17 @@ if TYPE_CHECKING:
     from ddpdeploy.spec import JobSpec
 
 
+# The init container the training operator (v1.9, initcontainer.go) adds to each Worker pod
+# of a job with a Master: it waits for the master's DNS name. Only its resources matter here
+# (a LimitRange can refuse them); the operator's flags can change them, this is its default.
+OPERATOR_INIT_CONTAINER: Obj = {
+    "name": "init-pytorch",
+    "resources": {
+        "limits": {"cpu": "100m", "memory": "20Mi"},
+        "requests": {"cpu": "50m", "memory": "10Mi"},
+    },
+}
+
 # Labels the training operator (v1.9) puts on each replica's pod.
 REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
 REPLICA_INDEX_LABEL = "training.kubeflow.org/replica-index"
@@ -129,6 +140,16 @@ class PyTorchJob(Layout):
     def pod_templates(self, obj: Obj) -> list[Obj]:
         replicas = ((obj.get("spec") or {}).get("pytorchReplicaSpecs") or {}).values()
         return [(r.get("template") or {}).get("spec") or {} for r in replicas]
+
+    added_by = (
+        "the training operator's init container on the workers (its "
+        "--pytorch-init-container-template-file sets it, not ddpdeploy)"
+    )
+
+    def added_containers(self, obj: Obj) -> list[list[Obj]]:
+        specs = (obj.get("spec") or {}).get("pytorchReplicaSpecs") or {}
+        init = "Master" in specs
+        return [[OPERATOR_INIT_CONTAINER] if init and kind == "Worker" else [] for kind in specs]
 
     def job_size(self, obj: Obj) -> tuple[int, int]:
         replicas = ((obj.get("spec") or {}).get("pytorchReplicaSpecs") or {}).values()
