@@ -260,7 +260,7 @@ def pod_source(
     name = body["metadata"]["name"]
     try:
         kube.create(body)
-        _wait_running(kube, name, spec.namespace, timeout, note)
+        _wait_running(kube, spec, name, timeout, note)
         yield PodSource(kube, name, spec.namespace, COLLECT_CONTAINER, folder)
     except KeyboardInterrupt as exc:
         # A helper pod was (maybe) made: say what became of it, not "nothing was done".
@@ -329,15 +329,16 @@ def _unscheduled(pod: Obj) -> str | None:
     """The scheduler's reason the helper pod is not placed (PodScheduled False), or None."""
     for cond in (pod.get("status") or {}).get("conditions") or []:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
-            message = plain(cond.get("message") or "").strip()
+            message = plain(cond.get("message") or "").strip().rstrip(".")  # no ".;"
             reason = plain(cond.get("reason") or "not scheduled")
             return f"{reason}: {clip(message, 300)}" if message else reason
     return None
 
 
 def _wait_running(
-    kube: KubeApi, name: str, namespace: str, timeout: float, note: Note | None = None
+    kube: KubeApi, spec: JobSpec, name: str, timeout: float, note: Note | None = None
 ) -> None:
+    namespace = spec.namespace
     deadline = time.monotonic() + timeout
     phase, pod = "Pending", {}
     told: str | None = None
@@ -373,6 +374,43 @@ def _wait_running(
         )
     raise OperationError(
         f"the helper pod {name} that reads the checkpoint volume is {phase} after "
-        f"{timeout:g}s (a ReadWriteOnce volume attaches to one node at a time: are the job's "
-        "pods gone? `ddpdeploy down` removes them); it has been deleted"
+        f"{timeout:g}s: {_not_started(kube, spec, pod)}; it has been deleted"
     )
+
+
+def _not_started(kube: KubeApi, spec: JobSpec, pod: Obj) -> str:
+    """What is known of a helper that neither started nor said why by --timeout: where it
+    got to, and a job's pod on another node only when there is one (a ReadWriteOnce volume
+    attaches to one node at a time), never a guess."""
+    node = (pod.get("spec") or {}).get("nodeName")
+    if not node:
+        return "no node was chosen for it yet; give it longer with --timeout"
+    started = f"placed on {plain(node)}, its container had not started"
+    holders: list[str] = []
+    mode = "ReadWriteMany"
+    with contextlib.suppress(OperationError):  # an unread claim or pods: nothing more known
+        # The claim's own modes: an adopted claim's are not the spec's.
+        claim = kube.get(
+            "v1", "PersistentVolumeClaim", checkpoint_claim_name(spec) or "", spec.namespace
+        )
+        modes = ((claim or {}).get("spec") or {}).get("accessModes") or []
+        mode = "ReadWriteMany" if not modes or "ReadWriteMany" in modes else str(modes[0])
+    if mode != "ReadWriteMany":
+        layout = layout_of(spec.target)
+        with contextlib.suppress(OperationError):
+            pods = kube.list(
+                "v1", "Pod", spec.namespace, labels=selector(layout.pod_selector(spec.name))
+            )
+            holders = sorted(
+                f"{plain(p['metadata']['name'])} (on {plain(p['spec']['nodeName'])})"
+                for p in pods
+                if (p.get("spec") or {}).get("nodeName") not in (None, node)
+                and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+            )
+    if holders:
+        return (
+            f"{started}; the job's pods {', '.join(holders[:3])} run on another node and its "
+            f"{mode} volume attaches to one node at a time (`ddpdeploy down` removes the "
+            "job's pods and keeps the claim)"
+        )
+    return f"{started} (pulling its image or mounting the volume); give it longer with --timeout"
