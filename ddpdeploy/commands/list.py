@@ -9,6 +9,7 @@ import typer
 
 from ddpdeploy.commands.options import ContextOpt, KubeconfigOpt, ListOutput, NamespaceOpt
 from ddpdeploy.formats import age
+from ddpdeploy.obj import Obj
 
 
 def list_jobs(
@@ -26,8 +27,9 @@ def list_jobs(
     """
     from ddpdeploy.adapters.kube import Forbidden
     from ddpdeploy.cluster.find import connect
-    from ddpdeploy.cluster.jobstate import job_size, job_state
+    from ddpdeploy.cluster.jobstate import conditions_state, job_size, job_state
     from ddpdeploy.cluster.labels import ours_selector
+    from ddpdeploy.cluster.watch import job_pods
     from ddpdeploy.commands import views
     from ddpdeploy.errors import OperationError
     from ddpdeploy.targets import TARGETS
@@ -49,6 +51,14 @@ def list_jobs(
             refused.append(f"{t.kind}s: {exc}")
     if refused and len(refused) == kinds_served:  # nothing listed: the refusal alone
         raise OperationError(f"could not list {'; '.join(refused)}")
+    # The pods too, in one call, so that a job's state is the one `status` gives it (an
+    # Unschedulable or crash-looping pod, not the Pending or Running of its conditions).
+    pods: list[Obj] | None = None
+    if jobs:
+        try:
+            pods = kube.list("v1", "Pod", ns, labels=ours)
+        except Forbidden:
+            pods = None  # the states of the jobs' own conditions, as `status` then says
     now = datetime.now(timezone.utc)
     rows = []
     for job in sorted(jobs, key=lambda j: (j["metadata"]["namespace"], j["metadata"]["name"])):
@@ -59,7 +69,9 @@ def list_jobs(
                 "name": meta["name"],
                 "namespace": meta["namespace"],
                 "kind": job["kind"],
-                "state": job_state(job, []).state,
+                "state": (
+                    conditions_state(job) if pods is None else job_state(job, job_pods(job, pods))
+                ).state,
                 "age": age(meta.get("creationTimestamp"), now),
                 "nodes": nodes,
                 "gpus": gpus,

@@ -72,6 +72,27 @@ def test_list_shows_only_ours(kube_cli, admin, namespace, up):
     assert "ours" in table and "3×0" in table and "theirs" not in table
 
 
+def test_list_gives_a_job_the_state_status_gives_it(kube_cli, admin, namespace, up):
+    # Found by the fifth hostile pass: `list` read the job's conditions alone and said
+    # Pending where `status` said Unschedulable; one rule (the pods' too) for both.
+    up("stuck", "--gpus", "0")
+    up("fine", "--gpus", "0")
+    (pod,) = create_pods(admin, get_job(admin, namespace, "stuck"))
+    sched = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": "0/1 nodes are available: 1 Insufficient cpu.",
+    }
+    set_pod_status(admin, namespace, pod, {"phase": "Pending", "conditions": [sched]})
+    out = kube_cli("list", "-n", namespace, "-o", "json")
+    assert out.returncode == 0, out.stderr
+    states = {r["name"]: r["state"] for r in json.loads(out.stdout)}
+    assert states == {"stuck": "Unschedulable", "fine": "Pending"}
+    status = kube_cli("status", "stuck", "-n", namespace, "-o", "json")
+    assert json.loads(status.stdout)["state"] == "Unschedulable"
+
+
 def test_list_shows_the_kinds_it_may_list_and_names_the_refused(kube_cli, admin, namespace, up):
     # Found by the fifth hostile pass: a user who may list PyTorchJobs but not batch Jobs
     # (the indexed-job target's) got the Jobs' forbidden line alone, exit 1: no job listed.
