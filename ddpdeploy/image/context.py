@@ -138,9 +138,18 @@ def dockerfile(docker_dir: Path) -> str:
 
 def requirements(workspace: Path, kept: Iterable[LocalFile]) -> bytes:
     """The workspace's requirements.txt if the .dockerignore keeps it, else nothing."""
-    if any(f.rel == REQUIREMENTS for f in kept):
-        return _read_small(workspace / REQUIREMENTS)
-    return b""
+    if not any(f.rel == REQUIREMENTS for f in kept):
+        return b""
+    path = workspace / REQUIREMENTS
+    # Its bytes go into the image (a layer pushed to a registry): a link may point within the
+    # workspace (requirements/cpu.txt), never out of it (~/.netrc, another project's file).
+    real = path.resolve()
+    if not real.is_relative_to(workspace.resolve()):
+        raise UserError(
+            f"{path} is a link to {real}, outside the workspace, whose bytes would go into "
+            "the image; copy the file into the workspace, or point the link at one inside it"
+        )
+    return _read_small(path)
 
 
 class _WriteFailed(Exception):

@@ -99,6 +99,24 @@ def test_requirements_copied_or_empty(tmp_path: Path) -> None:
     assert by_name["ddpdeploy-build/requirements.txt"].data == b""
 
 
+def test_requirements_linked_out_of_the_workspace_are_refused(tmp_path: Path) -> None:
+    # Found by the sixth hostile pass: requirements.txt -> ~/.netrc put that file's bytes
+    # into the image (its pip layer); links within the workspace stay fine.
+    ws = make_workspace(tmp_path)
+    (ws / "requirements.txt").unlink()
+    secret = tmp_path / "netrc"
+    secret.write_text("machine example.org password hunter2\n")
+    (ws / "requirements.txt").symlink_to(secret)
+    with pytest.raises(UserError, match=r"requirements.txt is a link to .*netrc, outside the "):
+        plan(tmp_path / "a", ws)
+    (ws / "reqs").mkdir()
+    (ws / "reqs" / "cpu.txt").write_text("tqdm\n")
+    (ws / "requirements.txt").unlink()
+    (ws / "requirements.txt").symlink_to("reqs/cpu.txt")
+    by_name = {e.arcname: e for e in plan(tmp_path / "b", ws)}
+    assert by_name["ddpdeploy-build/requirements.txt"].data == b"tqdm\n"
+
+
 def test_content_tag_is_stable_and_tracks_every_input(tmp_path: Path) -> None:
     ws = make_workspace(tmp_path)
     args = {"BASE_IMAGE": "b:1"}
