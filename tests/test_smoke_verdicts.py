@@ -267,8 +267,9 @@ def test_resume_goes_on_from_the_folder_a_kill_run_left_but_never_past_the_last_
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     folder = ws / ".ddpdeploy" / "checkpoints" / "ddp-train"
     assert resumed.stderr.splitlines()[0] == (
-        f"smoke: --resume: the spec has no checkpoint volume, but {folder} holds what an "
-        "earlier --kill-at run saved; this run gets that folder, as the kill run did"
+        f"smoke: --resume: the spec has no checkpoint volume, but {folder} holds files of "
+        "an earlier run (a --kill-at run, or one whose spec had a checkpoint volume); this "
+        "run gets that folder, as that run did"
     )
     assert '"resume_step": 6' in resumed.stderr, resumed.stderr[-3000:]
     assert re.search(r"^steps\s+8$", resumed.stdout, re.M), resumed.stdout

@@ -243,8 +243,9 @@ def _checkpoint_folder(spec: JobSpec, chaos: bool, resume: bool = False) -> Path
         if not resume or not _holds_files(folder):
             return None
         typer.echo(
-            f"smoke: --resume: the spec has no checkpoint volume, but {folder} holds what "
-            "an earlier --kill-at run saved; this run gets that folder, as the kill run did",
+            f"smoke: --resume: the spec has no checkpoint volume, but {folder} holds files "
+            "of an earlier run (a --kill-at run, or one whose spec had a checkpoint volume); "
+            "this run gets that folder, as that run did",
             err=True,
         )
     # Never through a link: the folder is emptied before each run.
