@@ -427,3 +427,53 @@ def limit_range_breaches(
     for breach in sorted(out, key=lambda b: b.bound == "default"):
         unique.setdefault((breach.limit_range, breach.type, breach.resource, breach.bound), breach)
     return list(unique.values())
+
+
+def fitted_resources(ranges: list[Obj], resources: Obj) -> Obj:
+    """``resources`` (the requests and limits of a one-container pod of ours that needs
+    little, like collect's helper) moved inside the cpu and memory bounds of ``ranges``,
+    each resource given a request and a limit so that no default of theirs applies: raised
+    to each min, lowered to each max, a request raised until limit/request keeps each
+    maxLimitRequestRatio. A bound nothing can keep (a min above a max) is left for
+    limit_range_breaches to name."""
+    items = [
+        item
+        for r in ranges
+        for item in ((r.get("spec") or {}).get("limits") or [])
+        if isinstance(item, dict) and item.get("type") in ("Container", "Pod")
+    ]
+    if not items:
+        return resources
+    requests = _resource_list(resources.get("requests"))
+    limits = _resource_list(resources.get("limits"))
+    for r in FIT_RESOURCES:
+        bounded = any(_resource_list(item.get(k)).get(r) is not None for item in items for k in (
+            "min", "max", "maxLimitRequestRatio", "default", "defaultRequest"))  # fmt: skip
+        if not bounded or r not in requests:
+            continue
+        req = requests[r]
+        lim = limits.get(r, req)  # an explicit limit: a default one could sit below req
+        for item in items:
+            low = _resource_list(item.get("min")).get(r)
+            high = _resource_list(item.get("max")).get(r)
+            ratio = _resource_list(item.get("maxLimitRequestRatio")).get(r)
+            if low is not None:
+                req, lim = max(req, low), max(lim, low)
+            if high is not None:
+                lim = min(lim, high)
+                req = min(req, lim)
+            if ratio is not None and ratio > 0:
+                req = max(req, lim / ratio)
+        step = Decimal("0.001") if r == CPU else Decimal(1)
+        requests[r] = req.quantize(step, rounding="ROUND_CEILING")
+        limits[r] = max(lim.quantize(step, rounding="ROUND_FLOOR"), requests[r])
+
+    def text(r: str, v: Decimal) -> str:
+        if r == CPU:
+            return f"{int(v * 1000)}m"
+        return f"{int(v) >> 20}Mi" if int(v) % (1 << 20) == 0 else f"{int(v)}"
+
+    out: Obj = {"requests": {r: text(r, v) for r, v in requests.items()}}
+    if limits:
+        out["limits"] = {r: text(r, v) for r, v in limits.items()}
+    return out

@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 from ddpdeploy import fs
-from ddpdeploy.adapters.kube import KubeApi
+from ddpdeploy.adapters.kube import Forbidden, KubeApi
+from ddpdeploy.cluster.capacity import fitted_resources, limit_range_breaches
 from ddpdeploy.cluster.labels import selector
 from ddpdeploy.collect.source import FILE, FOLDER, SPECIAL, SYMLINK, Unreadable, plain_name, shown
 from ddpdeploy.errors import OperationError, UserError
@@ -256,7 +257,7 @@ def pod_source(
             f"--image: job {spec.name}'s saved spec names no image to read its volume with; "
             "pass --image IMAGE (any image with sh, cat and sleep)"
         )
-    body = collect_helper_pod(spec, image)
+    body = _fitted(kube, spec, collect_helper_pod(spec, image))
     name = body["metadata"]["name"]
     try:
         kube.create(body)
@@ -271,6 +272,29 @@ def pod_source(
         kube.delete("v1", "Pod", name, spec.namespace)
         raise
     kube.delete("v1", "Pod", name, spec.namespace)
+
+
+def _fitted(kube: KubeApi, spec: JobSpec, body: Obj) -> Obj:
+    """The helper pod with its small resources moved inside the namespace's LimitRanges
+    (a min memory above its 64Mi request, a max below its limit, a limit/request ratio), so
+    that the API server takes it; one line naming a LimitRange no resources can keep."""
+    try:
+        ranges = kube.list("v1", "LimitRange", spec.namespace)
+    except Forbidden:
+        return body  # the API server's refusal, if one comes, names the bound
+    (container,) = body["spec"]["containers"]
+    container["resources"] = fitted_resources(ranges, container["resources"])
+    for breach in limit_range_breaches(ranges, body["spec"]):
+        got = "none" if breach.got is None else breach.amount(breach.got)
+        raise OperationError(
+            f"LimitRange {spec.namespace}/{breach.limit_range} bounds {breach.resource} per "
+            f"{breach.type.lower()} ({breach.bound} {breach.amount(breach.allowed)}), which "
+            f"collect's helper pod that reads the checkpoint volume breaks even fitted to the "
+            f"namespace's bounds ({breach.resource} {breach.what} {got}); the namespace's "
+            "admin can change the LimitRange, or collect while a pod of the job runs (it "
+            "reads through that pod)"
+        )
+    return body
 
 
 def _delete_helper(kube: KubeApi, name: str, namespace: str) -> str:

@@ -186,6 +186,44 @@ def test_collect_from_cluster_cleans_up_its_helper_pod(kube_cli, admin, namespac
     assert not dest.exists()
 
 
+# Left by the fifth hostile pass: the helper's fixed 64Mi request and 256Mi limit were refused
+# by the API server under a LimitRange with a higher min (or a lower max), and collect could
+# not read the volume at all.
+@pytest.mark.parametrize(
+    "item",
+    [
+        {"type": "Container", "min": {"memory": "512Mi", "cpu": "250m"}},
+        {"type": "Container", "max": {"memory": "128Mi"}, "maxLimitRequestRatio": {"cpu": "1"}},
+    ],
+    ids=["min", "max-ratio"],
+)
+def test_collects_helper_pod_fits_the_namespaces_limit_range(
+    kube_cli, admin, namespace, up, tmp_path, item
+):
+    up("j")
+    set_job_conditions(admin, namespace, "j", ("Created", ""), ("Succeeded", "done"))
+    body = {"metadata": {"name": "lr"}, "spec": {"limits": [item]}}
+    res(admin, "v1", "LimitRange").create(namespace=namespace, body=body)
+    args = ["collect", "j", "--from", "cluster", "--to", str(tmp_path / "out"), "-n", namespace]
+    out = kube_cli(*args, "--timeout", "2")
+    # Taken by the API server (no kubelet here runs it): it gives up after --timeout.
+    assert out.returncode == 1
+    assert "helper pod j-collect-" in out.stderr and "is Pending after 2s" in out.stderr, out.stderr
+    # Two bounds no pod can keep together: named before anything is made.
+    res(admin, "v1", "LimitRange").delete(name="lr", namespace=namespace)
+    res(admin, "v1", "LimitRange").create(namespace=namespace, body={
+        "metadata": {"name": "pod-min"},
+        "spec": {"limits": [{"type": "Pod", "min": {"memory": "1Gi"}},
+                            {"type": "Container", "max": {"memory": "512Mi"}}]},
+    })  # fmt: skip
+    out = kube_cli(*args, "--timeout", "2")
+    assert out.returncode == 1
+    assert out.stderr.startswith(f"error: LimitRange {namespace}/pod-min bounds memory per pod "), (
+        out.stderr
+    )
+    assert res(admin, "v1", "Pod").get(namespace=namespace).to_dict()["items"] == []
+
+
 def test_resume_onto_a_new_pvc_says_it_starts_from_step_0(kube_cli, admin, namespace, up):
     up("j")
     set_job_conditions(admin, namespace, "j", ("Created", ""), ("Failed", "boom"))
