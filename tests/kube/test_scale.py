@@ -170,8 +170,10 @@ def test_list_of_200_jobs_is_one_list_call_per_kind(
         code, took, out = cli("list", "-n", namespace, "-o", "json")
     assert code == 0, out
     assert out.count('"name": "l') == 200
-    # One list per kind the cluster serves (PyTorchJob, TrainJob, Job), nothing else.
-    assert len(calls) == 3 and len(set(calls)) == 3, calls
+    # One list per kind the cluster serves (PyTorchJob, TrainJob, Job) and one of their pods
+    # (a job's state is the one `status` gives it), nothing else.
+    assert len(calls) == 4 and len(set(calls)) == 4, calls
+    assert calls[-1].endswith(f"/api/v1/namespaces/{namespace}/pods"), calls
     assert all(c.startswith("GET ") and f"/namespaces/{namespace}/" in c for c in calls), calls
     assert took < 2.0, took
 
