@@ -126,6 +126,12 @@ def _dockerignore_folder(ws: Path) -> str:
 
 def _endless_requirements(ws: Path) -> str:
     (ws / "requirements.txt").symlink_to("/dev/zero")  # would be read forever
+    return "requirements.txt is a link to /dev/zero, outside the workspace"
+
+
+def _fifo_requirements(ws: Path) -> str:
+    os.mkfifo(ws / "reqs")  # would block the read
+    (ws / "requirements.txt").symlink_to("reqs")
     return "requirements.txt is not a regular file"
 
 
@@ -144,6 +150,7 @@ def _huge_requirements(ws: Path) -> str:
         _invalid_pattern,
         _dockerignore_folder,
         _endless_requirements,
+        _fifo_requirements,
         _huge_requirements,
     ],
 )
