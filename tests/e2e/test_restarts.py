@@ -119,6 +119,9 @@ def _run(
     status = None
     try:
         breaker.wait_steps(8, since=0, timeout=300)  # a `ranks` event (every 5) is out
+        # Past the plain script's first snapshot (saved after step 8, its first epoch): a
+        # kill just after step 8 on a loaded node came before it, and the run started over.
+        wait_for(f"a step of {name} past 8", lambda: breaker.last_step() > 8, 300)
         if watched:  # beside the first kill: it takes a while to start on a loaded node
             status = cli_process(cluster.env, "status", name, "-n", ns, cwd=folder)
         node0, node1 = _nodes(name, mode)
