@@ -56,6 +56,7 @@ exit 124); ``end_steps()`` after the last step.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import errno
@@ -1020,10 +1021,24 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _exit(code: int) -> None:
+def _exit(code: int) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # no interpreter teardown with a live group (see ddptrain_dist.exit_now)
+
+
+def finish(code: int = 0) -> NoReturn:
+    """End the script, on every rank, in place of ``destroy_process_group()`` and a normal
+    exit: the watchdog stands down, the group is destroyed, atexit handlers run (a logger's
+    last flush, DataLoader workers' shutdown), and the process exits with ``code`` without
+    the interpreter's teardown. In that teardown torch 2.13 with gloo frees DDP's reducer
+    and its group and now and then aborts the process after the last step ("terminate
+    called without an active exception", SIGABRT): a run that trained to the end, failed."""
+    _Watchdog.disarm()
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    atexit._run_exitfuncs()  # what the skipped teardown would have run first
+    _exit(code)
 
 
 # ---- the collective probe ----------------------------------------------------------------

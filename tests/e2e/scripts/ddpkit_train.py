@@ -56,7 +56,7 @@ def main():
         time.sleep(args.step_delay)
     ddpkit.end_steps()
     ddpkit.log("done", step=args.steps, weights_sha256=ddpkit.weights_sha256(model))
-    torch.distributed.destroy_process_group()
+    ddpkit.finish()  # destroys the group and exits without torch's teardown
 
 
 if __name__ == "__main__":
