@@ -363,6 +363,27 @@ def needs_gpu(lines: list[str]) -> str | None:
     return None
 
 
+# What libstdc++ prints when a thread object is destroyed unjoined: here, torch 2.13 freeing
+# DDP's reducer and its gloo group in the interpreter's teardown, after the script's end.
+_TEARDOWN = "terminate called without an active exception"
+
+
+def teardown_abort(lines: list[str], code: int) -> str | None:
+    """One line saying that a worker aborted (SIGABRT) in torch's teardown after its script
+    ended, with the change that avoids it; None for any other failure."""
+    if code not in (-6, 134):
+        return None
+    own = [_OWN_PREFIX.sub("", t, count=1).strip() for t in lines]
+    own = [t for t in own if t]
+    if not own or own[-1] != _TEARDOWN or any(t.startswith("Traceback (most") for t in own):
+        return None
+    return (
+        "it aborted after its script ended, in torch's teardown of DDP and its process group "
+        "at interpreter exit (torch 2.13 with gloo does that now and then); end the script "
+        "with ddpkit.finish(), or flush and os._exit(0) after destroy_process_group()"
+    )
+
+
 # ---- a running job's progress, from rank 0's log ------------------------------------------
 
 

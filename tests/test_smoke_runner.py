@@ -560,3 +560,18 @@ def test_a_save_still_in_flight_at_the_kill_is_no_progress_lost(capsys):
     assert "it started over (no checkpoint was complete before the restart)" in out, out
     with pytest.raises(OperationError, match="lost that progress"):
         _report(_kill_run_outcomes(committed_before_kill=True))
+
+
+def test_an_abort_in_torchs_teardown_after_the_script_ended_is_named():
+    # Found under load in CI: a ddpkit script that trained 24/24 and logged done ended with
+    # "exited with code -6 (SIGABRT)" and torch's terminate line, and no word of why.
+    from ddpdeploy.events import teardown_abort
+
+    tail = ["[rank2]: step 24", "terminate called without an active exception"]
+    line = teardown_abort(tail, -6)
+    assert line is not None and "end the script with ddpkit.finish()" in line
+    assert teardown_abort(tail, 134) == line  # the shell's 128 + 6
+    assert teardown_abort(tail, 1) is None
+    crashed = ["Traceback (most recent call last):", "  RuntimeError: x", tail[-1]]
+    assert teardown_abort(crashed, -6) is None  # a crash, not the teardown
+    assert teardown_abort([*tail, "more output"], -6) is None
