@@ -51,7 +51,8 @@ Diagnostics (docs/events.md): ``init_process_group`` runs ``probe()``, a short a
 sweep whose ``probe`` event gives the bus bandwidth, the slowest rank's host and the
 transport; ``with timed("data"):`` / ``timed("forward")`` and ``step_done(step)`` feed the
 ``ranks`` event (stragglers) and arm the hang watchdog (``hang`` event, every rank's stacks,
-exit 124); ``end_steps()`` after the last step.
+exit 124); ``end_steps()`` after the last step. ``finish()`` ends the script: the group
+destroyed, then an exit without torch's teardown, which can abort a finished gloo run.
 """
 
 from __future__ import annotations
