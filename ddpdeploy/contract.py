@@ -11,12 +11,13 @@ included, so targets with no operator reproduce it.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from ddpdeploy.image_layout import TRAINER_IN_IMAGE  # where `ddpdeploy build` puts it
+from ddpdeploy.image_layout import RUNNER_NAME, TRAINER_IN_IMAGE  # where `build` puts them
 from ddpdeploy.rules import (
     GIT_COMMIT_ENV,
     GIT_DIRTY_ENV,
@@ -230,16 +231,19 @@ class LaunchContract:
     def entry_argv(
         self, trainer_path: str | None = None, checkpoint_dir: str | None = None
     ) -> list[str]:
-        """What torchrun runs on each process: script or module plus its arguments.
+        """What torchrun runs on each process: the built-in trainer, or the runner (ddprun.py,
+        beside the trainer) with the user's script or module, plus the arguments.
 
         ``trainer_path``/``checkpoint_dir`` replace the in-image paths on targets that
         run outside the image (local processes)."""
         cmd = self.spec.command
+        trainer = trainer_path or TRAINER_IN_IMAGE
+        runner = posixpath.join(posixpath.dirname(trainer), RUNNER_NAME)
         if cmd.module:
-            return ["-m", cmd.module, *cmd.args]
+            return [runner, "-m", cmd.module, *cmd.args]
         if cmd.script:
-            return [cmd.script, *cmd.args]
-        args = [trainer_path or TRAINER_IN_IMAGE, "--backend", self.spec.resolved_backend]
+            return [runner, cmd.script, *cmd.args]
+        args = [trainer, "--backend", self.spec.resolved_backend]
         if self.spec.checkpoint:
             args += ["--checkpoint-dir", checkpoint_dir or self.spec.checkpoint.mount_path]
         return [*args, *cmd.args]

@@ -15,6 +15,11 @@ DOCKERFILE = f"{CONTEXT_BUILD}/Dockerfile"
 # In the image.
 TRAINER_DIR_IN_IMAGE = "/opt/ddpdeploy/train"
 TRAINER_IN_IMAGE = f"{TRAINER_DIR_IN_IMAGE}/ddptrain.py"
+# A user's script or module runs under torchrun through ddprun.py, beside the trainer on
+# every target (the image, the wheel): it skips the interpreter teardown in which torch
+# aborts finished runs now and then (train/ddprun.py says why).
+RUNNER_NAME = "ddprun.py"
+RUNNER_IN_IMAGE = f"{TRAINER_DIR_IN_IMAGE}/{RUNNER_NAME}"
 # ddpkit.py (the helpers a user's script imports) sits beside the trainer: the Dockerfile
 # puts the trainer's folder on the image's PYTHONPATH so `import ddpkit` works there.
 WORKSPACE_IN_IMAGE = "/workspace"  # the user's code, and the working directory

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -239,3 +240,17 @@ def test_the_contract_takes_its_layout_as_a_parameter():
     assert [n.hostname for n in on_trainjob.nodes] == ["ddp-train-node-0-0", "ddp-train-node-0-1"]
     assert on_trainjob.port == 29400
     assert launch_contract(spec).layout is layout_of("pytorchjob")
+
+
+def test_a_script_or_module_runs_through_the_runner_beside_the_trainer():
+    # ddprun.py skips the interpreter teardown in which torch aborts finished runs; it sits
+    # beside the trainer in the image and in the package, so a local path maps to it too.
+    from ddpdeploy.image_layout import RUNNER_IN_IMAGE
+    from ddpdeploy.paths import trainer_dir, trainer_script
+
+    script = JobSpec.model_validate({"command": {"script": "t.py", "args": ["--lr", "1"]}})
+    module = JobSpec.model_validate({"command": {"module": "pkg.train", "args": ["x"]}})
+    assert launch_contract(script).entry_argv() == [RUNNER_IN_IMAGE, "t.py", "--lr", "1"]
+    assert launch_contract(module).entry_argv() == [RUNNER_IN_IMAGE, "-m", "pkg.train", "x"]
+    local = launch_contract(script).entry_argv(str(trainer_script()))
+    assert local[0] == str(trainer_dir() / "ddprun.py") and Path(local[0]).is_file()

@@ -11,6 +11,7 @@ import pytest
 from job_matrix import FULL, MATRIX
 from k8s_schema import builtin_errors, pytorchjob_errors
 
+from ddpdeploy.image_layout import RUNNER_IN_IMAGE
 from ddpdeploy.spec import JobSpec
 from ddpdeploy.targets import render_objects
 
@@ -233,7 +234,15 @@ def test_script_example_runs_the_script_with_its_args_and_validates():
     assert all(builtin_errors(o) == [] for o in built if o["kind"] != "PyTorchJob")
     for replica in job["spec"]["pytorchReplicaSpecs"]:  # c10d: the Workers alone
         c = container(job, replica)
-        assert c["command"][-6:] == ["torchrun", "train.py", "--epochs", "10", "--lr", "3e-4"]
+        assert c["command"][-7:] == [
+            "torchrun",
+            RUNNER_IN_IMAGE,
+            "train.py",
+            "--epochs",
+            "10",
+            "--lr",
+            "3e-4",
+        ]
         env = {e["name"]: e.get("value") for e in c["env"]}
         mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
         assert env["DDPDEPLOY_CHECKPOINT_DIR"] == mounts["checkpoints"] == "/checkpoints"

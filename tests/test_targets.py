@@ -15,6 +15,7 @@ from job_matrix import FULL, MATRIX
 from k8s_schema import builtin_errors, pytorchjob_errors, trainjob_errors, trainjob_pod_template
 from yaml_readers import kustomize_load_all
 
+from ddpdeploy.image_layout import RUNNER_IN_IMAGE
 from ddpdeploy.spec import JobSpec
 from ddpdeploy.targets import render_objects
 
@@ -122,7 +123,8 @@ def test_trainjob_carries_the_pod_through_trainer_and_runtime_patch():
     trainer = spec["trainer"]
     assert (trainer["numNodes"], trainer["numProcPerNode"]) == (3, 8)
     assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == 8
-    assert trainer["command"][-1] == "torchrun" and trainer["args"][:1] == ["train.py"]
+    assert trainer["command"][-1] == "torchrun"
+    assert trainer["args"][:2] == [RUNNER_IN_IMAGE, "train.py"]
     env = {e["name"]: e.get("value") for e in trainer["env"]}
     assert env["DDPDEPLOY_RDZV_HOST"] == "llm-node-0-0.llm"  # Trainer's PET_MASTER_ADDR
     # Trainer injects the topology (and refuses PET_NNODES, ..._NPROC_PER_NODE, ..._NODE_RANK,
