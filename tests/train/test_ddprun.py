@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow  # starts interpreters
 RUNNER = ROOT / "train" / "ddprun.py"
 
 # Prints what a script can see of how it was started, then ends as argv[1] says.
-PROBE = '''
+PROBE = """
 import multiprocessing, os, pickle, sys
 
 class Point:
@@ -45,7 +45,7 @@ if __name__ == "__main__":
         inner()
     if how == "interrupt":
         raise KeyboardInterrupt
-'''
+"""
 
 
 def run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
