@@ -175,10 +175,26 @@ class LocalRun(RunBackend):
             _signal_group(agent.proc, signal.SIGKILL)
             agent.proc.wait()
         kill_marked(self.marker)
-        reaper.kill_descendants(self._before)  # what left the marker behind (env -i)
+        left = reaper.kill_descendants(self._before)  # what left the marker behind (env -i)
         if self._subreaper:
             reaper.stop_subreaping()
         shutil.rmtree(self.log_dir, ignore_errors=True)
+        if left:
+            raise OperationError(survivors_line(left))
+
+
+def survivors_line(pids: list[int]) -> str:
+    """One line for the run's processes that outlived SIGKILL: the kernel holds them (state
+    D, in a system call that cannot be interrupted, such as I/O on a hung mount)."""
+    shown = ", ".join(f"{pid} ({reaper.state(pid) or 'gone'})" for pid in pids[:8])
+    more = f" and {len(pids) - 8} more" if len(pids) > 8 else ""
+    listing = ",".join(str(pid) for pid in pids[:8])
+    return (
+        f"{len(pids)} process(es) of this run outlived SIGKILL for "
+        f"{reaper.KILL_TIMEOUT_S:g} s: pid {shown}{more}; the kernel holds them (state D: "
+        f"blocked in I/O, e.g. on a hung mount) and they end when it returns; see "
+        f"`ps -o pid,stat,wchan:20,cmd -p {listing}`"
+    )
 
 
 def fresh_folder(path: Path, keep: bool) -> bool:

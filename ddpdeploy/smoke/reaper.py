@@ -113,7 +113,16 @@ def snapshot() -> frozenset[Stamp]:
     return frozenset((pid, start) for pid, (_, start) in descendants().items())
 
 
-def kill_descendants(before: frozenset[Stamp], timeout: float = 10.0) -> list[int]:
+KILL_TIMEOUT_S = 10.0  # how long kill_descendants goes on killing before it gives up
+
+
+def state(pid: int) -> str | None:
+    """``pid``'s state letter (R, S, D, Z, ...); None once gone."""
+    stat = _stat(pid)
+    return None if stat is None else stat.state
+
+
+def kill_descendants(before: frozenset[Stamp], timeout: float | None = None) -> list[int]:
     """SIGKILL every descendant that is not in ``before`` (nor below it) until none is
     alive, then reap those re-parented here (the agents are reaped by their Popen); the
     pids still alive at ``timeout``.
@@ -124,7 +133,7 @@ def kill_descendants(before: frozenset[Stamp], timeout: float = 10.0) -> list[in
     and each process group whose members are all the run's (zombies included) is killed
     whole, which the kernel does at once (a fork in it is in the group and killed, or
     fails)."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + (KILL_TIMEOUT_S if timeout is None else timeout)
     empty_scans = 0
     live: list[int] = []
     while time.monotonic() < deadline:
