@@ -325,10 +325,30 @@ def init_process_group(
         _probe(probe_min_busbw)
 
 
+def _launcher_rank() -> int:
+    """RANK as the launcher set it, checked against WORLD_SIZE: a rank outside the world
+    (a hand-set env, a copied one) would wait at the rendezvous for peers that never come."""
+    e = os.environ
+    if not e.get("RANK") or not e.get("WORLD_SIZE"):
+        missing = " and ".join(n for n in ("RANK", "WORLD_SIZE") if not e.get(n))
+        print(
+            f"ddpkit: error: MASTER_ADDR is set but {missing} is not; start the script with "
+            "torchrun (which sets all of them), or set RANK, WORLD_SIZE and MASTER_PORT too",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(2)
+    rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1, low=1)
+    if rank >= world:
+        _exit_on_env("RANK", e["RANK"], f"a rank below WORLD_SIZE={world} (0 to {world - 1})")
+    return rank
+
+
 def _init_group(backend: str, **kwargs: Any) -> None:
     e = os.environ
     if backend == "nccl" and "LOCAL_RANK" in e:
-        torch.cuda.set_device(int(e["LOCAL_RANK"]))  # before the group binds a device
+        # before the group binds a device
+        torch.cuda.set_device(_env_int("LOCAL_RANK", 0))
     if "store" in kwargs or "init_method" in kwargs:
         dist.init_process_group(backend, **kwargs)
         return
@@ -339,12 +359,15 @@ def _init_group(backend: str, **kwargs: Any) -> None:
         # torch.distributed's stores are public but not re-exported to type checkers
         dist.init_process_group(backend, store=dist.HashStore(), **kwargs)  # type: ignore[attr-defined]
         return
-    kwargs.setdefault("rank", int(e["RANK"]))
-    kwargs.setdefault("world_size", int(e["WORLD_SIZE"]))
+    kwargs.setdefault("rank", _launcher_rank())
+    kwargs.setdefault("world_size", _env_int("WORLD_SIZE", 1, low=1))
+    port = _env_int("MASTER_PORT", 29500, low=1)  # torch's env:// reads it too
+    if port > 65535:
+        _exit_on_env("MASTER_PORT", e["MASTER_PORT"], "a TCP port (1 to 65535)")
     if e.get("TORCHELASTIC_USE_AGENT_STORE") != "True":  # a fresh store per round already
         dist.init_process_group(backend, init_method="env://", **kwargs)
         return
-    addr, port = e["MASTER_ADDR"], int(e["MASTER_PORT"])
+    addr = e["MASTER_ADDR"]
     # torch.distributed's stores are public but not re-exported to type checkers
     base = dist.TCPStore(  # type: ignore[attr-defined]
         addr, port, kwargs["world_size"], is_master=False, timeout=timeout

@@ -22,7 +22,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from trainer_harness import ROOT, Launcher, base_env  # noqa: E402
+from trainer_harness import ROOT, Launcher, base_env, free_port  # noqa: E402
 
 TRAIN_DIR = ROOT / "train"
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -370,6 +370,35 @@ def test_a_variable_that_lies_is_one_line_naming_it(
     assert p.returncode == 2 and p.stdout == "", p.stderr
     (line,) = [x for x in p.stderr.splitlines() if "ddpkit" in x or "Error" in x]
     assert line.startswith(f"ddpkit: error: {said}") and line.endswith("; fix or unset it")
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK='2' is not a rank below WORLD_SIZE=2 (0 to 1)"),
+        ({"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "p"}, "MASTER_PORT='p' is not a whole"),
+        ({"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "70000"}, "MASTER_PORT='70000' is not a"),
+        ({"WORLD_SIZE": "2"}, "MASTER_ADDR is set but RANK is not; start the script with"),
+    ],
+)
+def test_a_launcher_env_that_lies_is_one_line_before_any_wait(
+    env: dict[str, str], said: str
+) -> None:
+    # Found by the fifth hostile pass: RANK=2 of WORLD_SIZE=2 waited at the store for a
+    # peer that never comes; a missing RANK was a bare KeyError.
+    base = base_env({"PYTHONPATH": str(TRAIN_DIR), "MASTER_ADDR": "127.0.0.1"})
+    base["MASTER_PORT"] = str(free_port())
+    code = "import ddpkit; ddpkit.init_process_group('gloo', probe=False); print('joined')"
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 2 and p.stdout == "", p.stderr
+    (line,) = [x for x in p.stderr.splitlines() if "ddpkit" in x or "Error" in x]
+    assert line.startswith(f"ddpkit: error: {said}")
 
 
 def test_a_relative_checkpoint_folder_is_the_same_folder_after_a_chdir(tmp_path: Path) -> None:
