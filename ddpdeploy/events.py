@@ -384,6 +384,23 @@ def teardown_abort(lines: list[str], code: int) -> str | None:
     )
 
 
+# torch's TCPStore when its port is bound already (by anything: another run, a server).
+_PORT_TAKEN = re.compile(r"failed to listen on any local network address\. port: (\d+).*EADDRINUSE")
+
+
+def port_taken(lines: list[str]) -> str | None:
+    """One line saying that the rendezvous port was bound by another program before
+    torchrun's agent could bind it; None for any other failure."""
+    for line in reversed(lines):
+        if match := _PORT_TAKEN.search(line):
+            return (
+                f"its rendezvous port {match[1]} was bound by another program after smoke "
+                "chose it and before torchrun could bind it; run again (smoke chooses a new "
+                "free port each run)"
+            )
+    return None
+
+
 # ---- a running job's progress, from rank 0's log ------------------------------------------
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import random
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -299,9 +300,32 @@ def _workspace_writes(spec: JobSpec, runs: WorkspaceRuns) -> Iterator[None]:
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
+    """A port no process holds now, below the kernel's ephemeral range where it can: the
+    kernel hands ephemeral ports to every outgoing connection (the run's own gloo pairs
+    among them), so one chosen there can be taken before torchrun binds it. A foreign
+    listener on a c10d endpoint makes the agent wait on it as on a store."""
+    low = _ephemeral_low()
+    for port in random.sample(range(_LOW_PORT, low), min(64, max(0, low - _LOW_PORT))):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # no room below the range: any free port
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+_LOW_PORT = 20000  # above the well-known and most registered servers' ports
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux; 32768 elsewhere)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def _local_target(

@@ -170,6 +170,11 @@ def _contract_nodes(
     out = []
     for node in contract.nodes:
         env = contract.node_env(node, hosts)
+        if "PET_RDZV_CONF" in env:
+            # One agent hosts the c10d store, named: an agent that may host falls back to
+            # a client when the port is bound already, and waits on whatever holds it.
+            host = "1" if node.index == 0 else "0"
+            env["PET_RDZV_CONF"] = f"{env['PET_RDZV_CONF']},is_host={host}"
         out.append(LocalNode(node.hostname, _rank(env), argv, env))
     return out
 

@@ -29,6 +29,7 @@ from ddpdeploy.events import (
     needs_gpu,
     number,
     parse_event,
+    port_taken,
     read_only_write,
     root_cause,
     split_rank,
@@ -454,7 +455,12 @@ class _Run:
         lines = lines or _node_lines(self.target.tail(node.name), rank)
         # The job's own lines: plain text (an escape it printed is not replayed).
         shown = "\n".join(f"  {plain(t)}" for t in lines[-TAIL_LINES:])
-        reason = read_only_write(lines) or needs_gpu(lines) or teardown_abort(lines, code)
+        reason = (
+            read_only_write(lines)
+            or needs_gpu(lines)
+            or teardown_abort(lines, code)
+            or port_taken(lines)
+        )
         why = f": {plain(reason)}. Its" if reason else "; its"
         said = f"{_where(node, rank)} exited with code {code_text(code)}{why} last lines:\n{shown}"
         if "hang" in self.diagnostics:  # the watchdog's finding says more than exit 124
