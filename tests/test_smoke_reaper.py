@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,19 @@ def test_a_run_whose_processes_all_die_stops_quietly(tmp_path: Path):
     run.stop()  # raises nothing
     child.wait(5)  # the reaper may have reaped it already (then Popen reads 0)
     assert reaper.state(child.pid) is None
+
+
+def test_orphans_that_exit_are_reaped_while_the_run_goes_on(tmp_path: Path):
+    run = LocalRun([], tmp_path)
+    try:
+        # Each start leaves an orphan that exits at once: re-parented here, a zombie.
+        for _ in range(5):
+            subprocess.run(["sh", "-c", "sh -c 'exit 0' & exit 0"], check=True)
+        time.sleep(0.3)
+        zombies = [p for p, (state, _) in reaper.descendants().items() if state == "Z"]
+        assert len(zombies) >= 1  # without the reaping they stay until the run's end
+        run.exit_codes()  # what the run loop calls several times a second
+        left = [p for p, (state, _) in reaper.descendants().items() if state == "Z"]
+        assert left == []
+    finally:
+        run.stop()

@@ -36,6 +36,7 @@ from ddpdeploy.text import clip
 
 RUN_MARKER = "DDPDEPLOY_SMOKE_RUN"  # this run's id, in the env of its agents and workers
 NODE_MARKER = "DDPDEPLOY_SMOKE_NODE"  # the node (hostname) an agent or worker belongs to
+REAP_EVERY_S = 5.0  # how often a run reaps the orphans that exited (smoke.reaper)
 
 
 @dataclass
@@ -63,6 +64,7 @@ class LocalRun(RunBackend):
         held = any(HOLD_STEP_ENV in n.env for n in nodes)
         self.release = self.log_dir / "chaos-release" if held else None
         self._stopped = False
+        self._next_reap = 0.0
         # Before any agent: what is ours already is not the run's; orphans come here.
         self._before = reaper.snapshot()
         self._subreaper = reaper.become_subreaper()
@@ -111,6 +113,11 @@ class LocalRun(RunBackend):
             self._feed(Line(agent.node.hostname, stream, text))
 
     def exit_codes(self) -> dict[str, int | None]:
+        now = time.monotonic()
+        if self._subreaper and now >= self._next_reap:  # the run loop asks several times a second
+            self._next_reap = now + REAP_EVERY_S
+            earlier = {pid for pid, _ in self._before}  # the caller's own children
+            reaper.reap_orphans(frozenset(a.proc.pid for a in self.agents.values()) | earlier)
         return {name: agent.proc.poll() for name, agent in self.agents.items()}
 
     def tail(self, node: str) -> list[str]:

@@ -113,6 +113,32 @@ def snapshot() -> frozenset[Stamp]:
     return frozenset((pid, start) for pid, (_, start) in descendants().items())
 
 
+def reap_orphans(keep: frozenset[int]) -> int:
+    """Reap the orphans re-parented here that have exited (zombies), but not ``keep`` (the
+    agents, which their Popen reaps); how many. Without it a long run whose script orphans
+    processes over and over (a double fork per epoch) fills the pid table with zombies."""
+    me, reaped = os.getpid(), 0
+    for pid in _children(me) - keep:
+        stat = _stat(pid)
+        if stat is not None and stat.ppid == me and stat.state == "Z":
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    reaped += 1
+    return reaped
+
+
+def _children(pid: int) -> set[int]:
+    """``pid``'s children: from /proc's per-thread lists where the kernel keeps them, else
+    from every process's parent."""
+    found: set[int] = set()
+    try:
+        for task in os.scandir(f"/proc/{pid}/task"):
+            found.update(int(c) for c in Path(task.path, "children").read_text().split())
+    except (OSError, ValueError):
+        return {child for child, proc in _table().items() if proc.ppid == pid}
+    return found
+
+
 KILL_TIMEOUT_S = 10.0  # how long kill_descendants goes on killing before it gives up
 
 
