@@ -438,3 +438,63 @@ def test_no_job_in_a_namespace_that_does_not_exist_says_so(kube):
     with pytest.raises(OperationError) as err:
         deploy.resumable(find_job(kube, "j", "typo", verb="resumed", required=False), print)
     assert str(err.value) == "no saved spec for j in namespace typo" + gone
+
+
+def _up_cli(kube: FakeKube, monkeypatch, capsys, *more: str) -> tuple[int, list[str]]:
+    """`ddpdeploy up` itself, connected to the stand-in (its connect replaced)."""
+    from ddpdeploy.cli import main
+
+    monkeypatch.setattr("ddpdeploy.cluster.find.connect", lambda _config, _context: kube)
+    args = ["up", "--image", "r.invalid/t:1", "--name", "j", "-n", "ns", "--no-wait", *more]
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    return int(exit_.value.code or 0), capsys.readouterr().err.splitlines()
+
+
+def test_an_interrupt_between_the_preflight_and_the_first_change_says_nothing_changed(
+    kube, signals, monkeypatch, capsys, tmp_path
+):
+    # Found by CI: SIGINT right after the preflight's last warning landed before apply's
+    # own handler and ended as "aborted (SIGINT); nothing more was done".
+    refuse = deploy._refuse_existing
+
+    def interrupted_first(*args, **kwargs) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        refuse(*args, **kwargs)
+
+    monkeypatch.setattr(deploy, "_refuse_existing", interrupted_first)
+    spec = tmp_path / "ddpdeploy.yaml"
+    spec.write_text("checkpoint: {size: 1Gi}\n")
+    code, err = _up_cli(kube, monkeypatch, capsys, "-f", str(spec))
+    assert code == 130, err
+    assert err[-1] == "error: interrupted (SIGINT): stopped before any change; nothing was changed"
+    assert ours(kube) == []
+
+
+def test_an_interrupt_held_off_by_the_claims_save_says_the_job_was_submitted(
+    kube, signals, monkeypatch, capsys, tmp_path
+):
+    kube.add(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "j-checkpoints", "namespace": "ns"},
+            "spec": {"resources": {"requests": {"storage": "1Gi"}}},
+        }
+    )
+    save = deploy._save_on_adopted_claim
+
+    def interrupted_save(*args, **kwargs) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)  # held off until the save is done
+        save(*args, **kwargs)
+
+    monkeypatch.setattr(deploy, "_save_on_adopted_claim", interrupted_save)
+    spec = tmp_path / "ddpdeploy.yaml"
+    spec.write_text("checkpoint: {size: 1Gi}\n")
+    code, err = _up_cli(kube, monkeypatch, capsys, "-f", str(spec), "--adopt-pvc")
+    assert code == 143, err
+    assert any(line.startswith("saved the spec on PersistentVolumeClaim") for line in err), err
+    assert err[-1] == (
+        "error: interrupted (SIGTERM): PyTorchJob ns/j was submitted (the change is complete)"
+    )
+    assert ("PyTorchJob", "j") in ours(kube)

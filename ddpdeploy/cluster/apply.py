@@ -611,8 +611,12 @@ def apply(
         if not (run.job_created and checked.existing_job is not None):
             run.take_back()
         raise
-    with held_signals():  # one request; the job is there either way
-        _save_on_adopted_claim(kube, checked, say)
+    try:
+        with held_signals():  # one request; the job is there either way
+            _save_on_adopted_claim(kube, checked, say)
+    except KeyboardInterrupt as exc:  # held off until the save was done
+        done = "was changed" if run.job_applied else "was submitted"
+        raise interrupted(exc, f"{ref} {done} (the change is complete)") from None
     return created
 
 

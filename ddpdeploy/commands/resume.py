@@ -25,9 +25,9 @@ def resume(
         found = open_job(kubeconfig, context, name, namespace, verb="resumed", required=False)
         spec, record = apply.resumable(found, say)  # the record: `up --build`'s, kept
         checked = apply.prepare(found.kube, spec, say, record=record)
+        created = apply.apply(found.kube, checked, replace=True, say=say)
     except KeyboardInterrupt as exc:
         raise interrupted(exc, "stopped before any change; nothing was changed") from None
-    created = apply.apply(found.kube, checked, replace=True, say=say)
     if spec.checkpoint is None:
         say(f"{name} has no checkpoint volume: it starts from step 0")
     for obj in created:

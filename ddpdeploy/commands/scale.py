@@ -37,7 +37,7 @@ def scale(
         # The pods keep the image digest and git facts `up --build` recorded.
         record = apply.carried_record(job, spec, say)
         checked = apply.prepare(found.kube, spec, say, record=record)
+        apply.apply(found.kube, checked, False, say, in_place=True)  # says what an interrupt left
     except KeyboardInterrupt as exc:
         raise interrupted(exc, "stopped before any change; nothing was changed") from None
-    apply.apply(found.kube, checked, False, say, in_place=True)  # says what an interrupt left
     say(f"scaled {job['kind']} {found.namespace}/{name} to {counted(nodes, 'node')}")

@@ -106,8 +106,10 @@ def up(
         if dry_run:
             deploy.dry_run(kube, checked, replace, _say)
             return
-    bound = deploy.DELETE_TIMEOUT if seconds is None else seconds
-    deploy.apply(kube, checked, replace, _say, delete_timeout=bound)  # says what an interrupt left
+        bound = deploy.DELETE_TIMEOUT if seconds is None else seconds
+        # Inside: an interrupt before apply's first change changed nothing; one after it,
+        # apply says what it left.
+        deploy.apply(kube, checked, replace, _say, delete_timeout=bound)
     if wait is None:
         wait = sys.stdout.isatty()
     if not (wait or follow):
@@ -163,8 +165,8 @@ def _connect(
 
 @contextlib.contextmanager
 def _nothing_changed_on_interrupt() -> Iterator[None]:
-    """Ctrl-C before the apply (adopting the PVC, the preflight, the dry run) has changed
-    nothing, and says so."""
+    """Ctrl-C before the apply's first change (adopting the PVC, the preflight, the dry run)
+    has changed nothing, and says so; apply turns its own into what it left."""
     from ddpdeploy.signals import interrupted
 
     try:
