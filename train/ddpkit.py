@@ -448,7 +448,14 @@ class WeightsOnlyRefusal(Exception):
         super().__init__(self.what)
 
 
-def save(state: Any, step: int, *, keep: int = DEFAULT_KEEP, directory: str | None = None) -> str:
+def save(
+    state: Any,
+    step: int,
+    *,
+    keep: int = DEFAULT_KEEP,
+    directory: str | None = None,
+    weights_only: bool = True,
+) -> str:
     """Checkpoint ``state`` (anything torch.save takes but None, which ``load_latest``
     returns for "no checkpoint") as step ``step``; call on every rank (only rank 0's
     ``state`` is written).
@@ -458,11 +465,14 @@ def save(state: Any, step: int, *, keep: int = DEFAULT_KEEP, directory: str | No
     is durable and the call is a step boundary. When rank 0's write fails (a state
     torch.save cannot pickle, a full disk, a None state) every rank raises the same
     ``CheckpointError``.
-    ``step``: an integer from 0 to 10**18 - 1 (else ValueError, on every rank). Returns the
-    payload's path.
+    ``step``: an integer from 0 to 10**18 - 1 (else ValueError, on every rank).
+    ``weights_only``: the payload must load with torch.load(weights_only=True), as
+    ``load_latest`` loads by default; a state holding what that refuses (an
+    argparse.Namespace) fails now, not at the restart. False for a state only
+    ``load_latest(weights_only=False)`` will read. Returns the payload's path.
     """
     n = checked_step(step)
-    store = CheckpointStore(checkpoint_dir(directory), keep)
+    store = CheckpointStore(checkpoint_dir(directory), keep, weights_only=weights_only)
     path = store.payload_path(n)
     error: Exception | None = None
     if rank() == 0:
@@ -672,10 +682,13 @@ class CheckpointStore:
     restart are kept.
     """
 
-    def __init__(self, directory: str, keep: int, pause_mid_write: float = 0.0) -> None:
+    def __init__(
+        self, directory: str, keep: int, pause_mid_write: float = 0.0, weights_only: bool = True
+    ) -> None:
         if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
             raise ValueError(f"keep must be an integer >= 1, got {keep!r}")
         self.dir, self.keep, self.pause_mid_write = directory, keep, pause_mid_write
+        self.weights_only = weights_only
 
     @staticmethod
     def _name(step: int, ext: str) -> str:
@@ -726,6 +739,8 @@ class CheckpointStore:
         sidecar = dict(meta, run_id=_own_run_id(), sha256=digest, file=os.path.basename(final))
         side = None
         try:
+            if self.weights_only:
+                _check_weights_only(payload)
             # Both written before either is renamed: a save of a step that exists which fails
             # (a full disk) leaves the old pair whole.
             side, _ = _write_temp(
@@ -929,6 +944,22 @@ def _write_temp(
             raise out.error from e  # the disk's error (no space), not torch's wording of it
         raise
     return tmp, out.sha256.hexdigest()
+
+
+def _check_weights_only(path: str) -> None:
+    """Raise unless torch.load(weights_only=True) takes the payload at ``path``: its pickle
+    is read, its tensors only mapped (mmap), so the check costs little at any size."""
+    try:
+        torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as e:
+        if not WeightsOnlyRefusal.GLOBAL.search(str(e)):
+            raise
+        raise TypeError(
+            f"torch.load(weights_only=True) would refuse it on resume: {WeightsOnlyRefusal(e)}; "
+            "save only tensors, numbers, strings and dicts or lists of them (vars(args) for "
+            "an argparse.Namespace), or pass weights_only=False to save and to load_latest "
+            "if you trust the folder"
+        ) from None
 
 
 def _unlink_quietly(path: str) -> None:

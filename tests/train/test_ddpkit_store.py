@@ -443,8 +443,9 @@ def test_a_state_weights_only_refuses_is_one_error_not_a_fresh_start(
     # (bold escapes included) and returned None: the restarted run trained from step 0.
     import argparse
 
-    kit.save({"args": argparse.Namespace(lr=0.1)}, 1)
-    kit.save({"args": argparse.Namespace(lr=0.1)}, 2)
+    # Written as trusted (or by a ddpkit before save checked it): load still refuses it.
+    kit.save({"args": argparse.Namespace(lr=0.1)}, 1, weights_only=False)
+    kit.save({"args": argparse.Namespace(lr=0.1)}, 2, weights_only=False)
     with pytest.raises(kit.CheckpointError) as caught:
         kit.load_latest()
     said = str(caught.value)
@@ -452,6 +453,27 @@ def test_a_state_weights_only_refuses_is_one_error_not_a_fresh_start(
     assert "it holds argparse.Namespace" in said and "weights_only=False" in said
     assert "\x1b" not in said
     assert kit.load_latest(weights_only=False)["args"].lr == 0.1
+
+
+def test_a_state_weights_only_refuses_is_refused_when_saved_not_at_the_restart(
+    kit: ModuleType, tmp_path: Path
+) -> None:
+    # Found by the fifth hostile pass: save took an argparse.Namespace, so the run trained
+    # on for hours with checkpoints that no restart could load.
+    import argparse
+
+    with pytest.raises(kit.CheckpointError) as caught:
+        kit.save({"args": argparse.Namespace(lr=0.1), "w": torch.ones(2)}, 1)
+    said = str(caught.value)
+    assert "\n" not in said and said.endswith(
+        "ckpt-step-000000001.pt was not written: rank 0: TypeError: torch.load(weights_only="
+        "True) would refuse it on resume: it holds argparse.Namespace; save only tensors, "
+        "numbers, strings and dicts or lists of them (vars(args) for an argparse.Namespace), "
+        "or pass weights_only=False to save and to load_latest if you trust the folder"
+    ), said
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == []  # no temp file either
+    kit.save({"args": vars(argparse.Namespace(lr=0.1)), "w": torch.ones(2)}, 1)
+    assert kit.load_latest()["args"] == {"lr": 0.1}
 
 
 # Found by the fourth hostile pass (left open then): save(None) wrote a checkpoint that
@@ -478,8 +500,9 @@ def test_a_weights_only_refusal_raises_alike_on_every_rank(tmp_path: Path) -> No
     with Launcher(tmp_path) as L:
         p = L.torchrun([], script=SCRIPTS / "weights_only_refusal.py", env=env)
         assert p.wait(90) == 0, p.tail()  # not a hang in mismatched collectives
-    said = [x for x in p.stderr.splitlines() if " load: " in x]
-    assert len(said) == 2 and all("it holds argparse.Namespace" in x for x in said), p.tail()
+    for what in (" save: ", " load: "):
+        said = [x for x in p.stderr.splitlines() if what in x]
+        assert len(said) == 2 and all("it holds argparse.Namespace" in x for x in said), p.tail()
     assert "rank 0 finished, sum 3" in p.stderr and "rank 1 finished, sum 3" in p.stderr
     assert "skipping checkpoint" not in p.stderr
 

@@ -1,6 +1,7 @@
-"""A script that saves an argparse.Namespace in its state (save takes it), then resumes:
-torch.load(weights_only=True) refuses it on every rank, which must raise alike, not skip
-every checkpoint into a fresh start or hang in mismatched collectives.
+"""A script that saves an argparse.Namespace in its state (refused by save, then written
+with weights_only=False), then resumes: torch.load(weights_only=True) refuses it on every
+rank, which must raise alike, not skip every checkpoint into a fresh start or hang in
+mismatched collectives.
 
     torchrun --nproc-per-node 2 weights_only_refusal.py
 """
@@ -22,7 +23,12 @@ def say(line: str) -> None:
 def main() -> None:
     ddpkit.init_process_group("gloo", probe=False)
     rank = ddpkit.rank()
-    ddpkit.save({"args": argparse.Namespace(lr=0.1), "w": torch.ones(2)}, 1)
+    state = {"args": argparse.Namespace(lr=0.1), "w": torch.ones(2)}
+    try:
+        ddpkit.save(state, 1)  # refused when written, on every rank
+    except ddpkit.CheckpointError as e:
+        say(f"rank {rank} save: {e}")
+    ddpkit.save(state, 1, weights_only=False)  # as trusted: then load_latest refuses it
     try:
         ddpkit.load_latest()
     except ddpkit.CheckpointError as e:
