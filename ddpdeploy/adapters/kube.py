@@ -1272,12 +1272,40 @@ class Kube:
                         raise TimeoutError(f"no output for {REQUEST_TIMEOUT} s")
                 if ws.peek_stdout():
                     yield ws.read_stdout()
-                code = ws.returncode
+                code, failure = _exec_status(ws.read_channel(_EXEC_STATUS_CHANNEL))
             finally:
                 ws.close()
+        if failure:
+            raise OperationError(f"{what}: {failure}")
         if code:
             tail = _one_line(errors.decode(errors="replace")[-300:])
             raise OperationError(f"{what}: exit code {code}: {tail}")
+
+
+# The exec protocol's channel that carries the command's end: a Status object.
+_EXEC_STATUS_CHANNEL = 3
+
+
+def _exec_status(raw: str | bytes) -> tuple[int, str]:
+    """The exit code of an exec's command and, when the exec itself failed ("container ...
+    is not running", the runtime's error), that failure in one line. Read here rather than
+    by the client's ``returncode``, which takes the first cause's message for a number and
+    raised ValueError on the kubelet's own failures."""
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+    try:
+        status = json.loads(text) if text.strip() else {}
+    except ValueError:
+        return 0, f"the exec ended with an unreadable status ({_one_line(text, 200)})"
+    if not isinstance(status, dict) or status.get("status") in (None, "Success"):
+        return 0, ""
+    details = status.get("details")
+    causes = details.get("causes") if isinstance(details, dict) else None
+    for cause in causes if isinstance(causes, list) else []:
+        if isinstance(cause, dict) and cause.get("reason") == "ExitCode":
+            with contextlib.suppress(TypeError, ValueError):
+                return int(str(cause.get("message"))), ""
+    message = status.get("message")
+    return 0, _one_line(message if isinstance(message, str) else text, 300)
 
 
 if TYPE_CHECKING:

@@ -84,7 +84,7 @@ class Kubelet:
     most_in_flight: int = 0  # ...and the most at once
     _counting: threading.Lock = field(default_factory=threading.Lock)
     # pod -> (stdout, stderr, exit code) an exec in it answers; the commands run
-    exec_answers: dict[str, tuple[bytes, bytes, int]] = field(default_factory=dict)
+    exec_answers: dict[str, tuple[bytes, bytes, int | str]] = field(default_factory=dict)
     execs: list[list[str]] = field(default_factory=list)
 
     def start(self) -> Kubelet:
@@ -139,8 +139,9 @@ class Kubelet:
             self.logs[(pod, container, previous)] = lines
             self.changed.notify_all()
 
-    def set_exec(self, pod: str, stdout: bytes, stderr: bytes = b"", code: int = 0) -> None:
-        """What any command run in the pod answers."""
+    def set_exec(self, pod: str, stdout: bytes, stderr: bytes = b"", code: int | str = 0) -> None:
+        """What any command run in the pod answers: its exit ``code``, or (text) the error
+        the kubelet's runtime gave instead of running it ("container not running")."""
         self.exec_answers[pod] = (stdout, stderr, code)
 
     def append(self, pod: str, text: str, container: str = "pytorch") -> None:
@@ -287,7 +288,19 @@ def _handler(kubelet: Kubelet) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             stdout, stderr, code = kubelet.exec_answers[pod]
             status: dict[str, Any] = {"metadata": {}, "status": "Success"}
-            if code:
+            if isinstance(code, str):
+                # As the 1.20 kubelet's exec server sends a runtime error: an InternalError
+                # whose one cause's message is text where an exit code's would be a number.
+                text = f"error executing command in container: {code}"
+                status = {
+                    "metadata": {},
+                    "status": "Failure",
+                    "message": f"Internal error occurred: {text}",
+                    "reason": "InternalError",
+                    "details": {"causes": [{"message": text}]},
+                    "code": 500,
+                }
+            elif code:
                 status = {
                     "metadata": {},
                     "status": "Failure",

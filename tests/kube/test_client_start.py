@@ -137,6 +137,24 @@ def test_exec_exit_code_is_the_error_line(control_plane, namespace, kubelet, run
     )
 
 
+def test_an_exec_the_runtime_refused_is_the_error_line(
+    control_plane, namespace, kubelet, running_job
+):
+    # Found on the real cluster: the client's returncode read the kubelet's InternalError
+    # ("container not running", its cause's message text) as an exit code: ValueError.
+    from ddpdeploy.adapters.kube import Kube
+    from ddpdeploy.errors import OperationError
+
+    kubelet.set_exec(running_job[1], b"", b"", "container not running (0123abcd)")
+    kube = Kube(str(control_plane.kubeconfig))
+    with pytest.raises(OperationError) as err:
+        list(kube.exec_stream(running_job[1], namespace, "pytorch", ["ls", "/ckpt"]))
+    assert str(err.value) == (
+        f"running ls in pod {running_job[1]}: Internal error occurred: error executing command "
+        "in container: container not running (0123abcd)"
+    )
+
+
 def insecure(control_plane, folder: Path) -> Path:
     doc = yaml.safe_load(control_plane.kubeconfig.read_text())
     doc["clusters"][0]["cluster"] = {
