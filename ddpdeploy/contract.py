@@ -333,6 +333,12 @@ def launch_contract(
         # worker hosts a fresh store.
         base_env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     base_env |= record_env(spec, record) | diagnostics_env(spec)
+    threads = spec.threads_per_proc
+    if threads is not None and "OMP_NUM_THREADS" not in spec.secret_env:
+        # torch sizes its thread pool by the node's cores, not the pod's request: with no
+        # CPU limit (see render.pod), one process per node on a 64-core node ran 64
+        # threads on a 1-CPU request. The spec's env overrides it.
+        base_env["OMP_NUM_THREADS"] = str(threads)
     base_env.update(spec.env)
     base_env.update(run_env or {})
     return LaunchContract(

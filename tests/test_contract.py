@@ -254,3 +254,25 @@ def test_a_script_or_module_runs_through_the_runner_beside_the_trainer():
     assert launch_contract(module).entry_argv() == [RUNNER_IN_IMAGE, "-m", "pkg.train", "x"]
     local = launch_contract(script).entry_argv(str(trainer_script()))
     assert local[0] == str(trainer_dir() / "ddprun.py") and Path(local[0]).is_file()
+
+
+@pytest.mark.parametrize(
+    ("doc", "threads"),
+    [
+        ({"cpu": "400m"}, "1"),  # at least one
+        ({"cpu": "32", "gpus": 8}, "4"),  # the request shared by the node's processes
+        ({"cpu": "7", "procs": 2}, "3"),
+        ({}, None),  # no cpu: torch and torchrun decide (torchrun: 1 for several processes)
+        ({"cpu": "8", "env": {"OMP_NUM_THREADS": "2"}}, "2"),  # the spec's env wins
+    ],
+)
+def test_each_process_gets_its_share_of_the_cpu_request_as_threads(doc, threads):
+    contract = launch_contract(JobSpec.model_validate({"nodes": 2, **doc}))
+    for node in contract.nodes:
+        assert contract.node_env(node).get("OMP_NUM_THREADS") == threads
+
+
+def test_a_secret_omp_num_threads_is_left_to_the_secret():
+    spec = {"cpu": "8", "secretEnv": {"OMP_NUM_THREADS": {"secret": "s", "key": "k"}}}
+    contract = launch_contract(JobSpec.model_validate(spec))
+    assert "OMP_NUM_THREADS" not in contract.node_env(contract.nodes[0])

@@ -383,3 +383,23 @@ def test_a_child_that_keeps_forking_does_not_outlive_smoke(tmp_path):
     if "unshare failed" in res.stderr or res.returncode not in (0, 1):
         pytest.skip(f"no pid namespace here: {res.stderr.strip()}")
     assert res.stdout.split() == ["0", "0"], res.stdout + res.stderr
+
+
+# Found in the restart tests' clean runs: torch sized its thread pool by the node's cores,
+# not the pod's CPU request (the job sets no CPU limit), so a 1-CPU process on a big node
+# ran one thread per core of the node.
+@pytest.mark.slow
+def test_each_process_runs_its_share_of_the_cpu_request_as_threads(tmp_path, marker):
+    spec = "nodes: 1\nprocs: 2\ncpu: '6'\ncommand: {script: threads.py}\n"
+    ws = workspace(tmp_path, spec)
+    res = smoke(ws, marker, "--ranks", "all")
+    assert res.returncode == 0, res.stderr
+    threads = min(3, len(os.sched_getaffinity(0)))  # torch runs no more than the host's cores
+    for rank in range(2):
+        line = f"[rank{rank}] rank {rank} threads {threads} OMP_NUM_THREADS 3"
+        assert line in res.stderr, res.stderr
+    # The spec's env overrides the share.
+    (ws / "ddpdeploy.yaml").write_text(spec + "env: {OMP_NUM_THREADS: '1'}\n")
+    res = smoke(ws, marker, "--ranks", "all")
+    assert res.returncode == 0, res.stderr
+    assert "[rank1] rank 1 threads 1 OMP_NUM_THREADS 1" in res.stderr, res.stderr

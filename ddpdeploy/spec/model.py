@@ -50,6 +50,7 @@ from ddpdeploy.spec.fields import (
     mount_path,
     no_expansion,
     qualified_name,
+    quantity,
     script_path,
     secret_key,
 )
@@ -450,7 +451,8 @@ class JobSpec(Model):
     cpu: CpuQuantity | None = Field(
         default=None,
         description="CPU request per node, a Kubernetes quantity (e.g. 8, 500m); default one "
-        "per process. No CPU limit: CFS throttling stalls collectives.",
+        "per process. No CPU limit: CFS throttling stalls collectives. When given, each "
+        "process gets its share as OMP_NUM_THREADS (at least 1; env overrides it).",
     )
     memory: ByteQuantity | None = Field(
         default=None,
@@ -641,6 +643,14 @@ class JobSpec(Model):
     def cpu_request(self) -> str:
         """CPU requested per node: the field, else one CPU per process."""
         return self.cpu or str(self.procs_per_node)
+
+    @property
+    def threads_per_proc(self) -> int | None:
+        """CPU threads for each process when ``cpu`` is given: its share of the node's
+        request, at least 1 (None: cpu not given, torch and torchrun decide)."""
+        if self.cpu is None:
+            return None
+        return max(1, int(quantity(self.cpu)[1] // self.procs_per_node))
 
     @property
     def memory_request(self) -> str:

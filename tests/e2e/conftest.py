@@ -185,7 +185,9 @@ class CleanWeights:
 
     @staticmethod
     def key(spec: dict[str, Any]) -> str:
-        return json.dumps([spec["nodes"], spec["procs"], spec["command"]], sort_keys=True)
+        return json.dumps(
+            [spec["nodes"], spec["procs"], spec.get("cpu"), spec["command"]], sort_keys=True
+        )
 
     def start(self, spec: dict[str, Any]) -> None:
         with self.lock:
@@ -203,7 +205,8 @@ class CleanWeights:
         folder = self.tmp.mktemp("smoke")
         for script in self.workspace.glob("*.py"):
             shutil.copy(script, folder / script.name)
-        keep = ("name", "nodes", "procs", "gpus", "checkpoint", "command")
+        # cpu too: each process's share of it is its OMP_NUM_THREADS, there as on the pods.
+        keep = ("name", "nodes", "procs", "gpus", "cpu", "checkpoint", "command")
         spec_file = write_spec(folder, {k: v for k, v in spec.items() if k in keep})
         return smoke_weights(functools.partial(run_cli, timeout=900), spec_file, folder)
 
