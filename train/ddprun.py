@@ -94,7 +94,10 @@ def _wait_for_threads() -> None:
 
 def _flush_open_files() -> None:
     """Flush every file the script left open: the teardown would have, by closing them."""
-    files = [o for o in gc.get_objects() if isinstance(o, (io.TextIOBase, io.BufferedIOBase))]
+    # type(), not isinstance(): that reads each object's __class__, and some warn when read
+    # (torch.distributed.reduce_op printed a FutureWarning at every rank's end).
+    kinds = (io.TextIOBase, io.BufferedIOBase)
+    files = [o for o in gc.get_objects() if issubclass(type(o), kinds)]
     for file in [*files, sys.stdout, sys.stderr]:  # the script may have replaced the streams
         with contextlib.suppress(Exception):  # closed, detached, broken: the exit must come
             if not file.closed and file.writable():
