@@ -84,10 +84,20 @@ class ControlPlane:
         log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 (lives with the process)
         self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
 
-    def start(self, timeout: float = 120) -> None:
-        self._start_etcd()
-        self._start_apiserver()
-        self._wait_ready(timeout)
+    def start(self, timeout: float = 120, attempts: int = 3) -> None:
+        for attempt in range(attempts):
+            self._start_etcd()
+            self._start_apiserver()
+            try:
+                self._wait_ready(timeout)
+                break
+            except RuntimeError as exc:
+                # A port found free was taken before etcd or the apiserver bound it (CI
+                # runs two suites at once, each making connections): new ports, new data.
+                if "address already in use" not in str(exc) or attempt == attempts - 1:
+                    raise
+                self.stop()
+                shutil.rmtree(self.workdir / "etcd", ignore_errors=True)
         self._write_kubeconfig()
 
     def _start_etcd(self) -> None:
