@@ -1292,12 +1292,16 @@ def _exec_status(raw: str | bytes) -> tuple[int, str]:
     by the client's ``returncode``, which takes the first cause's message for a number and
     raised ValueError on the kubelet's own failures."""
     text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+    if not text.strip():  # the server sends one on success too: the stream was cut short
+        return 0, "the exec ended without its command's status (the connection closed early)"
     try:
-        status = json.loads(text) if text.strip() else {}
+        status = json.loads(text)
     except ValueError:
         return 0, f"the exec ended with an unreadable status ({_one_line(text, 200)})"
-    if not isinstance(status, dict) or status.get("status") in (None, "Success"):
+    if isinstance(status, dict) and status.get("status") == "Success":
         return 0, ""
+    if not isinstance(status, dict):
+        return 0, f"the exec ended with an unreadable status ({_one_line(text, 200)})"
     details = status.get("details")
     causes = details.get("causes") if isinstance(details, dict) else None
     for cause in causes if isinstance(causes, list) else []:

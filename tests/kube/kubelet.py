@@ -84,7 +84,7 @@ class Kubelet:
     most_in_flight: int = 0  # ...and the most at once
     _counting: threading.Lock = field(default_factory=threading.Lock)
     # pod -> (stdout, stderr, exit code) an exec in it answers; the commands run
-    exec_answers: dict[str, tuple[bytes, bytes, int | str]] = field(default_factory=dict)
+    exec_answers: dict[str, tuple[bytes, bytes, int | str | None]] = field(default_factory=dict)
     execs: list[list[str]] = field(default_factory=list)
 
     def start(self) -> Kubelet:
@@ -139,9 +139,13 @@ class Kubelet:
             self.logs[(pod, container, previous)] = lines
             self.changed.notify_all()
 
-    def set_exec(self, pod: str, stdout: bytes, stderr: bytes = b"", code: int | str = 0) -> None:
+    def set_exec(
+        self, pod: str, stdout: bytes, stderr: bytes = b"", code: int | str | None = 0
+    ) -> None:
         """What any command run in the pod answers: its exit ``code``, or (text) the error
-        the kubelet's runtime gave instead of running it ("container not running")."""
+        the kubelet's runtime gave instead of running it ("container not running"), or
+        (None) no status at all: the stream cut short, which a real kubelet cannot be made
+        to do on demand."""
         self.exec_answers[pod] = (stdout, stderr, code)
 
     def append(self, pod: str, text: str, container: str = "pytorch") -> None:
@@ -310,7 +314,8 @@ def _handler(kubelet: Kubelet) -> type[BaseHTTPRequestHandler]:
                 }
             # v4: a binary frame per write, its first byte the channel (1 stdout, 2 stderr,
             # 3 the status), then a close frame
-            for channel, data in ((1, stdout), (2, stderr), (3, json.dumps(status).encode())):
+            end = b"" if code is None else json.dumps(status).encode()
+            for channel, data in ((1, stdout), (2, stderr), (3, end)):
                 if data:
                     self._frame(0x2, bytes([channel]) + data)
             self._frame(0x8, struct.pack("!H", 1000))

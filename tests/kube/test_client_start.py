@@ -155,6 +155,24 @@ def test_an_exec_the_runtime_refused_is_the_error_line(
     )
 
 
+def test_an_exec_cut_short_is_a_failure_not_a_whole_file(
+    control_plane, namespace, kubelet, running_job
+):
+    # A stream closed before the command's status is no success: it may be a short read
+    # that collect would write as the whole file.
+    from ddpdeploy.adapters.kube import Kube
+    from ddpdeploy.errors import OperationError
+
+    kubelet.set_exec(running_job[1], b"half of it", b"", None)
+    kube = Kube(str(control_plane.kubeconfig))
+    with pytest.raises(OperationError) as err:
+        list(kube.exec_stream(running_job[1], namespace, "pytorch", ["cat", "/ckpt/a"]))
+    assert str(err.value) == (
+        f"running cat in pod {running_job[1]}: the exec ended without its command's status "
+        "(the connection closed early)"
+    )
+
+
 def insecure(control_plane, folder: Path) -> Path:
     doc = yaml.safe_load(control_plane.kubeconfig.read_text())
     doc["clusters"][0]["cluster"] = {
