@@ -434,6 +434,13 @@ class CheckpointError(RuntimeError):
     script that catches it keeps its ranks in step."""
 
 
+# What a state holds that torch.load(weights_only=True) takes: the fix save and load name.
+_WEIGHTS_ONLY_FIX = (
+    "save only tensors, numbers, strings and dicts or lists of them (vars(args) for an "
+    "argparse.Namespace)"
+)
+
+
 class WeightsOnlyRefusal(Exception):
     """torch.load(weights_only=True) refused a payload whose sha256 is right: it holds an
     object (an argparse.Namespace, a dataclass) that save took and a weights-only load
@@ -581,9 +588,8 @@ def latest_verified(
                 why = _broadcast_text(why, device)
             raise CheckpointError(
                 f"checkpoint {store.payload_path(step)} verifies but torch.load(weights_only="
-                f"True) refuses it: {why}; save only tensors, numbers, strings and dicts or "
-                "lists of them (vars(args) for an argparse.Namespace), or pass "
-                "weights_only=False to load_latest if you trust the folder"
+                f"True) refuses it: {why}; {_WEIGHTS_ONLY_FIX}, or pass weights_only=False to "
+                "load_latest if you trust the folder"
             )
         ok = verdict == 2
         if ok and not isinstance(got, str):
@@ -954,9 +960,8 @@ def _check_weights_only(path: str) -> None:
     except pickle.UnpicklingError as e:  # what load_latest's unpickler refuses, as it would
         raise TypeError(
             f"torch.load(weights_only=True) would refuse it on resume: {WeightsOnlyRefusal(e)}; "
-            "save only tensors, numbers, strings and dicts or lists of them (vars(args) for "
-            "an argparse.Namespace), or pass weights_only=False to save and to load_latest "
-            "if you trust the folder"
+            f"{_WEIGHTS_ONLY_FIX}, or pass weights_only=False to save and to load_latest if "
+            "you trust the folder"
         ) from None
     except Exception:  # the check's own limits (a storage mmap cannot map): the save stands
         return

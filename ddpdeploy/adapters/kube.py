@@ -1297,11 +1297,11 @@ def _exec_status(raw: str | bytes) -> tuple[int, str]:
     try:
         status = json.loads(text)
     except ValueError:
-        return 0, f"the exec ended with an unreadable status ({_one_line(text, 200)})"
-    if isinstance(status, dict) and status.get("status") == "Success":
-        return 0, ""
+        status = None
     if not isinstance(status, dict):
         return 0, f"the exec ended with an unreadable status ({_one_line(text, 200)})"
+    if status.get("status") == "Success":
+        return 0, ""
     details = status.get("details")
     causes = details.get("causes") if isinstance(details, dict) else None
     for cause in causes if isinstance(causes, list) else []:
