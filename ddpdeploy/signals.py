@@ -117,6 +117,16 @@ def interrupted(exc: KeyboardInterrupt, what: str) -> OperationError:
     return OperationError(f"interrupted ({name}): {what}", getattr(exc, "exit_code", 130))
 
 
+@contextlib.contextmanager
+def nothing_changed_on_interrupt() -> Iterator[None]:
+    """An interrupt before a command's first change (its reads, its preflight): nothing was
+    changed, and its line says so. A change inside (cluster.apply) says what it left."""
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        raise interrupted(exc, "stopped before any change; nothing was changed") from None
+
+
 def untold() -> Interrupted | None:
     """The interrupt raised that no `interrupted` line has told of (None: none)."""
     return _untold[-1] if _untold else None

@@ -19,15 +19,13 @@ def resume(
     from ddpdeploy.cluster import apply
     from ddpdeploy.cluster.find import open_job
     from ddpdeploy.commands.views import say
-    from ddpdeploy.signals import interrupted
+    from ddpdeploy.signals import nothing_changed_on_interrupt
 
-    try:
+    with nothing_changed_on_interrupt():  # apply says what an interrupt in it left
         found = open_job(kubeconfig, context, name, namespace, verb="resumed", required=False)
         spec, record = apply.resumable(found, say)  # the record: `up --build`'s, kept
         checked = apply.prepare(found.kube, spec, say, record=record)
         created = apply.apply(found.kube, checked, replace=True, say=say)
-    except KeyboardInterrupt as exc:
-        raise interrupted(exc, "stopped before any change; nothing was changed") from None
     if spec.checkpoint is None:
         say(f"{name} has no checkpoint volume: it starts from step 0")
     for obj in created:

@@ -26,10 +26,10 @@ def scale(
     from ddpdeploy.cluster.find import open_job
     from ddpdeploy.cluster.saved import scaled_spec
     from ddpdeploy.commands.views import say
-    from ddpdeploy.signals import interrupted
+    from ddpdeploy.signals import nothing_changed_on_interrupt
     from ddpdeploy.targets import SCALABLE
 
-    try:
+    with nothing_changed_on_interrupt():  # apply says what an interrupt in it left
         found = open_job(kubeconfig, context, name, namespace, verb="scaled", layouts=SCALABLE)
         job = found.job
         assert job is not None  # required
@@ -37,7 +37,5 @@ def scale(
         # The pods keep the image digest and git facts `up --build` recorded.
         record = apply.carried_record(job, spec, say)
         checked = apply.prepare(found.kube, spec, say, record=record)
-        apply.apply(found.kube, checked, False, say, in_place=True)  # says what an interrupt left
-    except KeyboardInterrupt as exc:
-        raise interrupted(exc, "stopped before any change; nothing was changed") from None
+        apply.apply(found.kube, checked, False, say, in_place=True)
     say(f"scaled {job['kind']} {found.namespace}/{name} to {counted(nodes, 'node')}")

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -87,6 +85,7 @@ def up(
     Example: ddpdeploy up --image ghcr.io/me/train:v1 --nodes 2 --gpus 8 -- --steps 1000
     """
     from ddpdeploy.cluster import apply as deploy
+    from ddpdeploy.signals import nothing_changed_on_interrupt
 
     seconds = None if timeout is None else parse_duration(timeout)
     if seconds is not None and seconds <= 0:
@@ -99,7 +98,7 @@ def up(
     ns_given = "namespace" in spec.model_fields_set  # -n or the spec file; else the context's
     spec, record = _with_image(spec, build, base_image)
     kube, spec = _connect(spec, ns_given, kubeconfig, context)
-    with _nothing_changed_on_interrupt():
+    with nothing_changed_on_interrupt():
         if adopt_pvc:
             spec = deploy.adopt_pvc(kube, spec, _say)
         checked = deploy.prepare(kube, spec, _say, create_namespace, record)
@@ -161,18 +160,6 @@ def _connect(
     if not ns_given and spec.namespace != kube.default_namespace:
         spec = in_context_namespace(spec, kube.default_namespace)
     return kube, spec
-
-
-@contextlib.contextmanager
-def _nothing_changed_on_interrupt() -> Iterator[None]:
-    """Ctrl-C before the apply's first change (adopting the PVC, the preflight, the dry run)
-    has changed nothing, and says so; apply turns its own into what it left."""
-    from ddpdeploy.signals import interrupted
-
-    try:
-        yield
-    except KeyboardInterrupt as exc:
-        raise interrupted(exc, "stopped before any change; nothing was changed") from None
 
 
 def _wait(kube: Kube, spec: JobSpec, seconds: float | None, follow: bool) -> None:
