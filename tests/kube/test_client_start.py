@@ -124,53 +124,44 @@ def test_exec_through_the_apiserver_loads_no_generated_module(
     assert kubelet.execs == [["sh", "-c", "a b"]]
 
 
-def test_exec_exit_code_is_the_error_line(control_plane, namespace, kubelet, running_job):
-    from ddpdeploy.adapters.kube import Kube
-    from ddpdeploy.errors import OperationError
-
-    kubelet.set_exec(running_job[1], b"", b"ls: cannot access '/ckpt': No such file", 2)
-    kube = Kube(str(control_plane.kubeconfig))
-    with pytest.raises(OperationError) as err:
-        list(kube.exec_stream(running_job[1], namespace, "pytorch", ["ls", "/ckpt"]))
-    assert str(err.value) == (
-        f"running ls in pod {running_job[1]}: exit code 2: ls: cannot access '/ckpt': No such file"
-    )
-
-
-def test_an_exec_the_runtime_refused_is_the_error_line(
-    control_plane, namespace, kubelet, running_job
+@pytest.mark.parametrize(
+    ("answer", "argv", "line"),
+    [
+        (
+            (b"", b"ls: cannot access '/ckpt': No such file", 2),
+            ["ls", "/ckpt"],
+            "exit code 2: ls: cannot access '/ckpt': No such file",
+        ),
+        # Found on the real cluster: the client's returncode read the kubelet's
+        # InternalError ("container not running", its cause's message text) as an exit
+        # code: ValueError.
+        (
+            (b"", b"", "container not running (0123abcd)"),
+            ["ls", "/ckpt"],
+            "Internal error occurred: error executing command in container: container not "
+            "running (0123abcd)",
+        ),
+        # A stream closed before the command's status is no success: it may be a short read
+        # that collect would write as the whole file.
+        (
+            (b"half of it", b"", None),
+            ["cat", "/ckpt/a"],
+            "the exec ended without its command's status (the connection closed early)",
+        ),
+    ],
+    ids=["exit code", "runtime refused", "cut short"],
+)
+def test_an_exec_that_failed_is_the_error_line(
+    control_plane, namespace, kubelet, running_job, answer, argv, line
 ):
-    # Found on the real cluster: the client's returncode read the kubelet's InternalError
-    # ("container not running", its cause's message text) as an exit code: ValueError.
     from ddpdeploy.adapters.kube import Kube
     from ddpdeploy.errors import OperationError
 
-    kubelet.set_exec(running_job[1], b"", b"", "container not running (0123abcd)")
+    kubelet.set_exec(running_job[1], *answer)
     kube = Kube(str(control_plane.kubeconfig))
     with pytest.raises(OperationError) as err:
-        list(kube.exec_stream(running_job[1], namespace, "pytorch", ["ls", "/ckpt"]))
-    assert str(err.value) == (
-        f"running ls in pod {running_job[1]}: Internal error occurred: error executing command "
-        "in container: container not running (0123abcd)"
-    )
-
-
-def test_an_exec_cut_short_is_a_failure_not_a_whole_file(
-    control_plane, namespace, kubelet, running_job
-):
-    # A stream closed before the command's status is no success: it may be a short read
-    # that collect would write as the whole file.
-    from ddpdeploy.adapters.kube import Kube
-    from ddpdeploy.errors import OperationError
-
-    kubelet.set_exec(running_job[1], b"half of it", b"", None)
-    kube = Kube(str(control_plane.kubeconfig))
-    with pytest.raises(OperationError) as err:
-        list(kube.exec_stream(running_job[1], namespace, "pytorch", ["cat", "/ckpt/a"]))
-    assert str(err.value) == (
-        f"running cat in pod {running_job[1]}: the exec ended without its command's status "
-        "(the connection closed early)"
-    )
+        list(kube.exec_stream(running_job[1], namespace, "pytorch", argv))
+    assert str(err.value) == f"running {argv[0]} in pod {running_job[1]}: {line}"
 
 
 def insecure(control_plane, folder: Path) -> Path:
