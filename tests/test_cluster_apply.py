@@ -471,8 +471,9 @@ def test_an_interrupt_between_the_preflight_and_the_first_change_says_nothing_ch
     assert ours(kube) == []
 
 
-def test_an_interrupt_held_off_by_the_claims_save_says_the_job_was_submitted(
-    kube, signals, monkeypatch, capsys, tmp_path
+@pytest.mark.parametrize("replace", [False, True], ids=["new", "replace"])
+def test_an_interrupt_held_off_by_the_claims_save_says_what_the_change_was(
+    kube, signals, monkeypatch, capsys, tmp_path, replace
 ):
     kube.add(
         {
@@ -482,6 +483,10 @@ def test_an_interrupt_held_off_by_the_claims_save_says_the_job_was_submitted(
             "spec": {"resources": {"requests": {"storage": "1Gi"}}},
         }
     )
+    spec = tmp_path / "ddpdeploy.yaml"
+    spec.write_text("checkpoint: {size: 1Gi}\n")
+    if replace:
+        assert _up_cli(kube, monkeypatch, capsys, "-f", str(spec), "--adopt-pvc")[0] == 0
     save = deploy._save_on_adopted_claim
 
     def interrupted_save(*args, **kwargs) -> None:
@@ -489,12 +494,12 @@ def test_an_interrupt_held_off_by_the_claims_save_says_the_job_was_submitted(
         save(*args, **kwargs)
 
     monkeypatch.setattr(deploy, "_save_on_adopted_claim", interrupted_save)
-    spec = tmp_path / "ddpdeploy.yaml"
-    spec.write_text("checkpoint: {size: 1Gi}\n")
-    code, err = _up_cli(kube, monkeypatch, capsys, "-f", str(spec), "--adopt-pvc")
+    more = ["--replace"] if replace else []
+    code, err = _up_cli(kube, monkeypatch, capsys, "-f", str(spec), "--adopt-pvc", *more)
     assert code == 143, err
     assert any(line.startswith("saved the spec on PersistentVolumeClaim") for line in err), err
+    done = "was replaced" if replace else "was submitted"
     assert err[-1] == (
-        "error: interrupted (SIGTERM): PyTorchJob ns/j was submitted (the change is complete)"
+        f"error: interrupted (SIGTERM): PyTorchJob ns/j {done} (the change is complete)"
     )
     assert ("PyTorchJob", "j") in ours(kube)

@@ -590,10 +590,8 @@ def apply(
     except _ReplaceLost:
         raise
     except KeyboardInterrupt as exc:
-        if run.job_applied:
-            raise interrupted(exc, f"{ref} was changed (the change is complete)") from None
-        if run.job_created and checked.existing_job is not None:
-            raise interrupted(exc, f"{ref} was replaced (the change is complete)") from None
+        if run.job_applied or (run.job_created and checked.existing_job is not None):
+            raise interrupted(exc, _complete(ref, run, checked)) from None
         old = "; the old job is untouched" if checked.existing_job is not None else ""
         back = run.take_back()
         # The job may have been made (a create that went through, the interrupt during its
@@ -615,9 +613,19 @@ def apply(
         with held_signals():  # one request; the job is there either way
             _save_on_adopted_claim(kube, checked, say)
     except KeyboardInterrupt as exc:  # held off until the save was done
-        done = "was changed" if run.job_applied else "was submitted"
-        raise interrupted(exc, f"{ref} {done} (the change is complete)") from None
+        raise interrupted(exc, _complete(ref, run, checked)) from None
     return created
+
+
+def _complete(ref: str, run: _Run, checked: Checked) -> str:
+    """What an interrupt after the job's change went through says was done."""
+    if run.job_applied:
+        done = "was changed"
+    elif checked.existing_job is not None:
+        done = "was replaced"
+    else:
+        done = "was submitted"
+    return f"{ref} {done} (the change is complete)"
 
 
 # --- a claim the job mounts that ddpdeploy did not make ----------------------------------
