@@ -861,6 +861,13 @@ def resumable(found: Found, say: Say) -> tuple[JobSpec, RunRecord | None]:
                 "resume (`ddpdeploy down` it first to restart it)"
             )
     spec, source = _saved(found)
+    # The saved spec is plain text on the cluster, editable by whoever may edit the
+    # object: say what is resubmitted, so that an edit shows before the job runs.
+    gpus = f", {spec.gpus} GPU(s) each" if spec.gpus else ""
+    say(
+        f"resubmitting from the spec saved on {_ref(source)}: image {spec.image}, "
+        f"{spec.nodes} node(s) x {spec.procs_per_node} process(es){gpus}"
+    )
     return spec, carried_record(source, spec, say)
 
 
@@ -915,10 +922,15 @@ def delete(found: Found, purge: bool, say: Say) -> None:
                 # Someone else's object of the job's name (e.g. after `up
                 # --no-network-policy`): kept, and no reason to keep our job running.
                 foreign.append(f"kept {_ref(got)}: not ours ({why})")
-        claims = kube.list("v1", "PersistentVolumeClaim", ns, labels=ours_selector(name))
-        if purge:
-            for claim in claims:
-                require_ours(claim, name, "deleted")
+        claims = []
+        for claim in kube.list("v1", "PersistentVolumeClaim", ns, labels=ours_selector(name)):
+            # Our labels are copied easily: a claim without our saved spec is not this
+            # job's checkpoints, and neither deleted nor called so.
+            why = not_ours(claim, name)
+            if why is None:
+                claims.append(claim)
+            else:
+                foreign.append(f"kept {_ref(claim)}: not ours ({why})")
         adopted = _adopted_with_spec(kube, name, ns)
         if job is None and not gone_with_job and not (purge and claims) and adopted is None:
             raise OperationError(no_job(name, ns) + (no_namespace(kube, ns) or "; nothing deleted"))

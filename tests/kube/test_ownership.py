@@ -224,10 +224,16 @@ def _elsewhere(text: str) -> str:
     return json.dumps(doc)
 
 
+def _other_image(text: str) -> str:
+    return json.dumps({**json.loads(text), "image": "evil.invalid/miner:latest"})
+
+
 def test_resume_refuses_a_tampered_saved_spec(kube_cli, admin, namespace, ckpt_spec):
     assert up(kube_cli, namespace, "rs1", "-f", str(ckpt_spec)).returncode == 0
     assert kube_cli("down", "rs1", "-n", namespace).returncode == 0
     pvc = ("v1", "PersistentVolumeClaim")
+    claim = get(admin, *pvc, namespace, "rs1-checkpoints")
+    saved = claim["metadata"]["annotations"][SPEC]
     _tamper(admin, pvc, namespace, "rs1-checkpoints", _elsewhere)
     out = kube_cli("resume", "rs1", "-n", namespace)
     assert out.returncode == 1
@@ -239,6 +245,19 @@ def test_resume_refuses_a_tampered_saved_spec(kube_cli, admin, namespace, ckpt_s
     out = kube_cli("resume", "rs1", "-n", namespace)
     assert out.returncode == 1
     assert "nested deeper than" in one_error_line(out)
+    # An edit that keeps the names is the editor's to make, but is shown before the job
+    # runs (found by the fourth hostile pass: resume ran an edited image without a word).
+    _tamper(admin, pvc, namespace, "rs1-checkpoints", lambda _: saved)
+    _tamper(admin, pvc, namespace, "rs1-checkpoints", _other_image)
+    out = kube_cli("resume", "rs1", "-n", namespace)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.splitlines()[0] == (
+        f"resubmitting from the spec saved on PersistentVolumeClaim {namespace}/rs1-checkpoints:"
+        " image evil.invalid/miner:latest, 1 node(s) x 1 process(es)"
+    )
+    assert pod_spec(get_job(admin, namespace, "rs1"))["containers"][0]["image"] == (
+        "evil.invalid/miner:latest"
+    )
     # On the job itself (failed, so resume would recreate it).
     assert up(kube_cli, namespace, "rs2").returncode == 0
     set_job_conditions(admin, namespace, "rs2", ("Created", ""), ("Failed", "boom"))
@@ -285,3 +304,38 @@ def test_a_terminating_namespace_is_refused(kube_cli, admin, namespace):
     assert out.returncode == 1
     assert f"namespace {namespace} is being deleted (Terminating)" in one_error_line(out)
     assert get_job(admin, namespace, "j") is None
+
+
+def test_down_keeps_a_look_alike_claim_with_our_labels_and_deletes_ours(
+    kube_cli, admin, namespace, ckpt_spec
+):
+    # Found by the fourth hostile pass: a claim with our labels but no saved spec made
+    # `down --purge` refuse everything, and plain `down` called it the job's checkpoints.
+    assert up(kube_cli, namespace, "j", "-f", str(ckpt_spec)).returncode == 0
+    look_alike = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": "precious",
+            "namespace": namespace,
+            "labels": {MANAGED: "ddpdeploy", "app.kubernetes.io/instance": "j"},
+        },
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    theirs = create(admin, look_alike)
+    kept = (
+        f"kept PersistentVolumeClaim {namespace}/precious: not ours (ddpdeploy did not "
+        "create it for job j (no saved spec naming the job))"
+    )
+    out = kube_cli("down", "j", "-n", namespace)
+    assert out.returncode == 0, out.stderr
+    assert kept in out.stderr.splitlines()
+    assert f"kept PersistentVolumeClaim {namespace}/j-checkpoints (checkpoints" in out.stderr
+    assert "precious (checkpoints" not in out.stderr
+    out = kube_cli("down", "j", "-n", namespace, "--purge")
+    assert out.returncode == 0, out.stderr
+    assert f"deleted PersistentVolumeClaim {namespace}/j-checkpoints" in out.stderr
+    assert kept in out.stderr.splitlines()
+    assert live_pvcs(admin, namespace) == ["precious"]
+    claim = get(admin, "v1", "PersistentVolumeClaim", namespace, "precious")
+    assert claim["metadata"]["uid"] == theirs["metadata"]["uid"]
