@@ -14,6 +14,7 @@ import typer
 
 from ddpdeploy.commands.options import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt
 from ddpdeploy.errors import OperationError, UserError
+from ddpdeploy.signals import aborted
 from ddpdeploy.text import show
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ def logs(
         ),
     ] = False,
     tail: Annotated[
-        int | None, typer.Option("--tail", min=0, help="Last N lines of each container only.")
+        int | None, typer.Option("--tail", min=1, help="Last N lines of each container only.")
     ] = None,
     namespace: NamespaceOpt = None,
     kubeconfig: KubeconfigOpt = None,
@@ -94,12 +95,15 @@ def logs(
             _one_pod(found, name, replica, index, follow, select)
         else:
             _merged(found, name, follow, select)
-    except KeyboardInterrupt:
-        # Ctrl-C ends a followed log, quietly. The reader threads sit in TLS reads nothing
-        # interrupts, and finalizing the interpreter under them can abort: leave at once.
+    except KeyboardInterrupt as exc:
+        # One line and the signal's own code, as every command ends on Ctrl-C or SIGTERM.
+        # The reader threads sit in TLS reads nothing interrupts, and finalizing the
+        # interpreter under them can abort: leave at once.
+        line, code = aborted(exc)
         with contextlib.suppress(OSError):  # a closed pipe: nothing more to say
             sys.stdout.flush()
-        os._exit(130)
+            print(line, file=sys.stderr, flush=True)
+        os._exit(code)
 
 
 # The log endpoint's tailLines and sinceSeconds are int64: a larger number is refused here,
