@@ -4,9 +4,25 @@ Ctrl-C meanwhile was a traceback), then the CLI runs."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+from types import FrameType
 
-from ddpdeploy.signals import aborted, catch_signals, finished
+
+def _early(signum: int, _frame: FrameType | None) -> None:
+    # Until catch_signals is in place (importing ddpdeploy.signals is an interruptible
+    # moment too): one line and the signal's code, with nothing of ours begun.
+    name = signal.Signals(signum).name
+    sys.stderr.write(f"aborted ({name}); nothing more was done\n")
+    sys.stderr.flush()
+    os._exit(128 + signum)
+
+
+for _sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(_sig, _early)
+
+from ddpdeploy.signals import aborted, catch_signals, finished  # noqa: E402
 
 
 def run() -> None:

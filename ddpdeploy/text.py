@@ -12,7 +12,9 @@ import re
 import unicodedata
 from typing import Any
 
-REPLACEMENT = "\N{REPLACEMENT CHARACTER}"
+# Written as a code point: compiling a named escape loads unicodedata, and Ctrl-C there
+# surfaced as a SyntaxError of this file.
+REPLACEMENT = "\ufffd"  # REPLACEMENT CHARACTER
 
 # Whole escape sequences first (one mark for each, not a mark and the rest as text):
 # CSI (ESC [ or C1 0x9B, parameters, intermediates, a final byte), OSC (ESC ] or C1 0x9D,

@@ -165,3 +165,46 @@ run()
     res = _python(tmp_path, script)
     assert res.returncode == 0 and res.stdout.startswith("ddpdeploy "), res
     assert res.stderr == ""
+
+
+# Found by the sixth hostile pass: a signal while `__main__` imported ddpdeploy.signals
+# (before its handler was in place) was a KeyboardInterrupt traceback.
+EARLY = """
+import os, runpy, signal, sys
+
+class Interrupt:
+    def find_spec(self, name, path=None, target=None):
+        if name == "ddpdeploy.signals":
+            os.kill(os.getpid(), signal.{sig})  # during that import
+        return None
+
+sys.meta_path.insert(0, Interrupt())
+sys.argv = ["ddpdeploy", "--help"]
+runpy.run_module("ddpdeploy", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_the_handler_is_imported_is_one_line(tmp_path, sig):
+    out = subprocess.run(
+        [sys.executable, "-c", EARLY.replace("{sig}", sig.name)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 128 + sig, out.stderr
+    assert out.stderr == f"aborted ({sig.name}); nothing more was done\n"
+    assert out.stdout == ""
+
+
+def test_no_source_names_a_character_by_its_unicode_name():
+    # Found by the sixth hostile pass: compiling "\N{...}" loads unicodedata, and Ctrl-C
+    # there came out as `SyntaxError: (unicode error)` of text.py, exit 1, not one line.
+    named = [
+        str(path.relative_to(ROOT))
+        for folder in ("ddpdeploy", "train")
+        for path in (ROOT / folder).rglob("*.py")
+        if "\\N{" in path.read_text(encoding="utf-8")
+    ]
+    assert named == []
