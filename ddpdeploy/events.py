@@ -210,6 +210,9 @@ def _who(value: Any) -> str:
     return f"rank {field_text(value.get('rank', '?'))} ({field_text(value.get('host', '?'))})"
 
 
+MAX_WARNINGS = 3
+
+
 def _probe_line(f: dict[str, Any]) -> str:
     parts = [f"busbw {field_text(f.get('busbw_gbps', '?'))} GB/s"]
     sizes = _list(f.get("sizes"))
@@ -228,10 +231,13 @@ def _probe_line(f: dict[str, Any]) -> str:
         parts.append(f"slowest {_who(f['slowest'])}")
     if f.get("ok") is False:
         parts.append(f"BELOW the floor {field_text(f.get('min_busbw_gbps'))} GB/s")
-    line = "; ".join(parts)
-    for warning in _list(f.get("warnings")):
-        line += f"\n  warning: {field_text(warning)}"
-    return line
+    # One line wherever it is shown (status, up's log, smoke's report), so its warnings
+    # go on it too, the first few of them: a log may hold thousands.
+    warnings = _list(f.get("warnings"))
+    parts += [f"warning: {field_text(w)}" for w in warnings[:MAX_WARNINGS]]
+    if len(warnings) > MAX_WARNINGS:
+        parts.append(f"{len(warnings) - MAX_WARNINGS} more warnings")
+    return "; ".join(parts)
 
 
 def _ranks_line(f: dict[str, Any]) -> str:

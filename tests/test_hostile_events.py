@@ -210,3 +210,13 @@ def test_a_lone_surrogate_in_an_event_is_written_by_status_o_yaml():
     # JSON "\\ud800" (a lone surrogate) made `status -o yaml` a UnicodeEncodeError traceback.
     got = progress(['{"event": "probe", "world_size": "\\ud800"}'], now=0.0)
     shown(got)
+
+
+def test_a_probes_warnings_are_on_its_one_line_and_bounded():
+    # Found by the sixth hostile pass: each warning began "\n  warning:", which every place
+    # that prints the line made a run of spaces, and 5000 warnings one line of 100 KB.
+    few = describe(Event("probe", {"busbw_gbps": 1.0, "warnings": ["first", "second"]}))
+    assert few == "busbw 1.0 GB/s; world ?, ?; transport ?; warning: first; warning: second"
+    many = describe(Event("probe", {"busbw_gbps": 1.0, "warnings": ["w"] * 5000}))
+    assert many is not None and "\n" not in many
+    assert many.endswith("; warning: w; warning: w; warning: w; 4997 more warnings")
