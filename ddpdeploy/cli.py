@@ -20,7 +20,7 @@ from ddpdeploy import __version__
 from ddpdeploy.errors import DdpdeployError
 from ddpdeploy.signals import aborted, catch_signals
 from ddpdeploy.signals import untold as untold_interrupt
-from ddpdeploy.text import plain_lines
+from ddpdeploy.text import plain, plain_lines
 
 SUMMARY = "Take a PyTorch DDP job from a laptop smoke test to N GPU nodes on Kubernetes."
 
@@ -161,9 +161,26 @@ def _root(
     """Take a PyTorch DDP job from a laptop smoke test to N GPU nodes on Kubernetes."""
 
 
+def _refuse_undecodable(args: list[Any]) -> None:
+    """Python hands bytes of an argument that are not UTF-8 on as lone surrogates, which
+    every output then writes differently (U+FFFD in YAML, an escape in JSON): refused, a
+    file name of such bytes too (it could not be shown either)."""
+    for arg in map(str, args):
+        bad = next((ch for ch in arg if "\udc80" <= ch <= "\udcff"), None)
+        if bad is not None:
+            shown = plain(arg.encode("utf-8", "surrogateescape").decode("utf-8", "replace"))
+            typer.echo(
+                f"error: argument {shown!r} is not UTF-8 text (byte 0x{ord(bad) - 0xDC00:02x}); "
+                "give it as UTF-8",
+                err=True,
+            )
+            sys.exit(2)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: usage errors become one line on stderr with exit code 2."""
     catch_signals()  # SIGTERM, like Ctrl-C, ends every command with one line
+    _refuse_undecodable(sys.argv[1:] if argv is None else argv)
     try:
         # Without standalone mode, click returns typer.Exit's code instead of exiting.
         code = app(args=argv, standalone_mode=False)

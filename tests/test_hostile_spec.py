@@ -4,6 +4,8 @@ rendering every target) is refused in the spec, one line naming the field and th
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -165,3 +167,44 @@ def test_every_target_refuses_it_alike(tmp_path, command):
         "give the script's path relative to the workspace (the folder you run ddpdeploy in, "
         "which the image copies), e.g. train.py or src/train.py"
     )
+
+
+# ---- text that is not characters ----------------------------------------------------------
+
+
+# Found by the sixth hostile pass: "\ud800" in a quoted value rendered as U+FFFD in YAML and
+# as a lone-surrogate escape in JSON (refused by strict parsers), with exit 0.
+@pytest.mark.parametrize("value", ['"\\ud800"', '"a\\udfffb"'])
+def test_a_lone_surrogate_in_the_spec_is_one_line_exit_2(tmp_path: Path, value):
+    spec = tmp_path / "ddpdeploy.yaml"
+    spec.write_text(f"image: {IMAGE}\nenv:\n  A: {value}\n")
+    out = run_cli("render", "-f", str(spec), "-o", "json", "--out-dir", str(tmp_path / "o"))
+    assert out.returncode == 2, out.stderr
+    assert out.stdout == "" and not (tmp_path / "o").exists()
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith(f"error: {spec}:3: U+D") and "surrogate pair" in line, line
+
+
+def test_a_character_written_as_its_escape_is_taken(tmp_path: Path):
+    spec = tmp_path / "ddpdeploy.yaml"
+    spec.write_text(f'image: {IMAGE}\nenv: {{A: "\\U0001F600"}}\n')
+    out = run_cli("render", "-f", str(spec), "-o", "json")
+    assert out.returncode == 0, out.stderr
+    assert '"value": "\\ud83d\\ude00"' in out.stdout  # JSON's own pair: a whole character
+
+
+# The same through argv: bytes that are not UTF-8 reach Python as lone surrogates.
+@pytest.mark.parametrize(
+    "args", [("--image", "a\udcff"), ("--image", IMAGE, "--", "x\udcfe")], ids=["flag", "arg"]
+)
+def test_an_argument_that_is_not_utf8_is_one_line_exit_2(tmp_path: Path, args):
+    out = subprocess.run(
+        [sys.executable, "-m", "ddpdeploy", "render", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        timeout=120,
+    )
+    assert out.returncode == 2, out.stderr
+    assert out.stdout == b""
+    (line,) = out.stderr.decode().strip().splitlines()
+    assert "is not UTF-8 text (byte 0x" in line and line.endswith("; give it as UTF-8"), line

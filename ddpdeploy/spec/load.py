@@ -57,6 +57,9 @@ def _line(mark: yaml.Mark | None) -> int | None:
     return mark.line + 1 if mark else None
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 class _Loader(yaml.SafeLoader):
     """SafeLoader that refuses duplicate keys, aliases and deep nesting, and keeps text."""
 
@@ -81,6 +84,18 @@ class _Loader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
+
+    def construct_scalar(self, node: yaml.ScalarNode | yaml.MappingNode) -> Any:
+        value = super().construct_scalar(node)
+        # "\ud800" in a quoted string is not a character: YAML and JSON output would write
+        # it differently (U+FFFD, or an escape strict parsers refuse).
+        if isinstance(value, str) and (found := _SURROGATE.search(value)):
+            raise SpecSyntaxError(
+                f"U+{ord(found[0]):04X} is half of a UTF-16 surrogate pair, not a character; "
+                "write the character itself (or its \\U00XXXXXX escape)",
+                _line(node.start_mark),
+            )
+        return value
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[str] = set()
