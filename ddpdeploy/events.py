@@ -211,6 +211,7 @@ def _who(value: Any) -> str:
 
 
 MAX_WARNINGS = 3
+MAX_NAMED_RANKS = 16
 
 
 def _probe_line(f: dict[str, Any]) -> str:
@@ -262,8 +263,11 @@ def _hang_line(f: dict[str, Any]) -> str:
     ranks = _list(f.get("ranks"))
     hosts = _dict(f.get("hosts"))
     named = ", ".join(
-        f"{field_text(r)} ({field_text(hosts.get(field_text(r), '?'))})" for r in ranks
+        f"{field_text(r)} ({field_text(hosts.get(field_text(r), '?'))})"
+        for r in ranks[:MAX_NAMED_RANKS]
     )
+    if len(ranks) > MAX_NAMED_RANKS:  # a job of thousands of ranks: one readable line
+        named += f" and {len(ranks) - MAX_NAMED_RANKS} more"
     stacks = _list(f.get("stacks"))
     where = f.get("dir") or (
         stacks[0].rsplit("/", 1)[0] if stacks and isinstance(stacks[0], str) else "?"

@@ -220,3 +220,13 @@ def test_a_probes_warnings_are_on_its_one_line_and_bounded():
     many = describe(Event("probe", {"busbw_gbps": 1.0, "warnings": ["w"] * 5000}))
     assert many is not None and "\n" not in many
     assert many.endswith("; warning: w; warning: w; warning: w; 4997 more warnings")
+
+
+def test_a_hang_of_many_ranks_names_the_first_and_counts_the_rest():
+    # Found by the sixth hostile pass: a hang event naming 200,000 ranks made one 2.4 MB
+    # `status` line.
+    ranks = list(range(200_000))
+    line = describe(Event("hang", {"step": 7, "idle_s": 60, "ranks": ranks, "hosts": {}}))
+    assert line is not None and len(line) < 1000
+    assert "ranks that did not arrive: 0 (?), 1 (?)" in line
+    assert "15 (?) and 199984 more;" in line
