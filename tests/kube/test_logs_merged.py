@@ -241,7 +241,7 @@ def test_follow_ctrl_c_exits_130_quietly(control_plane, namespace, kubelet, job)
     proc.send_signal(signal.SIGINT)
     code = proc.wait(timeout=30)
     err = proc.stderr.read()
-    assert code == 130 and err == "", (code, err)
+    assert code == 130 and err == "aborted (SIGINT); nothing more was done\n", (code, err)
 
 
 def test_markup_and_escapes_in_a_log_line_are_text(kube_cli, namespace, kubelet, job):
