@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ddpdeploy.formats import ago, duration
+from ddpdeploy.text import first_of
 
 EVENTS = ("start", "step", "checkpoint", "done", "probe", "ranks", "hang")
 DIAGNOSTICS = ("probe", "ranks", "hang")
@@ -262,12 +263,11 @@ def _ranks_line(f: dict[str, Any]) -> str:
 def _hang_line(f: dict[str, Any]) -> str:
     ranks = _list(f.get("ranks"))
     hosts = _dict(f.get("hosts"))
-    named = ", ".join(
-        f"{field_text(r)} ({field_text(hosts.get(field_text(r), '?'))})"
-        for r in ranks[:MAX_NAMED_RANKS]
+    # A job of thousands of ranks: the first few, counted.
+    named = first_of(
+        [f"{field_text(r)} ({field_text(hosts.get(field_text(r), '?'))})" for r in ranks],
+        MAX_NAMED_RANKS,
     )
-    if len(ranks) > MAX_NAMED_RANKS:  # a job of thousands of ranks: one readable line
-        named += f" and {len(ranks) - MAX_NAMED_RANKS} more"
     stacks = _list(f.get("stacks"))
     where = f.get("dir") or (
         stacks[0].rsplit("/", 1)[0] if stacks and isinstance(stacks[0], str) else "?"

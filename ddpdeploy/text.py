@@ -68,6 +68,13 @@ def plain_lines(text: object) -> str:
 KEPT_LINE = 2000
 
 
+def first_of(items: list[str], limit: int) -> str:
+    """The first ``limit`` of ``items``, comma-separated, and a count of the rest ("a, b and
+    3 more"): one readable line however many there are."""
+    more = f" and {len(items) - limit} more" if len(items) > limit else ""
+    return ", ".join(items[:limit]) + more
+
+
 def clip(text: str, limit: int = KEPT_LINE) -> str:
     """``text`` cut to ``limit`` characters, saying how many more there were."""
     if len(text) <= limit:

@@ -44,6 +44,7 @@ from ddpdeploy.events import (
 from ddpdeploy.formats import ago
 from ddpdeploy.obj import Obj
 from ddpdeploy.targets import Layout
+from ddpdeploy.text import first_of
 
 if TYPE_CHECKING:
     from ddpdeploy.cluster.find import Found
@@ -157,7 +158,7 @@ def nothing_shown(pods: list[Obj], select: Select, container: str) -> str:
     """The one line `logs` says when it read every pod and found no line to show: why, as
     far as the pods tell (their phases), so that an empty answer is never silent."""
     named = [f"{(p.get('metadata') or {}).get('name')} {phase_of(p, container)}" for p in pods]
-    listed = ", ".join(named[:8]) + (f" and {len(named) - 8} more" if len(named) > 8 else "")
+    listed = first_of(named, 8)
     started = [p for p in pods if run_of(p, container) is not None]
     if not started:
         why = "no container has started yet"
@@ -364,9 +365,8 @@ def followed(
         waiting = [by_name[s.pod] for s in todo if not s.previous and s.pod not in seen.open]
         if waiting:  # said once, or a job whose pods wait (no room, no claim) is silence
             named = [f"{p['metadata']['name']} ({phase_of(p, container)})" for p in waiting]
-            more = f" and {len(named) - 8} more" if len(named) > 8 else ""
             notice(
-                f"waiting for pod(s) {', '.join(named[:8])}{more} to start their container; "
+                f"waiting for pod(s) {first_of(named, 8)} to start their container; "
                 "each is followed once it starts (`ddpdeploy status` says why they wait)"
             )
         yield from _follow_loop(found, job, watching, streams, seen, again, failed, notice)
