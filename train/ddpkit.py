@@ -64,7 +64,6 @@ import errno
 import faulthandler
 import glob
 import hashlib
-import io
 import json
 import math
 import operator
@@ -117,13 +116,26 @@ def _exit_on_env(name: str, value: str, wanted: str) -> NoReturn:
     raise SystemExit(2)
 
 
+_WHOLE = re.compile(r"\s*-?[0-9]+\s*", re.ASCII)
+
+
 def _env_int(name: str, default: int, low: int = 0) -> int:
     value = os.environ.get(name)
     if value is None or value == "":
         return default
-    if not (value.isascii() and value.strip().lstrip("-").isdigit()) or int(value) < low:
+    # fullmatch, not isdigit() after lstrip("-"): "--1" passed that and int() raised
+    if not _WHOLE.fullmatch(value) or int(value) < low:
         _exit_on_env(name, value, f"a whole number of at least {low}")
     return int(value)
+
+
+def _env_ints(name: str, low: int = 0) -> list[int]:
+    """A comma-separated list of whole numbers (empty items skipped)."""
+    value = os.environ.get(name, "")
+    items = [x for x in value.split(",") if x.strip()]
+    if not all(_WHOLE.fullmatch(x) and int(x) >= low for x in items):
+        _exit_on_env(name, value, f"a list of whole numbers of at least {low}, comma-separated")
+    return [int(x) for x in items]
 
 
 def _env_float(name: str, default: float, low: float = 0.0) -> float:
@@ -169,7 +181,11 @@ def log(event: str, **fields: Any) -> None:
     ``start`` gets the fields ddpkit knows (``world_size``, ``backend``, ``host``,
     ``restart_count``, and after ``load_latest`` ``resumed``, ``resume_path``,
     ``resume_step``) unless given; any other event logged before a ``start`` sends one
-    first, so each (re)start of the workers shows, as smoke's recovery needs."""
+    first, so each (re)start of the workers shows, as smoke's recovery needs.
+
+    A field holds what JSON holds; a one-element tensor or a numpy scalar is sent as its
+    ``.item()``. Anything else raises TypeError on every rank, naming the field."""
+    fields = _json_fields(event, fields)
     if rank() == 0:
         if event == "start":
             emit({"event": "start", **_start_fields(), **fields})
@@ -177,8 +193,55 @@ def log(event: str, **fields: Any) -> None:
             if not _started:
                 emit({"event": "start", **_start_fields()})
             emit({"event": event, **fields})
-    if event == "step":  # smoke --kill-at STEP: the hold, installed only when asked
-        _on_step(fields.get("step"), False)
+    if event == "step":
+        _logged_step(fields.get("step"))
+        _on_step(fields.get("step"), False)  # smoke --kill-at STEP's hold, when asked
+
+
+def _logged_step(step: object) -> None:
+    """A ``step`` line stands for step_done in a script that does not call it (the port
+    docs/own-script.md shows): the step's wall time, and the hang watchdog armed. No
+    collective, so a script that logs on rank 0 only does not hang here; the watchdog's
+    store namespace needs the round init_process_group joined."""
+    t = _timing
+    if t.by_step_done or not isinstance(step, int) or isinstance(step, bool):
+        return
+    now = time.perf_counter()
+    if t.last_t is not None:
+        t.slowest_step = max(t.slowest_step, now - t.last_t)
+    t.last_t, t.step = now, step
+    if _round_id:
+        _Watchdog.arm()
+
+
+def _item(value: Any) -> Any:
+    """json's ``default``: a one-element tensor or numpy value as its Python number (a
+    ``loss`` tensor for ``loss.item()`` is the common slip); anything else is refused."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
+    if type(value).__module__ == "numpy" and getattr(value, "size", None) == 1:
+        return value.item()  # numpy scalars and 1-element arrays, without importing numpy
+    raise TypeError(type(value).__name__)
+
+
+def _json_fields(event: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` as JSON will carry them, checked on every rank alike (only rank 0 prints,
+    and a refusal on rank 0 alone left the other ranks in their next collective)."""
+    try:
+        return cast(dict[str, Any], json.loads(json.dumps(fields, default=_item)))
+    except (TypeError, ValueError, RecursionError):
+        pass
+    for name, value in fields.items():
+        try:
+            json.dumps(value, default=_item)
+        except (TypeError, ValueError, RecursionError) as e:
+            what = type(value).__name__
+            why = f"is of type {what}" if isinstance(e, TypeError) else f"cannot be JSON ({e})"
+            raise TypeError(
+                f"ddpkit.log({event!r}): field {name} {why}, which a protocol line cannot "
+                f"carry; pass a number, string, list or dict (e.g. float({name}))"
+            ) from None
+    raise TypeError(f"ddpkit.log({event!r}): its fields are not JSON")
 
 
 def emit(line: dict[str, Any]) -> None:
@@ -242,12 +305,11 @@ class _ChaosHold:
 
     @classmethod
     def from_env(cls) -> _ChaosHold | None:
-        e = os.environ
-        steps = [int(x) for x in e.get(HOLD_STEP_ENV, "").split(",") if x.strip()]
-        release = e.get(HOLD_RELEASE_ENV)
+        steps = _env_ints(HOLD_STEP_ENV)
+        release = os.environ.get(HOLD_RELEASE_ENV)
         if not steps or not release:
             return None
-        return cls(steps, release, float(e.get(HOLD_MAX_S_ENV, 60)))
+        return cls(steps, release, _env_float(HOLD_MAX_S_ENV, 60.0))
 
     def _releases(self) -> int:
         try:
@@ -323,6 +385,7 @@ def init_process_group(
     _init_group(backend, **kwargs)
     if probe if probe is not None else e.get("DDPDEPLOY_PROBE", "1") != "0":
         _probe(probe_min_busbw)
+    _join_round()  # a no-op after the probe; log("step") arms the watchdog without one
 
 
 def _launcher_rank() -> int:
@@ -353,6 +416,16 @@ def _init_group(backend: str, **kwargs: Any) -> None:
         dist.init_process_group(backend, **kwargs)
         return
     timeout = kwargs.setdefault("timeout", timedelta(minutes=30))
+    if isinstance(timeout, timedelta):
+        _group_timeout[:] = [timeout.total_seconds()]
+    if e.get("MASTER_ADDR") == "":  # torch's env:// would call it "not set"
+        print(
+            "ddpkit: error: MASTER_ADDR is set but empty; unset it to run as a world of one, "
+            "or start the script with torchrun (which sets it to rank 0's host)",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(2)
     if "MASTER_ADDR" not in e:  # not under torchrun: a world of one
         kwargs.setdefault("rank", 0)
         kwargs.setdefault("world_size", 1)
@@ -372,7 +445,7 @@ def _init_group(backend: str, **kwargs: Any) -> None:
     base = dist.TCPStore(  # type: ignore[attr-defined]
         addr, port, kwargs["world_size"], is_master=False, timeout=timeout
     )
-    restart = int(e.get("TORCHELASTIC_RESTART_COUNT", 0))
+    restart = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
     store = dist.PrefixStore(f"ddpkit/restart-{restart}/", base)  # type: ignore[attr-defined]
     dist.init_process_group(backend, store=store, **kwargs)
     _warn_if_counts_can_differ()
@@ -382,9 +455,8 @@ def _warn_if_counts_can_differ() -> None:
     # Under c10d with several agents the restart counts differ between nodes (only the
     # failed node's agent increments it), so the prefix cannot name the round there; the
     # launcher must unshare the store instead. Workers are not told the rdzv backend.
-    e = os.environ
-    several_nodes = int(e.get("GROUP_WORLD_SIZE", 1)) > 1
-    restarts = int(e.get("TORCHELASTIC_MAX_RESTARTS", 0)) > 0
+    several_nodes = _env_int("GROUP_WORLD_SIZE", 1, low=1) > 1
+    restarts = _env_int("TORCHELASTIC_MAX_RESTARTS", 0) > 0
     if rank() == 0 and several_nodes and restarts:
         warn(
             "several nodes share the agent store: worker restarts under c10d rendezvous "
@@ -480,6 +552,11 @@ def save(
     """
     n = checked_step(step)
     store = CheckpointStore(checkpoint_dir(directory), keep, weights_only=weights_only)
+    with _no_step_clock():  # a long write is no hang; a missing rank is named below
+        return _save(state, n, store)
+
+
+def _save(state: Any, n: int, store: CheckpointStore) -> str:
     path = store.payload_path(n)
     error: Exception | None = None
     if rank() == 0:
@@ -495,17 +572,73 @@ def save(
             error = e
     failure = "" if error is None else _one_line(error)
     if _distributed():
+        _every_rank_in_save(n, path)
         failure = _broadcast_text(failure, _collective_device())
     if failure:
         raise CheckpointError(f"checkpoint {path} was not written: rank 0: {failure}") from error
     return path
 
 
+SAVE_WARN_ENV = "DDPDEPLOY_SAVE_WARN_S"  # seconds before save names the ranks it waits for
+_saves: list[int] = [0]  # this process's save() calls: the ranks' n-th calls pair up
+_group_timeout: list[float] = [1800.0]  # the group's, as init_process_group set it
+
+
+def _every_rank_in_save(step: int, path: str) -> None:
+    """Wait, through the store, until every rank has called this save: its broadcast would
+    otherwise pair with another collective, and a save under ``if rank == 0`` (as the
+    tutorials write it) hung with no line until the group's timeout. After
+    DDPDEPLOY_SAVE_WARN_S (30) one warning names who is missing; at the group's timeout
+    CheckpointError. A store that fails leaves the broadcast to tell."""
+    _saves[0] += 1
+    seq, me, n = _saves[0], rank(), world_size()
+    try:
+        st = _store()
+        st.set(_diag_key(f"save-at/{me}"), str(seq))
+        arrived = st.add(_diag_key(f"save/{seq}"), 1)
+        start = time.monotonic()
+        warn_after, pause, warned = _env_float(SAVE_WARN_ENV, 30.0), 0.002, False
+        while arrived < n:
+            waited = time.monotonic() - start
+            if waited >= _group_timeout[0] or (not warned and waited >= warn_after):
+                missing = [r for r in range(n) if _save_seq(st, r) < seq]
+                named = ", ".join(map(str, missing[:16])) + (
+                    f" and {len(missing) - 16} more" if len(missing) > 16 else ""
+                )
+                why = (
+                    f"rank(s) {named} did not call save(step {step}) within {waited:.0f} s; "
+                    "call ddpkit.save on every rank (only rank 0's state is written), not "
+                    "under `if rank == 0`"
+                )
+                if waited >= _group_timeout[0]:
+                    raise CheckpointError(f"checkpoint {path}: {why}")
+                warn(why)
+                warned = True
+            time.sleep(pause)
+            pause = min(2 * pause, 0.5)
+            arrived = st.add(_diag_key(f"save/{seq}"), 0)
+        if me == 0 and seq > 1:  # every rank is past the previous save's wait
+            with contextlib.suppress(Exception):
+                st.delete_key(_diag_key(f"save/{seq - 1}"))
+    except CheckpointError:
+        raise
+    except Exception:  # the store is gone (a peer's agent ended): the broadcast says so
+        return
+
+
+def _save_seq(st: Any, r: int) -> int:
+    key = _diag_key(f"save-at/{r}")
+    return int(st.get(key)) if st.check([key]) else 0
+
+
 def checked_step(step: object) -> int:
     """``step`` as an int; ValueError unless it is an integer from 0 to MAX_STEP (the
     range that the file name's 9 to 18 digits hold)."""
     if isinstance(step, SupportsIndex) and not isinstance(step, bool):
-        n = operator.index(step)
+        try:
+            n = operator.index(step)
+        except TypeError:  # a float tensor has __index__, and it raises
+            n = -1
         if 0 <= n <= MAX_STEP:
             return n
     raise ValueError(f"checkpoint step must be an integer from 0 to {MAX_STEP}, got {step!r}")
@@ -523,11 +656,9 @@ def load_latest(
     """
     store = CheckpointStore(checkpoint_dir(directory), DEFAULT_KEEP)
 
-    def load(data: bytes) -> Any:
+    def load(f: BinaryIO) -> Any:
         try:
-            return torch.load(
-                io.BytesIO(data), map_location=map_location, weights_only=weights_only
-            )
+            return torch.load(f, map_location=map_location, weights_only=weights_only)
         except pickle.UnpicklingError as e:
             if weights_only and WeightsOnlyRefusal.GLOBAL.search(str(e)):
                 raise WeightsOnlyRefusal(e) from e
@@ -552,7 +683,7 @@ def meta(step: int) -> dict[str, Any]:
 
 
 def latest_verified(
-    store: CheckpointStore, load: Callable[[bytes], T], device: Any = None
+    store: CheckpointStore, load: Callable[[BinaryIO], T], device: Any = None
 ) -> tuple[int, T] | None:
     """(step, ``load(payload)``) of the newest checkpoint every rank can use, or None.
 
@@ -761,10 +892,19 @@ class CheckpointStore:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
             raise
-        _fsync_dir(self.dir)
+        # Committed: the sidecar is in place. What follows cannot undo that, so a failure
+        # there is a warning and the save stands (raising made every rank report a good
+        # checkpoint as "not written").
+        try:
+            _fsync_dir(self.dir)
+        except OSError as e:
+            warn(f"checkpoint {final} is written but its folder could not be synced: {e}")
         with contextlib.suppress(OSError):  # unknown: then retention hashes it again
             _verified[os.path.abspath(final)] = (digest, _identity(os.lstat(final)))
-        self._apply_retention(step)
+        try:
+            self._apply_retention(step)
+        except OSError as e:  # the folder could not be listed
+            warn(f"retention skipped after checkpoint {final}: {e}")
         fields = {"step": step, "path": final, "host": meta.get("host"), "rank": meta.get("rank")}
         emit({"event": "checkpoint", **fields})  # the writer is rank 0 by construction
         return final
@@ -780,8 +920,13 @@ class CheckpointStore:
                 continue
             # Sidecar first: once it is gone the payload is no longer a candidate.
             for p in (self.sidecar_path(step), self.payload_path(step)):
-                with contextlib.suppress(FileNotFoundError):
+                try:
                     os.unlink(p)
+                except FileNotFoundError:
+                    pass
+                except OSError as e:  # immutable, another user's in a sticky folder
+                    warn(f"retention could not delete {p} (keep={self.keep}): {e}")
+                    break  # a payload whose sidecar stays is still a candidate: keep both
             _verified.pop(os.path.abspath(self.payload_path(step)), None)
 
     def _own(self, step: int) -> bool:
@@ -816,7 +961,7 @@ class CheckpointStore:
             return None, "its sidecar is not a JSON object with a sha256"
         return sidecar, None
 
-    def read(self, step: int, load: Callable[[bytes], T]) -> tuple[T, dict[str, Any]] | str:
+    def read(self, step: int, load: Callable[[BinaryIO], T]) -> tuple[T, dict[str, Any]] | str:
         """(``load(payload)``, sidecar) for checkpoint ``step``, or why not: the sidecar is
         no JSON object with a sha256, a file is not a regular one, the payload's sha256
         differs, or ``load`` refuses the payload."""
@@ -827,19 +972,23 @@ class CheckpointStore:
             return f"its sidecar says step {str(sidecar.get('step'))[:20]!r}, its name {step}"
         path = self.payload_path(step)
         try:
-            data, identity = _read_regular(path)
+            with _open_regular(path) as (f, st):
+                # Hashed in chunks, then loaded from the same open file: one bytes copy of
+                # the payload held a planted 8 GiB file in memory before its hash was known
+                # (MemoryError), and a real one twice per rank.
+                digest = _sha256_file(f)
+                if digest != sidecar["sha256"]:
+                    return "fails its sha256 check"
+                _verified[os.path.abspath(path)] = (digest, _identity(st))
+                f.seek(0)
+                try:
+                    return load(f), sidecar
+                except (torch.OutOfMemoryError, MemoryError, WeightsOnlyRefusal):
+                    raise  # the payload is fine: an older one would not load either
+                except Exception as e:  # any other refusal: it cannot be resumed from
+                    return f"does not load ({_one_line(e)})"
         except OSError as e:
             return f"unreadable ({e})"
-        digest = hashlib.sha256(data).hexdigest()
-        if digest != sidecar["sha256"]:
-            return "fails its sha256 check"
-        _verified[os.path.abspath(path)] = (digest, identity)
-        try:
-            return load(data), sidecar
-        except (torch.OutOfMemoryError, MemoryError, WeightsOnlyRefusal):
-            raise  # the payload is fine: an older one would not load either
-        except Exception as e:  # any other refusal: this payload cannot be resumed from
-            return f"does not load ({_one_line(e)})"
 
 
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -886,11 +1035,27 @@ def _read_regular(path: str, limit: int | None = None) -> tuple[bytes, tuple[int
 
 
 def _sha256_regular(path: str) -> tuple[str, tuple[int, ...]]:
-    h = hashlib.sha256()
     with _open_regular(path) as (f, st):
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest(), _identity(st)
+        return _sha256_file(f), _identity(st)
+
+
+def _sha256_file(f: BinaryIO) -> str:
+    h = hashlib.sha256()
+    while chunk := f.read(1 << 20):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+@contextlib.contextmanager
+def _no_step_clock() -> Iterator[None]:
+    """The hang watchdog does not count the time inside (as the chaos hold does not)."""
+    t = _timing
+    last_t = t.last_t
+    t.last_t = None
+    try:
+        yield
+    finally:
+        t.last_t = time.perf_counter() if last_t is not None else None  # no step time
 
 
 @contextlib.contextmanager
@@ -1395,6 +1560,7 @@ class _Timing:
         self.slowest_step = 0.0
         self.phase: str | None = None
         self.phase_step: int | None = None
+        self.by_step_done = False
         every = _env_int(RANKS_EVERY_ENV, -1)  # unset: -1, automatic; 0: no ranks events
         self.every = RANKS_FIRST if every < 0 else every
         self.auto_every = every < 0  # the window follows the step time, see next_every()
@@ -1459,6 +1625,7 @@ def step_done(step: int) -> None:
     hang watchdog, and every N steps gathers the ranks' means (one small all_gather) for
     rank 0's ``ranks`` event."""
     t, now = _timing, time.perf_counter()
+    t.by_step_done = True  # log("step") leaves the timing to this from now on
     if t.last_t is not None:
         wall = now - t.last_t
         t.slowest_step, t.window_wall = max(t.slowest_step, wall), t.window_wall + wall
@@ -1560,6 +1727,7 @@ class _Watchdog(threading.Thread):
     _running: _Watchdog | None = None
     POLL_S = 1.0
     AUTO_MIN_S, AUTO_MAX_S, AUTO_FACTOR = 60.0, 1800.0, 5.0
+    LOGGED_MIN_S = 300.0  # the floor when only log("step") arms it
 
     @classmethod
     def arm(cls) -> None:
@@ -1589,7 +1757,11 @@ class _Watchdog(threading.Thread):
         t = _timing
         if t.hang_timeout_s > 0:
             return t.hang_timeout_s
-        return min(self.AUTO_MAX_S, max(self.AUTO_MIN_S, self.AUTO_FACTOR * t.slowest_step))
+        # Armed by log("step") alone, the clock also runs through what a script does
+        # between its step lines and times nothing of (an evaluation, a slow first batch):
+        # a later floor, so that is not called a hang.
+        floor = self.AUTO_MIN_S if t.by_step_done else self.LOGGED_MIN_S
+        return min(self.AUTO_MAX_S, max(floor, self.AUTO_FACTOR * t.slowest_step))
 
     def run(self) -> None:
         try:
@@ -1668,7 +1840,11 @@ class _Watchdog(threading.Thread):
             "dir": self.folder,
         }  # fmt: skip
         emit(event)
-        named = ", ".join(f"{r} ({hosts.get(r, '?')})" for r in behind) or "none (all wait)"
+        # No rank behind: each finished step top and is outside a timed phase, which says
+        # nothing of where it waits (a collective, or its own code): the stacks say.
+        named = ", ".join(f"{r} ({hosts.get(r, '?')})" for r in behind) or (
+            f"none named (every rank finished step {top}; where each waits is in its stacks)"
+        )
         print(
             f"ddpkit: error: hang: no step completed for {idle:.0f} s; ranks that did not "
             f"reach step {top + 1}: {named}; stacks in {self.folder}",

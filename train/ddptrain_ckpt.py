@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib
-import io
 import json
 import os
 import random
@@ -38,7 +37,7 @@ import time
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import ddpkit
 import torch
@@ -230,8 +229,8 @@ class CheckpointManager:
         """Load the newest checkpoint every rank can verify; its payload path, or None."""
         device = self.env.device  # nccl: collectives and tensors on the GPU
 
-        def load(data: bytes) -> Any:
-            return torch.load(io.BytesIO(data), map_location=device, weights_only=True)
+        def load(f: BinaryIO) -> Any:
+            return torch.load(f, map_location=device, weights_only=True)
 
         found = ddpkit.latest_verified(self.store, load, device)
         if found is None:

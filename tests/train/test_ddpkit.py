@@ -215,6 +215,43 @@ def test_an_event_line_is_one_write_with_its_newline(monkeypatch: pytest.MonkeyP
     assert writes[0].endswith(b"\n")
 
 
+def test_log_sends_tensor_and_numpy_scalars_and_names_a_field_it_cannot(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Found by the sixth hostile pass: log("step", loss=torch.tensor(0.5)) (for loss.item())
+    # or a numpy step was json's TypeError traceback naming neither field nor event, on
+    # rank 0 only, while the other ranks went on to their next collective.
+    import importlib
+
+    import numpy as np
+    import torch
+
+    monkeypatch.syspath_prepend(str(TRAIN_DIR))
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    import ddpkit
+
+    ddpkit = importlib.reload(ddpkit)
+    monkeypatch.setenv("RANK", "0")
+    ddpkit.log("step", step=np.int64(4), loss=torch.tensor(0.5), lr=np.float32(0.25),
+               extra={"n": [torch.tensor([2])]})  # fmt: skip
+    events = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert events[-1] == {"event": "step", "step": 4, "loss": 0.5, "lr": 0.25,
+                          "extra": {"n": [2]}}  # fmt: skip
+    loop: list[object] = []
+    loop.append(loop)
+    for rank in ("0", "1"):  # refused alike on a rank that prints nothing
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(TypeError) as e:
+            ddpkit.log("step", step=5, loss=torch.ones(2))
+        assert str(e.value) == (
+            "ddpkit.log('step'): field loss is of type Tensor, which a protocol line cannot "
+            "carry; pass a number, string, list or dict (e.g. float(loss))"
+        )
+        with pytest.raises(TypeError, match=r"field x cannot be JSON \(Circular reference"):
+            ddpkit.log("eval", x=loop)
+    assert capsys.readouterr().out == ""
+
+
 # Found by the fifth hostile pass: load_latest(directory="") (a script's
 # os.environ.get("CKPT", "")) returned None, a fresh start, saying nothing, where an empty
 # $DDPDEPLOY_CHECKPOINT_DIR is one line, exit 2; save(directory="") failed on makedirs('').

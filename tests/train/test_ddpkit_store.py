@@ -351,6 +351,10 @@ def test_load_latest_does_not_block_on_a_fifo(tmp_path: Path) -> None:
         ("DDPDEPLOY_STRAGGLER_FACTOR", "-1", "DDPDEPLOY_STRAGGLER_FACTOR='-1' is not a finite"),
         ("DDPDEPLOY_RANKS_EVERY", "\u0663", "DDPDEPLOY_RANKS_EVERY='\u0663' is not a whole"),
         ("DDPDEPLOY_CHECKPOINT_DIR", "/ck\n", "DDPDEPLOY_CHECKPOINT_DIR='/ck\\n' is not a usable"),
+        # the sixth pass: "--1" passed the old check and int() raised
+        ("RANK", "--1", "RANK='--1' is not a whole number of at least 0"),
+        ("DDPDEPLOY_RANKS_EVERY", "--3", "DDPDEPLOY_RANKS_EVERY='--3' is not a whole number"),
+        ("DDPDEPLOY_CHAOS_HOLD_STEP", "five", "DDPDEPLOY_CHAOS_HOLD_STEP='five' is not a list"),
     ],
 )
 def test_a_variable_that_lies_is_one_line_naming_it(
@@ -359,7 +363,10 @@ def test_a_variable_that_lies_is_one_line_naming_it(
     # Found by the fourth hostile pass: RANK=abc or TORCHELASTIC_RESTART_COUNT=x ended in a
     # bare ValueError naming neither (at import for the ranks/straggler settings).
     env = base_env({"PYTHONPATH": str(TRAIN_DIR), "DDPDEPLOY_CHECKPOINT_DIR": str(tmp_path)})
-    code = "import ddpkit; ddpkit.save({'w': 1}, 1); print(ddpkit.load_latest()['w'])"
+    code = (
+        "import ddpkit; ddpkit.save({'w': 1}, 1); print(ddpkit.load_latest()['w']); "
+        "ddpkit.log('step', step=1)"  # the chaos hold's settings are read at the first step
+    )
     p = subprocess.run(
         [sys.executable, "-c", code],
         env={**env, name: value},
@@ -367,7 +374,8 @@ def test_a_variable_that_lies_is_one_line_naming_it(
         text=True,
         timeout=120,
     )
-    assert p.returncode == 2 and p.stdout == "", p.stderr
+    late = name.startswith("DDPDEPLOY_CHAOS_")  # read after the lines before the first step
+    assert p.returncode == 2 and (p.stdout == "" or late), p.stderr
     (line,) = [x for x in p.stderr.splitlines() if "ddpkit" in x or "Error" in x]
     assert line.startswith(f"ddpkit: error: {said}") and line.endswith("; fix or unset it")
 
@@ -379,6 +387,8 @@ def test_a_variable_that_lies_is_one_line_naming_it(
         ({"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "p"}, "MASTER_PORT='p' is not a whole"),
         ({"RANK": "0", "WORLD_SIZE": "1", "MASTER_PORT": "70000"}, "MASTER_PORT='70000' is not a"),
         ({"WORLD_SIZE": "2"}, "MASTER_ADDR is set but RANK is not; start the script with"),
+        # the sixth pass: torch's env:// called an empty MASTER_ADDR "not set"
+        ({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": ""}, "MASTER_ADDR is set but empty"),
     ],
 )
 def test_a_launcher_env_that_lies_is_one_line_before_any_wait(
@@ -433,6 +443,81 @@ def test_a_failed_save_fails_alike_on_every_rank(tmp_path: Path) -> None:
     assert not [x for x in p.stderr.splitlines() if " save 2: " in x], p.tail()
     assert "rank 0 finished, sum 3" in p.stderr and "rank 1 finished, sum 3" in p.stderr
     assert steps_in(tmp_path / "ck") == {"pt": [2], "json": [2]}
+
+
+@pytest.mark.slow
+def test_a_save_on_rank_0_only_is_named_in_one_line_and_ends(tmp_path: Path) -> None:
+    # Found by the sixth hostile pass: `if rank == 0: ddpkit.save(...)` hung with no line
+    # (rank 0's broadcast paired with rank 1's next all-reduce) until the group's timeout.
+    env = {
+        "PYTHONPATH": str(TRAIN_DIR),
+        "DDPDEPLOY_CHECKPOINT_DIR": str(tmp_path / "ck"),
+        "DDPDEPLOY_SAVE_WARN_S": "2",
+    }
+    with Launcher(tmp_path) as L:
+        p = L.torchrun([], script=SCRIPTS / "save_on_rank0_only.py", env=env)
+        assert p.wait(90) != 0, p.tail()
+    said = [x for x in p.stderr.splitlines() if x.startswith("ddpkit: warning: rank(s)")]
+    assert said == [
+        "ddpkit: warning: rank(s) 1 did not call save(step 1) within 2 s; call ddpkit.save "
+        "on every rank (only rank 0's state is written), not under `if rank == 0`"
+    ], p.tail()
+    assert "CheckpointError: checkpoint " in p.stderr and "within 10 s" in p.stderr, p.tail()
+    assert steps_in(tmp_path / "ck") == {"pt": [1], "json": [1]}  # rank 0 wrote it first
+
+
+def test_a_committed_save_stands_when_retention_cannot_delete(
+    kit: ModuleType, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # Found by the sixth hostile pass: an old sidecar retention could not delete (immutable,
+    # or another user's in a sticky folder) made every rank raise "was not written" about a
+    # checkpoint that was on disk, committed, and had printed no `checkpoint` line.
+    ck = tmp_path / "ck"
+    for step in (1, 2):
+        kit.save({"step": step}, step, keep=1)
+    kit.save({"step": 3}, 3, keep=3)
+    old = ck / "ckpt-step-000000002.json"
+    if subprocess.run(["chattr", "+i", str(old)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not supported here (the real EPERM on unlink)")
+    try:
+        capfd.readouterr()
+        path = kit.save({"step": 4}, 4, keep=1)
+        out, err = capfd.readouterr()
+    finally:
+        subprocess.run(["chattr", "-i", str(old)], check=True)
+    assert json.loads(out)["path"] == path == str(ck / "ckpt-step-000000004.pt")
+    (line,) = [x for x in err.splitlines() if x.startswith("ddpkit:")]
+    assert line.startswith(f"ddpkit: warning: retention could not delete {old} (keep=1): ")
+    # 2 stays whole (its payload too: a sidecar that stays keeps its payload a candidate);
+    # 3 was deletable and went.
+    assert steps_in(ck) == {"pt": [2, 4], "json": [2, 4]}
+    assert kit.load_latest()["step"] == 4
+
+
+@pytest.mark.slow
+def test_a_huge_planted_payload_is_hashed_in_chunks_and_skipped(tmp_path: Path) -> None:
+    # Found by the sixth hostile pass: load_latest read a whole payload into memory before
+    # checking its sha256; a planted sparse 6 GiB file under a 3 GiB address-space limit
+    # was a MemoryError traceback, and step 1 was never tried.
+    ck = tmp_path / "ck"
+    code = (
+        "import resource, ddpkit\n"
+        "ddpkit.save({'w': 1}, 1)\n"
+        "store = ddpkit.CheckpointStore(ddpkit.checkpoint_dir(), 3)\n"
+        "with open(store.payload_path(2), 'wb') as f:\n"
+        "    f.truncate(6 << 30)\n"
+        "open(store.sidecar_path(2), 'w').write("
+        '\'{"step": 2, "sha256": "00"}\')\n'
+        "resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))\n"
+        "print(ddpkit.load_latest()['w'])\n"
+    )
+    env = base_env({"PYTHONPATH": str(TRAIN_DIR), "DDPDEPLOY_CHECKPOINT_DIR": str(ck)})
+    p = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert p.returncode == 0 and p.stdout.splitlines()[-1] == "1", p.stderr
+    (line,) = [x for x in p.stderr.splitlines() if x.startswith("ddpkit:")]
+    assert "ckpt-step-000000002.pt: fails its sha256 check; trying the one before" in line
 
 
 def test_a_state_weights_only_refuses_is_one_error_not_a_fresh_start(
@@ -555,7 +640,7 @@ def test_a_failed_save_of_a_step_that_exists_keeps_the_old_copy(
     assert torch.equal(kit.load_latest()["w"], torch.ones(3))
 
 
-@pytest.mark.parametrize("step", [-1, 10**18, 2.0, True])
+@pytest.mark.parametrize("step", [-1, 10**18, 2.0, True, torch.tensor(5.0)])
 def test_a_step_the_name_cannot_hold_is_refused(kit: ModuleType, tmp_path: Path, step) -> None:
     with pytest.raises(ValueError, match="checkpoint step must be an integer from 0 to"):
         kit.save({}, step)

@@ -166,3 +166,22 @@ def test_hung_rank_in_a_script_stacks_in_the_checkpoint_folder(
 ) -> None:
     p, ck = script_run
     check_hang(p, ck, rank=1, step=10, n=2, script=True)
+
+
+def test_a_script_that_only_logs_steps_gets_the_hang_watchdog(tmp_path: Path) -> None:
+    # Found by the sixth hostile pass: docs/own-script.md's port logs steps and never calls
+    # step_done, and only step_done armed the watchdog, so a hang ran to smoke's --timeout
+    # (900 s by default) with no line. Rank 1 hangs in its own code, not in a timed phase,
+    # so the watchdog cannot name it: the line says what it knows, not "all wait".
+    ck = tmp_path / "ck"
+    env = script_env(DDPDEPLOY_HANG_TIMEOUT_S="3", DDPDEPLOY_CHECKPOINT_DIR=str(ck))
+    script = DIAG.parent / "hang_logging_steps.py"
+    with Launcher(tmp_path) as L:
+        p = hang_run(L, [], nproc=2, script=script, env=env)
+    (hang,) = of(p, "hang")
+    assert hang["step"] == 3 and hang["ranks"] == [] and hang["missing_stacks"] == []
+    assert sorted(x.name for x in ck.glob("hang-rank*.txt")) == ["hang-rank0.txt", "hang-rank1.txt"]
+    assert "hang_logging_steps.py" in (ck / "hang-rank1.txt").read_text()
+    (line,) = [x for x in p.stderr.splitlines() if x.startswith("ddpkit: error: hang:")]
+    assert "ranks that did not reach step 3: none named (every rank finished step 2; " in line
+    assert "all wait" not in line
