@@ -74,6 +74,31 @@ def split_rank(text: str) -> tuple[int | None, str]:
     return int(match[1]), text[match.end() :]
 
 
+_RANK_ANYWHERE = re.compile(r"\[rank(\d+)\]:", re.ASCII)
+
+
+def split_ranks(text: str) -> list[tuple[int | None, str]]:
+    """A console line as the workers' lines in it, each (its rank or None, its text).
+
+    torchrun tees what it reads of a worker's output, a partial line too (a rank's last
+    write before it exits, without its newline), and the next worker's prefixed line runs
+    on from there: so every rank prefix inside a worker's line starts a line of its own.
+    One right at the start of a line's text stays in it: that is torch's own prefix of an
+    uncaught exception's lines ("[rank0]: Traceback ...")."""
+    match = _RANK_PREFIX.match(text)
+    if match is None:
+        return [(None, text)]
+    out: list[tuple[int | None, str]] = []
+    while True:
+        rank, start = int(match[1]), match.end()
+        following = _RANK_ANYWHERE.search(text, start + 1)  # its text is never empty
+        if following is None:
+            out.append((rank, text[start:]))
+            return out
+        out.append((rank, text[start : following.start()]))
+        match = following
+
+
 def parse_event(text: str) -> Event | None:
     """The protocol event on this line (rank prefix already split off), or None for any
     other line (including JSON that is not one of the protocol's events, and JSON nested

@@ -15,6 +15,7 @@ from ddpdeploy.events import (
     parse_event,
     root_cause,
     split_rank,
+    split_ranks,
     summary_failures,
 )
 from ddpdeploy.smoke.budget import MAX_WORKERS_PER_CORE, check_cpu_budget
@@ -80,6 +81,18 @@ def test_rank_prefix_and_summary_are_read_from_torchrun_lines():
     assert split_rank("plain") == (None, "plain")
     got = [(f.rank, f.local_rank, f.code, f.root) for f in summary_failures("n", tail)]
     assert got == [(2, 0, -15, False), (3, 1, 1, True)]
+
+
+def test_a_rank_prefix_inside_a_workers_line_starts_another_ranks_line():
+    # Found by the seventh hostile pass: a rank's partial last line ran on into the next.
+    assert split_ranks("[rank1]:partial[rank0]:line 0") == [(1, "partial"), (0, "line 0")]
+    # Half an escape ends its rank's line; the next prefix is whole.
+    assert split_ranks("[rank1]:x \x1b[31[rank0]:y") == [(1, "x \x1b[31"), (0, "y")]
+    # torch's own prefix of an exception's lines, at the start of the text, stays in it.
+    got = split_ranks("[rank1]:end[rank0]:[rank0]: Traceback (most recent call last):")
+    assert got == [(1, "end"), (0, "[rank0]: Traceback (most recent call last):")]
+    assert split_ranks("[rank0]:[rank0]: x") == [(0, "[rank0]: x")]
+    assert split_ranks("an agent's line [rank0]:x") == [(None, "an agent's line [rank0]:x")]
 
 
 def test_root_cause_is_the_failed_worker_whose_output_ended_first():

@@ -403,3 +403,23 @@ def test_each_process_runs_its_share_of_the_cpu_request_as_threads(tmp_path, mar
     res = smoke(ws, marker, "--ranks", "all")
     assert res.returncode == 0, res.stderr
     assert "[rank1] rank 1 threads 1 OMP_NUM_THREADS 1" in res.stderr, res.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["plain", "escape"])
+def test_a_partial_last_line_stays_its_ranks_own(tmp_path, marker, variant):
+    # Found by the seventh hostile pass: rank 1's last write without a newline ran on into
+    # rank 0's next line on torchrun's console, so the live view showed rank 0's line as
+    # rank 1's and the failure summary listed it as rank 1's last line; half an escape
+    # sequence at its end ate the `[` of rank 0's prefix.
+    ws = workspace(tmp_path, "nodes: 1\nprocs: 2\ncommand: {script: partial_line.py}\n")
+    res = smoke(ws, marker, "--ranks", "all", "--", variant)
+    assert res.returncode == 1, res.stderr
+    end = " \N{REPLACEMENT CHARACTER}" if variant == "escape" else ""
+    assert re.search(rf"^\[rank1\] rank one partial{end}$", res.stderr, re.M), res.stderr
+    for i in range(3):
+        assert re.search(rf"^\[rank0\] rank zero line {i}$", res.stderr, re.M), res.stderr
+    error = res.stderr[res.stderr.index("error: ") :]
+    assert error.startswith("error: node ddp-train-worker-0 (global rank 1) exited with code 7;")
+    assert error.splitlines()[1:] == [f"  rank one partial{end}"], error
+    assert leftovers(marker) == []

@@ -32,7 +32,7 @@ from ddpdeploy.events import (
     port_taken,
     read_only_write,
     root_cause,
-    split_rank,
+    split_ranks,
     summary_failures,
     teardown_abort,
 )
@@ -319,7 +319,12 @@ class _Run:
             return frozenset()
 
     def take(self, line: Line) -> None:
-        rank, text = split_rank(line.text)
+        # One console line can hold several ranks' lines (a partial one runs on into the
+        # next): each is its rank's own, shown and kept as such.
+        for rank, text in split_ranks(line.text):
+            self.take_own(line, rank, text)
+
+    def take_own(self, line: Line, rank: int | None, text: str) -> None:
         if text.startswith(API_USAGE):
             self.on_usage(line.node, rank, text[len(API_USAGE) :].strip())
             return
@@ -476,9 +481,9 @@ def _node_lines(tail: list[str], rank: int | None) -> list[str]:
     rank's lines (they were shown as the failed rank's)."""
     lines = []
     for line in agent_lines(tail):
-        who, text = split_rank(line)
-        if not text.startswith(API_USAGE) and (rank is None or who in (None, rank)):
-            lines.append(line)
+        for who, text in split_ranks(line):
+            if not text.startswith(API_USAGE) and (rank is None or who in (None, rank)):
+                lines.append(text if who is None else f"[rank{who}]:{text}")
     return lines or ["(it printed nothing)"]
 
 
