@@ -297,10 +297,14 @@ def _hang_line(f: dict[str, Any]) -> str:
     where = f.get("dir") or (
         stacks[0].rsplit("/", 1)[0] if stacks and isinstance(stacks[0], str) else "?"
     )
+    # None named: every rank had finished the step before and none was in ddpkit's own
+    # phases, so the watchdog cannot tell which one is behind (one may be in its own code,
+    # another waiting in a collective); only the stacks can.
+    named = named or "none named (the watchdog cannot tell which: see the stacks)"
     return (
         f"hung at step {field_text(f.get('step', '?'))} (no step for "
         f"{field_text(f.get('idle_s', '?'))} s): ranks that did not arrive: "
-        f"{named or 'none named'}; stacks of {len(stacks)} rank(s) in {field_text(where)}"
+        f"{named}; stacks of {len(stacks)} rank(s) in {field_text(where)}"
     )
 
 

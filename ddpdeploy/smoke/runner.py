@@ -209,6 +209,7 @@ class _Run:
     saved_on: dict[int, str] = field(default_factory=dict)  # rank -> node, torch.save callers
     usage_works: bool = False  # an agent said its torch import: the usage lines come
     fatal: str | None = None  # ddpkit's own error line, the reason before any exit code
+    hang: Event | None = None  # the hang watchdog's finding: each rank's stacks
     saw_checkpoint: bool = False
 
     def loop(self, timeout: float) -> Outcome:
@@ -361,6 +362,7 @@ class _Run:
         line = describe(event)
         if line is not None:  # probe, ranks, hang: a note now, a line in the report
             self.diagnostics[event.kind] = line
+            self.hang = event if event.kind == "hang" else self.hang
             self.view.note(f"{node}: {event.kind}: {line}")
             return
         if event.kind == "step" and step is not None:
@@ -455,19 +457,15 @@ class _Run:
             lines = _as_printed(self.rank_tails.get(cause.rank, ()))
             node, rank, code = nodes[cause.node], cause.rank, cause.code
         else:  # the agent itself died (e.g. SIGKILL): no summary, no worker to name
-            node, rank, lines = nodes[first], None, []
+            node, rank = nodes[first], None
             code = self.target.exit_codes()[first] or 1
-        lines = lines or _node_lines(self.target.tail(node.name), rank)
-        # The job's own lines: plain text (an escape it printed is not replayed).
-        shown = "\n".join(f"  {plain(t)}" for t in lines[-TAIL_LINES:])
-        reason = (
-            read_only_write(lines)
-            or needs_gpu(lines)
-            or teardown_abort(lines, code)
-            or port_taken(lines)
-        )
-        why = f": {plain(reason)}. Its" if reason else "; its"
-        said = f"{_where(node, rank)} exited with code {code_text(code)}{why} last lines:\n{shown}"
+            lines = _node_lines(self.target.tail(node.name))
+        said = f"{_where(node, rank)} exited with code {code_text(code)}"
+        if lines:
+            said += _last_lines(lines, code)
+        else:  # a worker named: the agent's lines (its banner, its `failed` line) are not its own
+            stacks = _stacks_of(self.hang, rank)
+            said += "; it printed nothing" + (f"; its stacks: {plain(stacks)}" if stacks else "")
         if "hang" in self.diagnostics:  # the watchdog's finding says more than exit 124
             return f"hang: {plain_lines(self.diagnostics['hang'])}\n{said}"
         if self.fatal is not None:  # ddpkit's reason (the probe's floor …) before any tail
@@ -475,16 +473,38 @@ class _Run:
         return said
 
 
-def _node_lines(tail: list[str], rank: int | None) -> list[str]:
-    """A node's console as the failed rank's last lines when that rank printed none of its
-    own: without the API-usage lines smoke itself asked torch for, and without another
-    rank's lines (they were shown as the failed rank's)."""
+def _last_lines(lines: list[str], code: int) -> str:
+    """The failure's reason where its lines show one, and its last lines."""
+    # The job's own lines: plain text (an escape it printed is not replayed).
+    shown = "\n".join(f"  {plain(t)}" for t in lines[-TAIL_LINES:])
+    reason = (
+        read_only_write(lines)
+        or needs_gpu(lines)
+        or teardown_abort(lines, code)
+        or port_taken(lines)
+    )
+    why = f": {plain(reason)}. Its" if reason else "; its"
+    return f"{why} last lines:\n{shown}"
+
+
+def _node_lines(tail: list[str]) -> list[str]:
+    """A node's console as its last lines when its agent failed with no worker to name:
+    without the API-usage lines smoke itself asked torch for."""
     lines = []
     for line in agent_lines(tail):
         for who, text in split_ranks(line):
-            if not text.startswith(API_USAGE) and (rank is None or who in (None, rank)):
+            if not text.startswith(API_USAGE):
                 lines.append(text if who is None else f"[rank{who}]:{text}")
     return lines or ["(it printed nothing)"]
+
+
+def _stacks_of(hang: Event | None, rank: int | None) -> str | None:
+    """The file the hang watchdog wrote ``rank``'s stacks to, when it names one."""
+    stacks = hang.fields.get("stacks") if hang is not None else None
+    for path in stacks if isinstance(stacks, list) else []:
+        if isinstance(path, str) and path.rsplit("/", 1)[-1] == f"hang-rank{rank}.txt":
+            return path
+    return None
 
 
 def _resumed_step(event: Event) -> int | None:
