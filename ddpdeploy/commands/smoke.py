@@ -120,6 +120,7 @@ def smoke(
         kill_at=chaos,
         checkpoint_dir=lambda: folder,
         volume_unwatched=docker and spec.checkpoint is not None,
+        own_code=_own_code(spec),
     )
     outcomes: dict[str, Outcome] = {}
     try:
@@ -193,6 +194,13 @@ STATIC_RESTART = (
     "or hang after a restart (restarted workers read peers' stale addresses from the store "
     "torchrun keeps); use mode c10d (the default) or ddpkit.init_process_group"
 )
+
+
+def _own_code(spec: JobSpec) -> str | None:
+    """The spec field that names the user's code; None for the built-in trainer."""
+    if spec.command.script is not None:
+        return "command.script"
+    return "command.module" if spec.command.module is not None else None
 
 
 def _static_plain(spec: JobSpec) -> bool:

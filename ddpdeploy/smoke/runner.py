@@ -192,6 +192,7 @@ class _Run:
     world_size: int
     kill: Kill | None = None
     checkpoint_dir: Path | None = None
+    own_code: str | None = None  # RunOptions.own_code
     done: Event | None = None
     last_step: int | None = None
     first_step_at: float | None = None
@@ -271,10 +272,17 @@ class _Run:
         last = done.step
         if last is not None and last <= resumed:
             past = self.resumed_total if self.resumed_total is not None else last
+            # --steps is the built-in trainer's (refused for a script): the user's code
+            # trains further through its own arguments.
+            further = (
+                f"with {self.own_code}'s own arguments after `--` set to train further (e.g. "
+                "more epochs: ddpdeploy smoke --local --resume -- --epochs 4)"
+                if self.own_code
+                else "with more --steps"
+            )
             raise OperationError(
                 f"the run trained no step: it resumed from the checkpoint at step {resumed}, "
-                f"at or past its last step ({past}); run without --resume, or with more "
-                "--steps"
+                f"at or past its last step ({past}); run without --resume, or {further}"
             )
 
     def saving_nodes(self) -> list[str]:
@@ -555,6 +563,9 @@ class RunOptions:
     # The job has a checkpoint volume smoke cannot list (smoke --docker's): only `checkpoint`
     # events place a checkpoint kill there.
     volume_unwatched: bool = False
+    # The spec field naming the user's code ("command.script", "command.module"); None for
+    # the built-in trainer.
+    own_code: str | None = None
 
 
 def run_once(
@@ -574,6 +585,7 @@ def run_once(
             options.world_size,
             Kill(options.kill_at) if kill and options.kill_at else None,
             options.checkpoint_dir(),
+            options.own_code,
         )
         outcome = run.loop(options.timeout)
     if outcome.kill is not None and not outcome.kill.at:
