@@ -82,6 +82,35 @@ def test_missing_script_is_refused_before_anything_starts(tmp_path, marker):
     assert leftovers(marker) == []
 
 
+@pytest.mark.parametrize("case", ["link-outside", "dockerignored", "link-to-dockerignored"])
+def test_a_script_the_image_would_not_hold_is_refused_before_anything_starts(
+    tmp_path, marker, case
+):
+    # Found by the seventh hostile pass: smoke --local ran (green) a script the image would
+    # not contain: a link out of the workspace (the image stores the link, not the file)
+    # and a file its .dockerignore leaves out; every image target then failed to open it.
+    ws = workspace(tmp_path, "command: {script: train.py}\n")
+    outside = tmp_path / "outside.py"
+    outside.write_text((ws / "plain.py").read_text())
+    if case == "link-outside":
+        (ws / "train.py").symlink_to(os.path.relpath(outside, ws))
+        said = f"is a link to a file outside this workspace ({outside}), so the image would not"
+    elif case == "dockerignored":
+        (ws / "train.py").write_text((ws / "plain.py").read_text())
+        (ws / ".dockerignore").write_text("*.md\ntrain.py\n")
+        said = "is excluded by .dockerignore, so the image would not contain it; take it out"
+    else:
+        (ws / "train.py").symlink_to("pkg/own.py")
+        (ws / "pkg" / "own.py").write_text((ws / "plain.py").read_text())
+        (ws / ".dockerignore").write_text("pkg\n")
+        said = "is a link to pkg/own.py, which is excluded by .dockerignore, so the image"
+    res = smoke(ws, marker)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.count("\n") == 1, res.stderr
+    assert res.stderr.startswith(f"error: command.script: train.py {said}"), res.stderr
+    assert leftovers(marker) == []
+
+
 def test_bad_ranks_and_kill_at_are_one_line(tmp_path, marker):
     for flag, value in (("--ranks", "zero"), ("--kill-at", "soon")):
         res = smoke(tmp_path, marker, flag, value)

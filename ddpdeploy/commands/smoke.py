@@ -227,15 +227,12 @@ def _announce(spec: JobSpec, docker: bool) -> int:
 
 
 def _check_script(spec: JobSpec) -> None:
-    """A script the job names must exist in the workspace (this folder) before anything
-    starts."""
-    script = spec.command.script
-    if script is None or Path(script).is_file():
-        return
-    raise UserError(
-        f"command.script: {script} is not a file in this workspace ({Path.cwd()}); "
-        "give its path relative to this folder"
-    )
+    """A script the job names must be a file of the workspace (this folder) as the image
+    would hold it, before anything starts: a local run that the image could not repeat is
+    no smoke test of it."""
+    from ddpdeploy.image.context import check_script
+
+    check_script(Path.cwd(), spec.command.script)
 
 
 def _checkpoint_folder(spec: JobSpec, chaos: bool, resume: bool = False) -> Path | None:
