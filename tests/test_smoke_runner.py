@@ -95,6 +95,25 @@ def test_a_rank_prefix_inside_a_workers_line_starts_another_ranks_line():
     assert split_ranks("an agent's line [rank0]:x") == [(None, "an agent's line [rank0]:x")]
 
 
+def test_a_module_is_found_where_the_workers_would_find_it(tmp_path):
+    # Installed modules (the standard library's, site-packages'), the helpers beside the
+    # trainer, the workspace's own and the job's PYTHONPATH are all there for the workers.
+    from ddpdeploy.smoke.local import check_module
+
+    (tmp_path / "src" / "mine").mkdir(parents=True)
+    (tmp_path / "src" / "mine" / "__init__.py").write_text("raise SystemExit('imported')\n")
+    (tmp_path / "src" / "mine" / "train.py").write_text("")
+    (tmp_path / "flat").mkdir()  # a namespace package, as python -m finds it
+    (tmp_path / "flat" / "run.py").write_text("")
+    for module in ("json.tool", "email.mime.text", "yaml.loader", "ddpkit", "flat.run"):
+        check_module(tmp_path, module, None)
+    check_module(tmp_path, "mine.train", "src")  # the job's own PYTHONPATH, from the workspace
+    with pytest.raises(UserError, match="^command.module: mine.train: there is no module mine"):
+        check_module(tmp_path, "mine.train", None)
+    with pytest.raises(UserError, match=r"^command.module: json.tool.x: json.tool is a module"):
+        check_module(tmp_path, "json.tool.x", None)
+
+
 def test_root_cause_is_the_failed_worker_whose_output_ended_first():
     peer = WorkerFailure("a", 0, 0, 1, root=False)
     killed = WorkerFailure("b", 2, 0, -15, root=False)  # SIGTERMed by its own agent

@@ -111,6 +111,33 @@ def test_a_script_the_image_would_not_hold_is_refused_before_anything_starts(
     assert leftovers(marker) == []
 
 
+@pytest.mark.parametrize(
+    ("module", "said"),
+    [
+        ("nosuch.mod", "nosuch.mod: there is no module nosuch in this workspace"),
+        ("pkg.nope", "pkg.nope: the package pkg ({ws}/pkg) has no module nope; name one"),
+        ("loud.nope", "loud.nope: the package loud ({ws}/loud) has no module nope; name one"),
+        ("pkg", "pkg is a package with no __main__.py, which python -m runs; add one"),
+    ],
+    ids=["no-top", "no-submodule", "never-imported", "no-main"],
+)
+def test_a_module_the_workers_could_not_run_is_refused_before_anything_starts(
+    tmp_path, marker, module, said
+):
+    # Found by the seventh hostile pass: `command: {module: nosuch.mod}` started every agent
+    # and ended in runpy's ImportError traceback, exit 1. Looked up, never imported: the
+    # package above it (loud) would say so.
+    ws = workspace(tmp_path, f"nodes: 2\ncommand: {{module: {module}}}\n")
+    (ws / "loud").mkdir()
+    (ws / "loud" / "__init__.py").write_text("open('imported', 'w').close()\n")
+    res = smoke(ws, marker)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.count("\n") == 1, res.stderr
+    assert res.stderr.startswith(f"error: command.module: {said.format(ws=ws)}"), res.stderr
+    assert not (ws / "imported").exists()
+    assert leftovers(marker) == []
+
+
 def test_bad_ranks_and_kill_at_are_one_line(tmp_path, marker):
     for flag, value in (("--ranks", "zero"), ("--kill-at", "soon")):
         res = smoke(tmp_path, marker, flag, value)

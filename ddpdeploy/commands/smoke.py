@@ -169,6 +169,11 @@ def _runnable(
     check_cpu_budget(spec.nodes, spec.procs_per_node, force)
     if not docker or not spec.image:  # a ready --image carries its own workspace
         _check_script(spec)
+    if not docker and spec.command.module is not None:  # an image may install its package
+        from ddpdeploy.smoke.local import check_module
+
+        pythonpath = spec.env.get("PYTHONPATH", os.environ.get("PYTHONPATH"))
+        check_module(Path.cwd(), spec.command.module, pythonpath)
     if not docker and importlib.util.find_spec("torch") is None:
         raise UserError(
             "torch is not installed here: pip install torch==2.13.0 (CPU) or 'ddpdeploy[train]'"
