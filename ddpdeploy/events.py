@@ -74,6 +74,31 @@ def split_rank(text: str) -> tuple[int | None, str]:
     return int(match[1]), text[match.end() :]
 
 
+_RANK_ANYWHERE = re.compile(r"\[rank(\d+)\]:", re.ASCII)
+
+
+def split_ranks(text: str) -> list[tuple[int | None, str]]:
+    """A console line as the workers' lines in it, each (its rank or None, its text).
+
+    torchrun tees what it reads of a worker's output, a partial line too (a rank's last
+    write before it exits, without its newline), and the next worker's prefixed line runs
+    on from there: so every rank prefix inside a worker's line starts a line of its own.
+    One right at the start of a line's text stays in it: that is torch's own prefix of an
+    uncaught exception's lines ("[rank0]: Traceback ...")."""
+    match = _RANK_PREFIX.match(text)
+    if match is None:
+        return [(None, text)]
+    out: list[tuple[int | None, str]] = []
+    while True:
+        rank, start = int(match[1]), match.end()
+        following = _RANK_ANYWHERE.search(text, start + 1)  # its text is never empty
+        if following is None:
+            out.append((rank, text[start:]))
+            return out
+        out.append((rank, text[start : following.start()]))
+        match = following
+
+
 def parse_event(text: str) -> Event | None:
     """The protocol event on this line (rank prefix already split off), or None for any
     other line (including JSON that is not one of the protocol's events, and JSON nested
@@ -272,10 +297,14 @@ def _hang_line(f: dict[str, Any]) -> str:
     where = f.get("dir") or (
         stacks[0].rsplit("/", 1)[0] if stacks and isinstance(stacks[0], str) else "?"
     )
+    # None named: every rank had finished the step before and none was in ddpkit's own
+    # phases, so the watchdog cannot tell which one is behind (one may be in its own code,
+    # another waiting in a collective); only the stacks can.
+    named = named or "none named (the watchdog cannot tell which: see the stacks)"
     return (
         f"hung at step {field_text(f.get('step', '?'))} (no step for "
         f"{field_text(f.get('idle_s', '?'))} s): ranks that did not arrive: "
-        f"{named or 'none named'}; stacks of {len(stacks)} rank(s) in {field_text(where)}"
+        f"{named}; stacks of {len(stacks)} rank(s) in {field_text(where)}"
     )
 
 

@@ -85,3 +85,32 @@ def test_smoke_says_which_rank_hung_and_where_the_stacks_are(tmp_path: Path) -> 
     assert sorted(p.name for p in ck.glob("hang-rank*.txt")) == [
         f"hang-rank{r}.txt" for r in range(2)
     ]
+
+
+def test_a_hang_with_no_rank_behind_says_the_watchdog_cannot_tell() -> None:
+    # Found by the seventh hostile pass: with every rank past the step before, none is named,
+    # and the line said so as if it were a finding; the stacks are what tell.
+    said = line('{"event": "hang", "step": 3, "idle_s": 15.0, "ranks": [], "dir": "/ck"}')
+    assert "did not arrive: none named (the watchdog cannot tell which: see the stacks)" in said
+
+
+@pytest.mark.slow  # torchrun agents
+def test_a_hung_rank_that_printed_nothing_is_said_to_with_its_stacks(tmp_path: Path) -> None:
+    # Found by the seventh hostile pass: rank 1 hung in its own code, having printed nothing,
+    # and "its last lines" were its agent's: the OMP_NUM_THREADS banner and torchrun's
+    # `failed (exitcode: 124)` line.
+    pytest.importorskip("torch")
+    script = Path(__file__).parent / "scripts" / "hang_in_own_code.py"
+    (tmp_path / "hang.py").write_text(script.read_text())
+    spec = "nodes: 1\nprocs: 2\ncommand: {script: hang.py}\ncheckpoint: {size: 1Gi}\n"
+    (tmp_path / "ddpdeploy.yaml").write_text(spec)
+    res = run_cli("smoke", "--local", "--hang-timeout", "5", cwd=tmp_path, timeout=300)
+    assert res.returncode == 1, res.stdout + res.stderr
+    error = "error: " + res.stderr.split("\nerror: ", 1)[1]  # after the live output
+    stacks = tmp_path / ".ddpdeploy" / "checkpoints" / "ddp-train" / "hang-rank1.txt"
+    assert error.splitlines()[1] == (
+        f"node ddp-train-worker-0 (global rank 1) exited with code 124; it printed nothing; "
+        f"its stacks: {stacks}"
+    ), error
+    assert "OMP_NUM_THREADS" not in error and "exitcode" not in error, error
+    assert "hang.py" in stacks.read_text()  # its own frame, in its sleep

@@ -15,6 +15,7 @@ from ddpdeploy.events import (
     parse_event,
     root_cause,
     split_rank,
+    split_ranks,
     summary_failures,
 )
 from ddpdeploy.smoke.budget import MAX_WORKERS_PER_CORE, check_cpu_budget
@@ -80,6 +81,37 @@ def test_rank_prefix_and_summary_are_read_from_torchrun_lines():
     assert split_rank("plain") == (None, "plain")
     got = [(f.rank, f.local_rank, f.code, f.root) for f in summary_failures("n", tail)]
     assert got == [(2, 0, -15, False), (3, 1, 1, True)]
+
+
+def test_a_rank_prefix_inside_a_workers_line_starts_another_ranks_line():
+    # Found by the seventh hostile pass: a rank's partial last line ran on into the next.
+    assert split_ranks("[rank1]:partial[rank0]:line 0") == [(1, "partial"), (0, "line 0")]
+    # Half an escape ends its rank's line; the next prefix is whole.
+    assert split_ranks("[rank1]:x \x1b[31[rank0]:y") == [(1, "x \x1b[31"), (0, "y")]
+    # torch's own prefix of an exception's lines, at the start of the text, stays in it.
+    got = split_ranks("[rank1]:end[rank0]:[rank0]: Traceback (most recent call last):")
+    assert got == [(1, "end"), (0, "[rank0]: Traceback (most recent call last):")]
+    assert split_ranks("[rank0]:[rank0]: x") == [(0, "[rank0]: x")]
+    assert split_ranks("an agent's line [rank0]:x") == [(None, "an agent's line [rank0]:x")]
+
+
+def test_a_module_is_found_where_the_workers_would_find_it(tmp_path):
+    # Installed modules (the standard library's, site-packages'), the helpers beside the
+    # trainer, the workspace's own and the job's PYTHONPATH are all there for the workers.
+    from ddpdeploy.smoke.local import check_module
+
+    (tmp_path / "src" / "mine").mkdir(parents=True)
+    (tmp_path / "src" / "mine" / "__init__.py").write_text("raise SystemExit('imported')\n")
+    (tmp_path / "src" / "mine" / "train.py").write_text("")
+    (tmp_path / "flat").mkdir()  # a namespace package, as python -m finds it
+    (tmp_path / "flat" / "run.py").write_text("")
+    for module in ("json.tool", "email.mime.text", "yaml.loader", "ddpkit", "flat.run"):
+        check_module(tmp_path, module, None)
+    check_module(tmp_path, "mine.train", "src")  # the job's own PYTHONPATH, from the workspace
+    with pytest.raises(UserError, match="^command.module: mine.train: there is no module mine"):
+        check_module(tmp_path, "mine.train", None)
+    with pytest.raises(UserError, match=r"^command.module: json.tool.x: json.tool is a module"):
+        check_module(tmp_path, "json.tool.x", None)
 
 
 def test_root_cause_is_the_failed_worker_whose_output_ended_first():

@@ -82,6 +82,62 @@ def test_missing_script_is_refused_before_anything_starts(tmp_path, marker):
     assert leftovers(marker) == []
 
 
+@pytest.mark.parametrize("case", ["link-outside", "dockerignored", "link-to-dockerignored"])
+def test_a_script_the_image_would_not_hold_is_refused_before_anything_starts(
+    tmp_path, marker, case
+):
+    # Found by the seventh hostile pass: smoke --local ran (green) a script the image would
+    # not contain: a link out of the workspace (the image stores the link, not the file)
+    # and a file its .dockerignore leaves out; every image target then failed to open it.
+    ws = workspace(tmp_path, "command: {script: train.py}\n")
+    outside = tmp_path / "outside.py"
+    outside.write_text((ws / "plain.py").read_text())
+    if case == "link-outside":
+        (ws / "train.py").symlink_to(os.path.relpath(outside, ws))
+        said = f"is a link to a file outside this workspace ({outside}), so the image would not"
+    elif case == "dockerignored":
+        (ws / "train.py").write_text((ws / "plain.py").read_text())
+        (ws / ".dockerignore").write_text("*.md\ntrain.py\n")
+        said = "is excluded by .dockerignore, so the image would not contain it; take it out"
+    else:
+        (ws / "train.py").symlink_to("pkg/own.py")
+        (ws / "pkg" / "own.py").write_text((ws / "plain.py").read_text())
+        (ws / ".dockerignore").write_text("pkg\n")
+        said = "is a link to pkg/own.py, which is excluded by .dockerignore, so the image"
+    res = smoke(ws, marker)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.count("\n") == 1, res.stderr
+    assert res.stderr.startswith(f"error: command.script: train.py {said}"), res.stderr
+    assert leftovers(marker) == []
+
+
+@pytest.mark.parametrize(
+    ("module", "said"),
+    [
+        ("nosuch.mod", "nosuch.mod: there is no module nosuch in this workspace"),
+        ("pkg.nope", "pkg.nope: the package pkg ({ws}/pkg) has no module nope; name one"),
+        ("loud.nope", "loud.nope: the package loud ({ws}/loud) has no module nope; name one"),
+        ("pkg", "pkg is a package with no __main__.py, which python -m runs; add one"),
+    ],
+    ids=["no-top", "no-submodule", "never-imported", "no-main"],
+)
+def test_a_module_the_workers_could_not_run_is_refused_before_anything_starts(
+    tmp_path, marker, module, said
+):
+    # Found by the seventh hostile pass: `command: {module: nosuch.mod}` started every agent
+    # and ended in runpy's ImportError traceback, exit 1. Looked up, never imported: the
+    # package above it (loud) would say so.
+    ws = workspace(tmp_path, f"nodes: 2\ncommand: {{module: {module}}}\n")
+    (ws / "loud").mkdir()
+    (ws / "loud" / "__init__.py").write_text("open('imported', 'w').close()\n")
+    res = smoke(ws, marker)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.count("\n") == 1, res.stderr
+    assert res.stderr.startswith(f"error: command.module: {said.format(ws=ws)}"), res.stderr
+    assert not (ws / "imported").exists()
+    assert leftovers(marker) == []
+
+
 def test_bad_ranks_and_kill_at_are_one_line(tmp_path, marker):
     for flag, value in (("--ranks", "zero"), ("--kill-at", "soon")):
         res = smoke(tmp_path, marker, flag, value)
@@ -403,3 +459,23 @@ def test_each_process_runs_its_share_of_the_cpu_request_as_threads(tmp_path, mar
     res = smoke(ws, marker, "--ranks", "all")
     assert res.returncode == 0, res.stderr
     assert "[rank1] rank 1 threads 1 OMP_NUM_THREADS 1" in res.stderr, res.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["plain", "escape"])
+def test_a_partial_last_line_stays_its_ranks_own(tmp_path, marker, variant):
+    # Found by the seventh hostile pass: rank 1's last write without a newline ran on into
+    # rank 0's next line on torchrun's console, so the live view showed rank 0's line as
+    # rank 1's and the failure summary listed it as rank 1's last line; half an escape
+    # sequence at its end ate the `[` of rank 0's prefix.
+    ws = workspace(tmp_path, "nodes: 1\nprocs: 2\ncommand: {script: partial_line.py}\n")
+    res = smoke(ws, marker, "--ranks", "all", "--", variant)
+    assert res.returncode == 1, res.stderr
+    end = " \N{REPLACEMENT CHARACTER}" if variant == "escape" else ""
+    assert re.search(rf"^\[rank1\] rank one partial{end}$", res.stderr, re.M), res.stderr
+    for i in range(3):
+        assert re.search(rf"^\[rank0\] rank zero line {i}$", res.stderr, re.M), res.stderr
+    error = res.stderr[res.stderr.index("error: ") :]
+    assert error.startswith("error: node ddp-train-worker-0 (global rank 1) exited with code 7;")
+    assert error.splitlines()[1:] == [f"  rank one partial{end}"], error
+    assert leftovers(marker) == []

@@ -287,6 +287,24 @@ def test_resume_goes_on_from_the_folder_a_kill_run_left_but_never_past_the_last_
     assert subprocess.run(status, check=True, capture_output=True, text=True).stdout == ""
 
 
+# Found by the seventh hostile pass: a script's --resume past its last step was told to run
+# "with more --steps", which smoke refuses for a script (its own arguments go after `--`).
+@pytest.mark.slow
+def test_a_scripts_resume_past_its_last_step_points_to_its_own_arguments(tmp_path):
+    spec = "nodes: 1\nprocs: 1\ncheckpoint: {size: 1Gi}\ncommand: {script: helpers_resume.py}\n"
+    ws = workspace(tmp_path, spec)
+    first = smoke(ws, "--no-probe")
+    assert first.returncode == 0, first.stderr[-3000:]
+    past = smoke(ws, "--no-probe", "--resume")
+    assert past.returncode == 1, past.stderr[-3000:]
+    assert past.stderr.strip().splitlines()[-1] == (
+        "error: the run trained no step: it resumed from the checkpoint at step 16, at or past "
+        "its last step (16); run without --resume, or with command.script's own arguments "
+        "after `--` set to train further (e.g. more epochs: ddpdeploy smoke --local --resume "
+        "-- --epochs 4)"
+    )
+
+
 def test_steps_per_s_counts_the_steps_this_run_trained():
     from ddpdeploy.smoke.runner import Outcome
 

@@ -120,6 +120,7 @@ def smoke(
         kill_at=chaos,
         checkpoint_dir=lambda: folder,
         volume_unwatched=docker and spec.checkpoint is not None,
+        own_code=_own_code(spec),
     )
     outcomes: dict[str, Outcome] = {}
     try:
@@ -168,6 +169,11 @@ def _runnable(
     check_cpu_budget(spec.nodes, spec.procs_per_node, force)
     if not docker or not spec.image:  # a ready --image carries its own workspace
         _check_script(spec)
+    if not docker and spec.command.module is not None:  # an image may install its package
+        from ddpdeploy.smoke.local import check_module
+
+        pythonpath = spec.env.get("PYTHONPATH", os.environ.get("PYTHONPATH"))
+        check_module(Path.cwd(), spec.command.module, pythonpath)
     if not docker and importlib.util.find_spec("torch") is None:
         raise UserError(
             "torch is not installed here: pip install torch==2.13.0 (CPU) or 'ddpdeploy[train]'"
@@ -195,6 +201,13 @@ STATIC_RESTART = (
 )
 
 
+def _own_code(spec: JobSpec) -> str | None:
+    """The spec field that names the user's code; None for the built-in trainer."""
+    if spec.command.script is not None:
+        return "command.script"
+    return "command.module" if spec.command.module is not None else None
+
+
 def _static_plain(spec: JobSpec) -> bool:
     """A script of the user's under static rendezvous: its restarts may not come back (the
     built-in trainer's do: ddpkit.init_process_group)."""
@@ -219,15 +232,12 @@ def _announce(spec: JobSpec, docker: bool) -> int:
 
 
 def _check_script(spec: JobSpec) -> None:
-    """A script the job names must exist in the workspace (this folder) before anything
-    starts."""
-    script = spec.command.script
-    if script is None or Path(script).is_file():
-        return
-    raise UserError(
-        f"command.script: {script} is not a file in this workspace ({Path.cwd()}); "
-        "give its path relative to this folder"
-    )
+    """A script the job names must be a file of the workspace (this folder) as the image
+    would hold it, before anything starts: a local run that the image could not repeat is
+    no smoke test of it."""
+    from ddpdeploy.image.context import check_script
+
+    check_script(Path.cwd(), spec.command.script)
 
 
 def _checkpoint_folder(spec: JobSpec, chaos: bool, resume: bool = False) -> Path | None:

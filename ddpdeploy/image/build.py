@@ -20,6 +20,7 @@ from ddpdeploy.contract import RunRecord
 from ddpdeploy.errors import UserError
 from ddpdeploy.image import plan
 from ddpdeploy.image.context import (
+    check_script,
     context_file,
     dockerfile,
     requirements,
@@ -93,6 +94,7 @@ class _Inputs:
     repository: str
     base: str
     packages: str
+    script: str | None  # command.script: the image must hold it
 
 
 def _inputs(
@@ -115,7 +117,8 @@ def _inputs(
             "(e.g. ghcr.io/me/train) or set image: in ddpdeploy.yaml"
         )
     base = _image_ref("--base-image", base_image or plan.DEFAULT_BASE_IMAGE)
-    return _Inputs(workspace, repository, base, _apt_packages(system_packages or ""))
+    packages = _apt_packages(system_packages or "")
+    return _Inputs(workspace, repository, base, packages, spec.command.script)
 
 
 def _build_tagged(
@@ -127,7 +130,7 @@ def _build_tagged(
     revision, dirty = git.revision(job.workspace), git.dirty(job.workspace)
     source = git.source(job.workspace)
     build_args = plan.build_args(job.base, job.packages, revision, source, dirty)
-    entries = _context_entries(job.workspace)
+    entries = _context_entries(job.workspace, job.script)
     with context_file(entries) as (context, context_sha256):
         inputs = plan.inputs_hash(context_sha256, build_args)
         tag = plan.content_tag(inputs, revision)
@@ -193,10 +196,12 @@ def _up_to_date(client: Any, ref: str, labels: dict[str, str]) -> str | None:
     return found[0]
 
 
-def _context_entries(workspace: Path) -> list[plan.ContextEntry]:
-    """What goes into the build context: your code, the trainer, the Dockerfile, requirements."""
+def _context_entries(workspace: Path, script: str | None) -> list[plan.ContextEntry]:
+    """What goes into the build context: your code (with the job's script, if it names
+    one), the trainer, the Dockerfile, requirements."""
 
     kept = scan_workspace(workspace)
+    check_script(workspace, script)  # as smoke --local checked it
     return plan.plan_context(
         kept,
         scan_trainer(trainer_dir()),

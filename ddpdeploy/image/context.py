@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from ddpdeploy import fs
 from ddpdeploy.errors import OperationError, UserError
@@ -31,6 +31,10 @@ from ddpdeploy.image.plan import (
     dockerignore_patterns,
 )
 from ddpdeploy.image_layout import CONTEXT_WORKSPACE
+from ddpdeploy.text import plain
+
+if TYPE_CHECKING:
+    from docker.utils.build import PatternMatcher
 
 # A fixed mtime (1980-01-01, the earliest a zip can hold) so identical files give identical
 # tar entries whatever their checkout time; the image content does not depend on when.
@@ -90,20 +94,25 @@ def _local_files(root: Path, rels: Iterable[str]) -> list[LocalFile]:
     return files
 
 
-def scan_workspace(workspace: Path) -> list[LocalFile]:
-    """The workspace's files that the default ignores and its .dockerignore keep, matched by
-    the docker SDK itself (the same rules as `docker build`)."""
-    from docker.utils.build import exclude_paths
+def _matcher(workspace: Path) -> PatternMatcher:
+    """The docker SDK's matcher of the default ignores and the workspace's .dockerignore, as
+    its exclude_paths builds it (the same rules as `docker build`)."""
+    from docker.utils.build import PatternMatcher
 
-    patterns = ignore_patterns(workspace)
+    # exclude_paths re-includes a file named like its dockerfile argument; name one the
+    # workspace cannot hold so an ignored Dockerfile of the user's stays ignored.
+    return PatternMatcher([*ignore_patterns(workspace), "!\0ddpdeploy-none"])
+
+
+@contextmanager
+def _scan_errors(workspace: Path) -> Iterator[None]:
+    """The matcher's and the walk's failures as one line each."""
     try:
-        # exclude_paths re-includes a file named like its dockerfile argument; name one the
-        # workspace cannot hold so an ignored Dockerfile of the user's stays ignored.
-        kept = exclude_paths(str(workspace), patterns, dockerfile="\0ddpdeploy-none")
+        yield
     except OSError as exc:
         where = exc.filename or workspace
         raise UserError(f"cannot list {where} ({exc.strerror or exc}); {_FIX}") from None
-    except re.error as exc:
+    except re.error as exc:  # a pattern is compiled as it is first matched
         raise UserError(f"{workspace / '.dockerignore'}: a pattern is invalid ({exc})") from None
     except RecursionError:
         # The SDK's walk recurses once per folder level.
@@ -111,7 +120,109 @@ def scan_workspace(workspace: Path) -> list[LocalFile]:
             f"{workspace} has folders nested too deeply to walk; list the deep folder in "
             ".dockerignore"
         ) from None
+
+
+def scan_workspace(workspace: Path) -> list[LocalFile]:
+    """The workspace's files that the default ignores and its .dockerignore keep, matched by
+    the docker SDK itself (its exclude_paths' walk)."""
+    with _scan_errors(workspace):
+        kept = set(_matcher(workspace).walk(str(workspace)))
     return _local_files(workspace, kept)
+
+
+def kept_in_context(workspace: Path, rel: str) -> bool:
+    """Whether scan_workspace keeps ``rel`` (a path below real folders of ``workspace``),
+    without walking the whole workspace: the SDK's walk along that one path, which skips a
+    matched folder unless an exception pattern ("!dir/file") starts with it."""
+    from docker.utils.build import normalize_slashes
+
+    with _scan_errors(workspace):
+        matcher = _matcher(workspace)
+        parts = rel.split("/")
+        for depth in range(1, len(parts)):
+            folder = "/".join(parts[:depth])
+            reopened = any(
+                p.exclusion and p.cleaned_pattern.startswith(normalize_slashes(folder))
+                for p in matcher.patterns
+            )
+            if matcher.matches(folder) and not reopened:
+                return False
+        return not matcher.matches(rel)
+
+
+def check_script(workspace: Path, script: str | None) -> None:
+    """Refuse in one line a command.script that the image of ``workspace`` would not hold:
+    smoke --local and the image builds check it alike."""
+    try:
+        why = None if script is None else script_in_image(workspace, script)
+    except OSError as exc:  # a folder on its way that we may not search
+        why = f"cannot be looked up ({exc.strerror or exc}); fix the permissions on its way"
+    if why is not None:
+        raise UserError(f"command.script: {script} {why}")
+
+
+def script_in_image(workspace: Path, script: str) -> str | None:
+    """Why the image of ``workspace`` would not hold ``script`` (command.script, relative to
+    it) as the file a local run starts, or None when it would. One rule for every target: a
+    local run follows links on the host, but the image holds only what the scan keeps, and a
+    link as its target text (never followed), so each link on the way must stay in the
+    workspace by a relative target, and every path on the way be kept."""
+    root = workspace.resolve()
+    path = root / script
+    if not path.is_file():
+        return (
+            f"is not a file in this workspace ({workspace}); give its path relative to this folder"
+        )
+    real = path.resolve()
+    if not real.is_relative_to(root):
+        return (
+            f"is a link to a file outside this workspace ({plain(str(real))}), so the image "
+            "would not contain it; copy the file into the workspace"
+        )
+    links = list(_links_on(root, script))
+    for rel, target in links:
+        if os.path.isabs(target):
+            what = "is" if rel == os.path.normpath(script) else f"goes through {plain(rel)},"
+            return (
+                f"{what} a link by an absolute path ({plain(target)}), which the image's copy "
+                "of the workspace cannot follow; make the link relative"
+            )
+    own = str(real.relative_to(root))
+    for rel in [*(rel for rel, _ in links), own]:
+        if kept_in_context(root, rel):
+            continue
+        if rel == os.path.normpath(script):
+            what = "is"
+        elif rel == own:
+            what = f"is a link to {plain(rel)}, which is"
+        else:
+            what = f"goes through the link {plain(rel)}, which is"
+        return (
+            f"{what} excluded by .dockerignore, so the image would not contain it; take it "
+            f"out of .dockerignore (or add a line !{plain(rel)})"
+        )
+    return None
+
+
+def _links_on(root: Path, rel: str) -> Iterator[tuple[str, str]]:
+    """Each link that resolving ``rel`` below ``root`` goes through, in order: (its path
+    relative to ``root``, its target text); it stops at an absolute target."""
+    todo, done = rel.split("/"), list[str]()  # done: real folders below root
+    for _ in range(64):  # the kernel's own bound on links in a path is 40
+        while todo and not os.path.islink(root.joinpath(*done, todo[0])):
+            part = todo.pop(0)
+            if part == "..":
+                done = done[:-1]
+            elif part not in ("", "."):
+                done.append(part)
+        if not todo:
+            return
+        here = "/".join([*done, todo.pop(0)])
+        target = os.readlink(root / here)
+        yield here, target
+        if os.path.isabs(target):
+            return
+        todo = target.split("/") + todo
 
 
 def scan_trainer(trainer_dir: Path) -> list[LocalFile]:

@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -25,14 +26,18 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ddpdeploy.errors import OperationError
+from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.fs import linked_below, write_atomic
 from ddpdeploy.paths import helpers_dir
 from ddpdeploy.smoke import reaper, workspace
 from ddpdeploy.smoke.backend import Line, Node, NoWorker, RunBackend
 from ddpdeploy.smoke.launch import HOLD_RELEASE_ENV, HOLD_STEP_ENV, LocalNode
 from ddpdeploy.text import clip
+
+if TYPE_CHECKING:
+    from importlib.machinery import ModuleSpec
 
 RUN_MARKER = "DDPDEPLOY_SMOKE_RUN"  # this run's id, in the env of its agents and workers
 NODE_MARKER = "DDPDEPLOY_SMOKE_NODE"  # the node (hostname) an agent or worker belongs to
@@ -86,10 +91,7 @@ class LocalRun(RunBackend):
         env = {**os.environ, **node.env, **ours}
         if "OMP_NUM_THREADS" not in env and node.env.get("PET_NPROC_PER_NODE") == "1":
             env["OMP_NUM_THREADS"] = str(self.threads)
-        # `import ddpkit` works in a script as in the image (trainer's folder first on the path).
-        env["PYTHONPATH"] = os.pathsep.join(
-            filter(None, [str(helpers_dir()), env.get("PYTHONPATH")])
-        )
+        env["PYTHONPATH"] = worker_pythonpath(env.get("PYTHONPATH"))
         proc = subprocess.Popen(
             node.argv,
             cwd=cwd,
@@ -188,6 +190,64 @@ class LocalRun(RunBackend):
         shutil.rmtree(self.log_dir, ignore_errors=True)
         if left:
             raise OperationError(survivors_line(left))
+
+
+def worker_pythonpath(pythonpath: str | None) -> str:
+    """The PYTHONPATH of a local run's workers, given the one they would inherit: `import
+    ddpkit` works in a script as in the image (the trainer's folder first on the path)."""
+    return os.pathsep.join(filter(None, [str(helpers_dir()), pythonpath]))
+
+
+def check_module(cwd: Path, module: str, pythonpath: str | None) -> None:
+    """Refuse in one line a command.module the workers could not run, before any starts:
+    looked up as `python -m` in a worker would (the workspace ``cwd`` first on its path,
+    then its PYTHONPATH, then what this interpreter has installed), without importing it or
+    the packages above it (their code would run here)."""
+    from importlib.machinery import PathFinder
+
+    fix = "pkg/train.py in this folder is pkg.train"
+    parts = module.split(".")
+    path = [str(cwd), *(str(cwd / p) for p in worker_pythonpath(pythonpath).split(os.pathsep))]
+    spec = PathFinder.find_spec(parts[0], [*path, *sys.path]) or _installed(parts[0])
+    if spec is None:
+        raise UserError(
+            f"command.module: {module}: there is no module {parts[0]} in this workspace "
+            f"({cwd}) or installed for {sys.executable}; name a module of the workspace "
+            f"({fix}), or install its package"
+        )
+    for depth in range(1, len(parts)):
+        parent, name = ".".join(parts[:depth]), ".".join(parts[: depth + 1])
+        where = spec.submodule_search_locations
+        if where is None:  # a module: nothing below it
+            raise UserError(
+                f"command.module: {module}: {parent} is a module ({spec.origin}), not a "
+                f"package, so there is no {name}; name the module itself ({fix})"
+            )
+        found = PathFinder.find_spec(name, list(where))
+        if found is None:
+            raise UserError(
+                f"command.module: {module}: the package {parent} ({', '.join(where)}) has no "
+                f"module {parts[depth]}; name one of its modules ({fix})"
+            )
+        spec = found
+    where = spec.submodule_search_locations
+    if where is not None and PathFinder.find_spec(f"{module}.__main__", list(where)) is None:
+        raise UserError(
+            f"command.module: {module} is a package with no __main__.py, which python -m "
+            f"runs; add one, or name a module in it (e.g. {module}.train for {module}/train.py)"
+        )
+
+
+def _installed(name: str) -> ModuleSpec | None:
+    """A top-level module the interpreter's own finders know (built in, frozen, or through
+    an install's finder such as an editable one's); finding a top-level name imports
+    nothing."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):  # in sys.modules without a spec (__main__)
+        return None
 
 
 def survivors_line(pids: list[int]) -> str:

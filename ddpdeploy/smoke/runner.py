@@ -32,7 +32,7 @@ from ddpdeploy.events import (
     port_taken,
     read_only_write,
     root_cause,
-    split_rank,
+    split_ranks,
     summary_failures,
     teardown_abort,
 )
@@ -192,6 +192,7 @@ class _Run:
     world_size: int
     kill: Kill | None = None
     checkpoint_dir: Path | None = None
+    own_code: str | None = None  # RunOptions.own_code
     done: Event | None = None
     last_step: int | None = None
     first_step_at: float | None = None
@@ -209,6 +210,7 @@ class _Run:
     saved_on: dict[int, str] = field(default_factory=dict)  # rank -> node, torch.save callers
     usage_works: bool = False  # an agent said its torch import: the usage lines come
     fatal: str | None = None  # ddpkit's own error line, the reason before any exit code
+    hang: Event | None = None  # the hang watchdog's finding: each rank's stacks
     saw_checkpoint: bool = False
 
     def loop(self, timeout: float) -> Outcome:
@@ -270,10 +272,17 @@ class _Run:
         last = done.step
         if last is not None and last <= resumed:
             past = self.resumed_total if self.resumed_total is not None else last
+            # --steps is the built-in trainer's (refused for a script): the user's code
+            # trains further through its own arguments.
+            further = (
+                f"with {self.own_code}'s own arguments after `--` set to train further (e.g. "
+                "more epochs: ddpdeploy smoke --local --resume -- --epochs 4)"
+                if self.own_code
+                else "with more --steps"
+            )
             raise OperationError(
                 f"the run trained no step: it resumed from the checkpoint at step {resumed}, "
-                f"at or past its last step ({past}); run without --resume, or with more "
-                "--steps"
+                f"at or past its last step ({past}); run without --resume, or {further}"
             )
 
     def saving_nodes(self) -> list[str]:
@@ -319,7 +328,12 @@ class _Run:
             return frozenset()
 
     def take(self, line: Line) -> None:
-        rank, text = split_rank(line.text)
+        # One console line can hold several ranks' lines (a partial one runs on into the
+        # next): each is its rank's own, shown and kept as such.
+        for rank, text in split_ranks(line.text):
+            self.take_own(line, rank, text)
+
+    def take_own(self, line: Line, rank: int | None, text: str) -> None:
         if text.startswith(API_USAGE):
             self.on_usage(line.node, rank, text[len(API_USAGE) :].strip())
             return
@@ -356,6 +370,7 @@ class _Run:
         line = describe(event)
         if line is not None:  # probe, ranks, hang: a note now, a line in the report
             self.diagnostics[event.kind] = line
+            self.hang = event if event.kind == "hang" else self.hang
             self.view.note(f"{node}: {event.kind}: {line}")
             return
         if event.kind == "step" and step is not None:
@@ -450,19 +465,15 @@ class _Run:
             lines = _as_printed(self.rank_tails.get(cause.rank, ()))
             node, rank, code = nodes[cause.node], cause.rank, cause.code
         else:  # the agent itself died (e.g. SIGKILL): no summary, no worker to name
-            node, rank, lines = nodes[first], None, []
+            node, rank = nodes[first], None
             code = self.target.exit_codes()[first] or 1
-        lines = lines or _node_lines(self.target.tail(node.name), rank)
-        # The job's own lines: plain text (an escape it printed is not replayed).
-        shown = "\n".join(f"  {plain(t)}" for t in lines[-TAIL_LINES:])
-        reason = (
-            read_only_write(lines)
-            or needs_gpu(lines)
-            or teardown_abort(lines, code)
-            or port_taken(lines)
-        )
-        why = f": {plain(reason)}. Its" if reason else "; its"
-        said = f"{_where(node, rank)} exited with code {code_text(code)}{why} last lines:\n{shown}"
+            lines = _node_lines(self.target.tail(node.name))
+        said = f"{_where(node, rank)} exited with code {code_text(code)}"
+        if lines:
+            said += _last_lines(lines, code)
+        else:  # a worker named: the agent's lines (its banner, its `failed` line) are not its own
+            stacks = _stacks_of(self.hang, rank)
+            said += "; it printed nothing" + (f"; its stacks: {plain(stacks)}" if stacks else "")
         if "hang" in self.diagnostics:  # the watchdog's finding says more than exit 124
             return f"hang: {plain_lines(self.diagnostics['hang'])}\n{said}"
         if self.fatal is not None:  # ddpkit's reason (the probe's floor …) before any tail
@@ -470,16 +481,38 @@ class _Run:
         return said
 
 
-def _node_lines(tail: list[str], rank: int | None) -> list[str]:
-    """A node's console as the failed rank's last lines when that rank printed none of its
-    own: without the API-usage lines smoke itself asked torch for, and without another
-    rank's lines (they were shown as the failed rank's)."""
+def _last_lines(lines: list[str], code: int) -> str:
+    """The failure's reason where its lines show one, and its last lines."""
+    # The job's own lines: plain text (an escape it printed is not replayed).
+    shown = "\n".join(f"  {plain(t)}" for t in lines[-TAIL_LINES:])
+    reason = (
+        read_only_write(lines)
+        or needs_gpu(lines)
+        or teardown_abort(lines, code)
+        or port_taken(lines)
+    )
+    why = f": {plain(reason)}. Its" if reason else "; its"
+    return f"{why} last lines:\n{shown}"
+
+
+def _node_lines(tail: list[str]) -> list[str]:
+    """A node's console as its last lines when its agent failed with no worker to name:
+    without the API-usage lines smoke itself asked torch for."""
     lines = []
     for line in agent_lines(tail):
-        who, text = split_rank(line)
-        if not text.startswith(API_USAGE) and (rank is None or who in (None, rank)):
-            lines.append(line)
+        for who, text in split_ranks(line):
+            if not text.startswith(API_USAGE):
+                lines.append(text if who is None else f"[rank{who}]:{text}")
     return lines or ["(it printed nothing)"]
+
+
+def _stacks_of(hang: Event | None, rank: int | None) -> str | None:
+    """The file the hang watchdog wrote ``rank``'s stacks to, when it names one."""
+    stacks = hang.fields.get("stacks") if hang is not None else None
+    for path in stacks if isinstance(stacks, list) else []:
+        if isinstance(path, str) and path.rsplit("/", 1)[-1] == f"hang-rank{rank}.txt":
+            return path
+    return None
 
 
 def _resumed_step(event: Event) -> int | None:
@@ -530,6 +563,9 @@ class RunOptions:
     # The job has a checkpoint volume smoke cannot list (smoke --docker's): only `checkpoint`
     # events place a checkpoint kill there.
     volume_unwatched: bool = False
+    # The spec field naming the user's code ("command.script", "command.module"); None for
+    # the built-in trainer.
+    own_code: str | None = None
 
 
 def run_once(
@@ -549,6 +585,7 @@ def run_once(
             options.world_size,
             Kill(options.kill_at) if kill and options.kill_at else None,
             options.checkpoint_dir(),
+            options.own_code,
         )
         outcome = run.loop(options.timeout)
     if outcome.kill is not None and not outcome.kill.at:

@@ -117,6 +117,58 @@ def test_requirements_linked_out_of_the_workspace_are_refused(tmp_path: Path) ->
     assert by_name["ddpdeploy-build/requirements.txt"].data == b"tqdm\n"
 
 
+@pytest.mark.parametrize(
+    "ignore",
+    [
+        "data/\n*.env\n",
+        "pkg\n!pkg/mod.py\n",
+        "**/mod.py\n",
+        "*\n!train.py\n",
+        "pkg/*\n!pkg/sub\n",
+        "pkg/sub\n!pkg/sub/deep.py\n",
+        "./pkg/../data\n",
+    ],
+)
+def test_one_path_is_kept_as_the_whole_scan_keeps_it(tmp_path: Path, ignore: str) -> None:
+    # smoke's command.script check asks about one path without walking the workspace; it
+    # must agree with the build's own scan.
+    ws = make_workspace(tmp_path)
+    (ws / "pkg" / "sub").mkdir()
+    (ws / "pkg" / "sub" / "deep.py").write_text("Y = 2\n")
+    (ws / ".dockerignore").write_text(ignore)
+    kept = kept_names(ws)
+    files = [str(p.relative_to(ws)) for p in ws.rglob("*") if p.is_file()]
+    assert {f for f in files if build_context.kept_in_context(ws, f)} == kept
+
+
+def test_a_script_the_image_would_not_hold_is_refused_by_the_build(tmp_path: Path) -> None:
+    # Found by the seventh hostile pass: one rule with smoke --local's (the image stores a
+    # link as a link and leaves out what .dockerignore names).
+    from ddpdeploy.image.build import _context_entries
+
+    ws = make_workspace(tmp_path)
+    (tmp_path / "outside.py").write_text("print(1)\n")
+    (ws / "link.py").symlink_to(tmp_path / "outside.py")
+    (ws / "inside.py").symlink_to("pkg/mod.py")
+    (ws / "absolute.py").symlink_to(ws / "pkg" / "mod.py")
+    assert build_context.script_in_image(ws, "inside.py") is None
+    assert build_context.script_in_image(ws, "./pkg/mod.py") is None
+    cases = {
+        "link.py": "is a link to a file outside this workspace",
+        "secret.env": "is excluded by .dockerignore, so the image would not contain it",
+        "absolute.py": f"is a link by an absolute path ({ws}/pkg/mod.py), which the image's",
+        "nope.py": "is not a file in this workspace",
+    }
+    for script, said in cases.items():
+        with pytest.raises(
+            UserError, match=f"^command.script: {re.escape(script)} {re.escape(said)}"
+        ):
+            _context_entries(ws, script)
+    (ws / ".dockerignore").write_text("pkg\n")
+    why = build_context.script_in_image(ws, "inside.py")
+    assert why is not None and why.startswith("is a link to pkg/mod.py, which is excluded by")
+
+
 def test_content_tag_is_stable_and_tracks_every_input(tmp_path: Path) -> None:
     ws = make_workspace(tmp_path)
     args = {"BASE_IMAGE": "b:1"}
