@@ -329,12 +329,10 @@ class _ChaosHold:
         self.held.add(n)
         if announce and rank() == 0:  # the runner's cue, also when this step prints no line
             emit({"event": "step", "step": n, "hold": True})
-        t, last_t = _timing, _timing.last_t
-        t.last_t = None  # the hang watchdog does not count the hold as a step that hangs
         deadline = time.monotonic() + self.max_s
-        while self._releases() < needed and time.monotonic() < deadline:
-            time.sleep(0.02)
-        t.last_t = time.perf_counter() if last_t is not None else None  # no step time
+        with _no_step_clock():  # the watchdog does not count the hold as a step that hangs
+            while self._releases() < needed and time.monotonic() < deadline:
+                time.sleep(0.02)
 
 
 def _first_step(step: object, announce: bool) -> None:
@@ -1048,7 +1046,8 @@ def _sha256_file(f: BinaryIO) -> str:
 
 @contextlib.contextmanager
 def _no_step_clock() -> Iterator[None]:
-    """The hang watchdog does not count the time inside (as the chaos hold does not)."""
+    """The hang watchdog does not count the time inside (a chaos hold, a save), nor does the
+    step's wall time."""
     t = _timing
     last_t = t.last_t
     t.last_t = None
