@@ -191,7 +191,10 @@ def test_the_diagnostics_section_from_a_file(tmp_path: Path):
     ("args", "line"),
     [
         (["--probe-min-busbw", "0"], "error: --probe-min-busbw: must be greater than 0 (got 0.0)"),
-        (["--probe-min-busbw", "nan"], "error: --probe-min-busbw: must be a finite number"),
+        (
+            ["--probe-min-busbw", "nan"],
+            "error: Invalid value for '--probe-min-busbw': write 'nan' as a plain decimal number",
+        ),
         (
             ["--straggler-factor", "1"],
             "error: --straggler-factor: must be greater than 1 (got 1.0)",

@@ -14,8 +14,10 @@ from ddpdeploy.commands.options import (
     KubeconfigOpt,
     NameArg,
     NamespaceOpt,
+    decimal,
     grammar_error,
     seconds_above_0,
+    whole,
 )
 from ddpdeploy.errors import UserError
 from ddpdeploy.formats import size
@@ -42,7 +44,10 @@ def collect(
         ),
     ],
     step: Annotated[
-        int | None, typer.Option("--step", min=0, help="This step instead of the newest.")
+        int | None,
+        typer.Option(
+            "--step", parser=whole(0), metavar="INTEGER", help="This step instead of the newest."
+        ),
     ] = None,
     source: Annotated[
         str | None,
@@ -90,6 +95,8 @@ def collect(
         float,
         typer.Option(
             "--timeout",
+            parser=decimal(),
+            metavar="FLOAT",
             callback=seconds_above_0,
             help="Seconds to wait for the helper pod to start.",
         ),

@@ -29,7 +29,8 @@ def compose(
         ),
     ] = None,
     out: Annotated[
-        Path | None, typer.Option("--out", help="Write the compose file here instead of stdout.")
+        Path | None,
+        typer.Option("--out", help="Write the compose file here instead of stdout (-: stdout)."),
     ] = None,
     force: Annotated[
         bool,
@@ -50,6 +51,8 @@ def compose(
 
     # The header, on stdout too: a file saved from it is one --out may replace later.
     text = written_by("compose") + to_yaml(render_compose(spec, cpu))
+    if out is not None and str(out) == "-":
+        out = None  # `--out -`: stdout, as for most tools
     if out is not None:
         replace = _may_replace(out, spec_file, force)
     note = secret_env_note(spec)
@@ -104,8 +107,11 @@ def _write(out: Path, data: bytes, replace: bool) -> None:
         staged.write(data)
         try:
             staged.commit(replace=replace)
-        except FileExistsError:
-            raise _not_ours(out) from None
+        except FileExistsError:  # made since _may_replace looked
+            raise UserError(
+                f"--out: {out} was made by another process while this one wrote it; run "
+                "again to replace it, or name another file"
+            ) from None
 
 
 def _not_ours(out: Path) -> UserError:

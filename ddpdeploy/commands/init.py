@@ -183,7 +183,7 @@ def init(
     text = starter(script, module)
     schema_path = path.parent / SCHEMA_FILE
     _check_target(path, force)
-    _check_target(schema_path, force=True)
+    _check_schema(schema_path, force)
     schema_existed = schema_path.exists()
     _write(schema_path, json.dumps(json_schema(), indent=2) + "\n")
     try:
@@ -206,7 +206,10 @@ def init(
             f" for your {entry}: job name {spec.name} (from its name), a {size} checkpoint "
             f"volume at {where} ($DDPDEPLOY_CHECKPOINT_DIR)"
         )
-    typer.echo(f"wrote {path}{chose} (and {schema_path} for editor completion)", err=True)
+    # Not an error: the spec may come first; smoke and build refuse the run until it is there.
+    missing = script is not None and not Path(script).is_file()
+    yet = f"; {script} is not a file in this folder yet" if missing else ""
+    typer.echo(f"wrote {path}{chose} (and {schema_path} for editor completion){yet}", err=True)
 
 
 def _check_target(path: Path, force: bool) -> None:
@@ -222,6 +225,34 @@ def _check_target(path: Path, force: bool) -> None:
         raise UserError(f"{path} exists and is not a regular file")
     if not force:
         raise UserError(f"{path} exists; pass --force to overwrite it")
+
+
+def _check_schema(path: Path, force: bool) -> None:
+    """The schema beside the spec is replaced when init wrote it (an older one, refreshed)
+    or with --force: a file of that name may be the user's own."""
+    what = f"{path} (the JSON Schema init writes beside the spec)"
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise UserError(f"cannot write {what}: {exc.strerror}") from None
+    if stat.S_ISDIR(mode):
+        raise UserError(f"cannot write {what}: it is a folder; move it away")
+    if force:
+        _check_target(path, force=True)
+    elif not (stat.S_ISREG(mode) and _our_schema(path)):
+        raise UserError(f"{what} exists and is not one ddpdeploy wrote; move it or pass --force")
+
+
+def _our_schema(path: Path) -> bool:
+    from ddpdeploy.fs import read_regular
+
+    try:
+        doc = json.loads(read_regular(path, limit=16 << 20, follow_symlinks=False))
+    except (OSError, UserError, ValueError, RecursionError):
+        return False
+    return isinstance(doc, dict) and doc.get("title") == DEFAULT_FILE and "properties" in doc
 
 
 def _write(path: Path, text: str, replace: bool = True) -> None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ddpdeploy.commands.options import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt
+from ddpdeploy.commands.options import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt, whole
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.signals import aborted
 from ddpdeploy.text import show
@@ -33,7 +33,10 @@ def logs(
         ),
     ] = None,
     node: Annotated[
-        list[int] | None, typer.Option("--node", min=0, help="Only node I's pods (repeatable).")
+        list[int] | None,
+        typer.Option(
+            "--node", parser=whole(0), metavar="INTEGER", help="Only node I's pods (repeatable)."
+        ),
     ] = None,
     since: Annotated[
         str | None, typer.Option("--since", help="Only lines of the last 10m (90s, 2h, ...).")
@@ -47,7 +50,13 @@ def logs(
         ),
     ] = None,
     index: Annotated[
-        int | None, typer.Option("--index", min=0, help="Replica (or node) index; default 0.")
+        int | None,
+        typer.Option(
+            "--index",
+            parser=whole(0),
+            metavar="INTEGER",
+            help="Replica (or node) index; default 0.",
+        ),
     ] = None,
     follow: Annotated[
         bool,
@@ -59,7 +68,13 @@ def logs(
         ),
     ] = False,
     tail: Annotated[
-        int | None, typer.Option("--tail", min=1, help="Last N lines of each container only.")
+        int | None,
+        typer.Option(
+            "--tail",
+            parser=whole(1),
+            metavar="INTEGER",
+            help="Last N lines of each container only.",
+        ),
     ] = None,
     namespace: NamespaceOpt = None,
     kubeconfig: KubeconfigOpt = None,

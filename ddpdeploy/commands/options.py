@@ -48,6 +48,48 @@ def parse_elastic(text: str) -> dict[str, Any]:
     return {"mode": "elastic", "minNodes": int(match[1]), "maxNodes": int(match[2])}
 
 
+# What the spec takes for a count and a number (docs/spec.md): Python's int() and float()
+# would also take `1_0` (ten: a typo of 1.5 as 1_5 is fifteen), ' 2 ' and, for a count, 2.0.
+_WHOLE = re.compile(r"[+-]?[0-9]{1,100}", re.ASCII)
+_DECIMAL = re.compile(
+    r"[+-]?([0-9]{1,100}\.?[0-9]{0,100}|\.[0-9]{1,100})([eE][+-]?[0-9]{1,4})?", re.ASCII
+)
+
+
+def whole(minimum: int | None = None) -> Callable[[Any], int]:
+    """The parser of a count flag: plain decimal digits, at least ``minimum``."""
+
+    def parse(value: Any) -> int:
+        if not isinstance(value, str):  # a default
+            return int(value)
+        if not _WHOLE.fullmatch(value):
+            raise typer.BadParameter(f"write {show(value)} as a plain decimal integer, e.g. 2")
+        if minimum is not None and int(value) < minimum:
+            raise typer.BadParameter(f"{int(value)} is less than {minimum}")
+        return int(value)
+
+    return parse
+
+
+def decimal(minimum: float | None = None) -> Callable[[Any], float]:
+    """The parser of a number flag: a plain decimal (1.5, 2, 1e-3), at least ``minimum``;
+    never nan or inf, which pass every comparison's check or none."""
+
+    def parse(value: Any) -> float:
+        if not isinstance(value, str):  # a default
+            return float(value)
+        if not _DECIMAL.fullmatch(value):
+            raise typer.BadParameter(f"write {show(value)} as a plain decimal number, e.g. 1.5")
+        number = float(value)
+        if number in (float("inf"), float("-inf")):
+            raise typer.BadParameter(f"{show(value)} is too large a number")
+        if minimum is not None and number < minimum:
+            raise typer.BadParameter(f"{number:g} is less than {minimum:g}")
+        return number
+
+    return parse
+
+
 @dataclass(frozen=True)
 class SpecFlag:
     """One flag that overrides a spec field."""
@@ -65,8 +107,10 @@ class SpecFlag:
         return self.decls[-1].split("/")[0]
 
     def annotation(self) -> Any:
+        parser = {int: whole(), float: decimal()}.get(self.kind)
+        metavar = self.metavar or {int: "INTEGER", float: "FLOAT"}.get(self.kind)
         option = typer.Option(
-            *self.decls, help=self.help, metavar=self.metavar, rich_help_panel=SPEC_PANEL
+            *self.decls, help=self.help, metavar=metavar, rich_help_panel=SPEC_PANEL, parser=parser
         )
         return Annotated[self.kind | None, option]
 
@@ -435,7 +479,7 @@ ListOutput = Annotated[
 
 
 def seconds_above_0(value: float) -> float:
-    """A --timeout: a finite number of seconds above 0 (nan passes typer's own `min`)."""
+    """A --timeout: a number of seconds above 0 (`decimal` refuses nan and inf)."""
     import math
 
     if not (math.isfinite(value) and value > 0):

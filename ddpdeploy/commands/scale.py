@@ -7,13 +7,15 @@ from typing import Annotated
 
 import typer
 
-from ddpdeploy.commands.options import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt
+from ddpdeploy.commands.options import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt, whole
 from ddpdeploy.formats import counted
 
 
 def scale(
     name: NameArg,
-    nodes: Annotated[int, typer.Option("--nodes", min=1, help="The new node count.")],
+    nodes: Annotated[
+        int, typer.Option("--nodes", parser=whole(1), metavar="INTEGER", help="The new node count.")
+    ],
     namespace: NamespaceOpt = None,
     kubeconfig: KubeconfigOpt = None,
     context: ContextOpt = None,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ddpdeploy.commands.options import spec_command
+from ddpdeploy.commands.options import decimal, spec_command, whole
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.signals import interrupted
 from ddpdeploy.text import plain_lines
@@ -39,12 +39,16 @@ def smoke(
         int | None,
         typer.Option(
             "--steps",
-            min=1,
+            parser=whole(1),
+            metavar="INTEGER",
             help="The built-in trainer's steps; a script's own arguments go after `--`.",
         ),
     ] = None,
     timeout: Annotated[
-        float, typer.Option("--timeout", min=1, help="Give up after this many seconds.")
+        float,
+        typer.Option(
+            "--timeout", parser=decimal(1), metavar="FLOAT", help="Give up after this many seconds."
+        ),
     ] = 900,
     kill_at: Annotated[
         str | None,

@@ -157,19 +157,39 @@ def _positive(value: Any) -> tuple[str, Decimal, str]:
     return text, amount, suffix
 
 
+# No node has this many CPUs; above it OMP_NUM_THREADS (the share of each process) is nonsense.
+MAX_CPU = 100_000
+# Kubernetes and Docker count bytes in an int64; below a MiB no container starts (runc's
+# floor is about 6 MB) and no volume holds a checkpoint.
+MAX_BYTES = 2**63 - 1
+MIN_BYTES = 2**20
+
+
 def _cpu(value: Any) -> str:
     text, amount, _ = _positive(value)
     if amount < Decimal("1e-3"):
         raise ValueError(f"{show(text)} is below the smallest CPU unit, 1m")
+    if amount > MAX_CPU:
+        raise ValueError(f"{show(text)} is more CPUs than any node has; give a node's, e.g. 8")
     return text
 
 
 def _bytes(value: Any) -> str:
     text, amount, suffix = _positive(value)
+    if suffix not in _MULTIPLIERS:  # 1e3, 16E3: an exponent, no unit
+        raise ValueError(f"{show(text)} has no unit (an exponent is not one); give e.g. 16Gi")
     if suffix in ("", "n", "u", "m"):
         # `memory: 16` is 16 bytes and `16m` is 0.016 bytes: a unit was surely forgotten.
         number = text.rstrip("num") if len(text) < 20 else "16"
         raise ValueError(f"{show(text)} is {float(amount):g} bytes; give a unit, e.g. {number}Gi")
+    if amount < MIN_BYTES:
+        raise ValueError(
+            f"{show(text)} is {amount.normalize():f} bytes, less than 1Mi; give e.g. 16Gi"
+        )
+    if amount > MAX_BYTES:
+        raise ValueError(
+            f"{show(text)} is more bytes than Kubernetes and Docker count (under 8Ei); e.g. 16Gi"
+        )
     return text
 
 
@@ -354,6 +374,11 @@ def script_path(value: str) -> str:
     parts = value.split("/")
     if value.startswith("/") or "\\" in value:
         why = "is absolute" if value.startswith("/") else "contains '\\'"
+    elif ".." in parts and (inside := posixpath.normpath(value)).split("/")[0] not in ("..", "."):
+        # Inside after all; one spelling, so one rule checks it (links, .dockerignore).
+        raise ValueError(f"{show(value)} goes through '..'; write it as {inside!r}")
+    elif ".." in parts and posixpath.normpath(value) == ".":
+        why = "names no file"
     elif ".." in parts:
         why = "leaves the workspace ('..')"
     elif value.startswith("-"):
@@ -425,6 +450,23 @@ ByteQuantity = Annotated[str, BeforeValidator(_bytes), Field(json_schema_extra=_
 ImageRef = Annotated[str, AfterValidator(_image), Field(json_schema_extra=json_pattern(_IMAGE))]
 Str = Annotated[str, BeforeValidator(_scalar_to_str), Field(json_schema_extra=_scalar_schema)]
 ArgStr = Annotated[Str, AfterValidator(no_expansion)]
+
+
+def _ifnames(value: str) -> str:
+    """NCCL_SOCKET_IFNAME: `^` (all but) and/or `=` (exactly), then interface name
+    prefixes, comma-separated; Linux names are at most 15 bytes, without '/', ':' or spaces."""
+    names = value.removeprefix("^").removeprefix("=").split(",")
+    for name in names:
+        if not re.fullmatch(r"[!-~]{1,15}", name, re.ASCII) or re.search(r"[/:,]", name):
+            which = show(name) if name == value else f"{show(value)}: {show(name)}"
+            raise ValueError(
+                f"{which} is not a network interface name (at most 15 characters, no '/', "
+                "':' or spaces); e.g. eth0 or ^lo,docker"
+            )
+    return value
+
+
+IfNames = Annotated[ArgStr, AfterValidator(_ifnames)]
 EnvMap = Annotated[dict[str, ArgStr], AfterValidator(check_env)]
 LabelMap = Annotated[dict[str, Str], AfterValidator(_labels)]
 AnnotationMap = Annotated[dict[str, Str], AfterValidator(_annotations)]

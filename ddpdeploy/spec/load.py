@@ -375,6 +375,20 @@ def _merge(base: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _field_names(loc: Sequence[Any]) -> set[str]:
+    """The field names (as spelled in the file) of the model at ``loc``: a hint offers only
+    a real one (`foo_bar` must not send the user on to an unknown `fooBar`)."""
+    kind: Any = JobSpec
+    for key in loc:
+        if isinstance(key, int):  # an item of a list
+            kind = kind[1] if isinstance(kind, tuple) and kind[0] == "list" else ANY
+        else:
+            kind = _child_kind(kind, key)
+    if not (isinstance(kind, type) and hasattr(kind, "model_fields")):
+        return set()
+    return {field.alias or name for name, field in kind.model_fields.items()}
+
+
 def _one_line(exc: ValidationError, source: str, overrides: Sequence[Override]) -> str:
     """The first error as one line, naming the override (flag) when one set that field."""
     errors = exc.errors(include_url=False)
@@ -395,7 +409,7 @@ def _one_line(exc: ValidationError, source: str, overrides: Sequence[Override]) 
             f"unknown field {show(loc[-1])}; `ddpdeploy init` writes a file listing every field"
         )
         camel = to_camel(loc[-1])
-        if camel != loc[-1]:
+        if camel != loc[-1] and camel in _field_names(first["loc"][:-1]):
             message = (
                 f"unknown field {show(loc[-1])}; keys are camelCase like Kubernetes': {show(camel)}"
             )

@@ -36,6 +36,7 @@ from ddpdeploy.spec.fields import (
     DnsName,
     EnvMap,
     GpuCount,
+    IfNames,
     ImageRef,
     Int32,
     LabelMap,
@@ -353,7 +354,7 @@ class Network(Model):
         description="NCCL_DEBUG (--nccl-debug); default WARN on GPU jobs. INFO shows the "
         "transport NCCL chose (e.g. a silent fall-back from RDMA to TCP).",
     )
-    nccl_socket_ifname: ArgStr | None = Field(
+    nccl_socket_ifname: IfNames | None = Field(
         default=None,
         min_length=1,
         description="NCCL_SOCKET_IFNAME: interfaces for NCCL's TCP traffic, e.g. eth0 or ^lo,"
@@ -650,7 +651,7 @@ class JobSpec(Model):
         request, at least 1 (None: cpu not given, torch and torchrun decide)."""
         if self.cpu is None:
             return None
-        return max(1, int(quantity(self.cpu)[1] // self.procs_per_node))
+        return max(1, int(quantity(self.cpu)[1]) // self.procs_per_node)  # cpu <= MAX_CPU
 
     @property
     def memory_request(self) -> str:

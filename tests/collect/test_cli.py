@@ -109,8 +109,8 @@ def test_a_volume_alone_reads_the_compose_volume(tmp_path):
     [
         (["--image", "Not An/Image"], "error: --image: 'Not An/Image' is not an image reference"),
         (["--image", "t:1@sha256:12"], "error: --image: digest sha256:12… is invalid"),
-        (["--timeout", "nan"], "error: Invalid value for '--timeout': nan is not a number of"),
-        (["--timeout", "inf"], "error: Invalid value for '--timeout': inf is not a number of"),
+        (["--timeout", "nan"], "error: Invalid value for '--timeout': write 'nan' as a plain"),
+        (["--timeout", "inf"], "error: Invalid value for '--timeout': write 'inf' as a plain"),
         (["--timeout", "0"], "error: Invalid value for '--timeout': 0 is not a number of"),
         (["--timeout", "-5"], "error: Invalid value for '--timeout': -5 is not a number of"),
     ],
