@@ -105,11 +105,34 @@ def test_run_of_is_the_run_a_log_read_gets():
 
 def test_made_for_needs_our_labels_and_the_jobs_uid():
     assert made_for(pod_run("worker", 0, "u", labels=OURS, owner="job-uid"), JOB)
-    assert made_for(pod_run("worker", 0, "u", labels=OURS), JOB)  # a JobSet's pod: labels
+    # With our labels but no controller: made by hand, never read (it was, as a JobSet's).
+    assert not made_for(pod_run("worker", 0, "u", labels=OURS), JOB)
     assert not made_for(pod_run("worker", 0, "u"), JOB)  # the operator's labels only
     assert not made_for(pod_run("worker", 0, "u", labels=OURS, owner="other-uid"), JOB)
     other = {**OURS, "app.kubernetes.io/instance": "k"}
     assert not made_for(pod_run("worker", 0, "u", labels=other, owner="job-uid"), JOB)
+
+
+def _owned(pod: dict, *owners: dict) -> dict:
+    pod["metadata"]["ownerReferences"] = list(owners)
+    return pod
+
+
+def test_a_trainjobs_pod_is_its_jobset_jobs():
+    train = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+             "metadata": {"name": "j", "uid": "tj-uid"}}  # fmt: skip
+    child = {"apiVersion": "batch/v1", "kind": "Job", "name": "j-node-0", "controller": True}
+    assert made_for(_owned(pod_run("worker", 0, "u", labels=OURS), child), train)
+    for wrong in (
+        {**child, "name": "k-node-0"},  # another job's
+        {**child, "kind": "ReplicaSet", "apiVersion": "apps/v1"},  # not a Job's
+        {**child, "controller": False},  # an owner, not its controller
+    ):
+        assert not made_for(_owned(pod_run("worker", 0, "u", labels=OURS), wrong), train)
+    # A batch Job as controller is no PyTorchJob's pod.
+    assert not made_for(_owned(pod_run("worker", 0, "u", labels=OURS), child), JOB)
+    twice = _owned(pod_run("worker", 0, "u", labels=OURS), child, {**child, "name": "j-x"})
+    assert not made_for(twice, train)  # two controllers: no real pod has
 
 
 def test_next_runs_restart_replace_new_and_never_twice():

@@ -79,16 +79,23 @@ def made_for(pod: Obj, job: Obj) -> bool:
     meta = pod.get("metadata") or {}
     if not _labelled_for(pod, job):
         return False
-    for owner in meta.get("ownerReferences") or []:
-        if not isinstance(owner, dict):
-            continue
-        same_kind = (owner.get("apiVersion"), owner.get("kind")) == (
-            job.get("apiVersion"),
-            job.get("kind"),
-        )
-        if owner.get("controller") and same_kind:
-            return bool(owner.get("uid") == job["metadata"].get("uid"))
-    return True
+    # Every pod a controller made names it; one made by hand (with our labels) names none.
+    controllers = [
+        o for o in meta.get("ownerReferences") or [] if isinstance(o, dict) and o.get("controller")
+    ]
+    if len(controllers) != 1:
+        return False
+    (owner,) = controllers
+    job_meta = job.get("metadata") or {}
+    if (owner.get("apiVersion"), owner.get("kind")) == (job.get("apiVersion"), job.get("kind")):
+        return bool(owner.get("uid") == job_meta.get("uid"))
+    # A TrainJob's pods are its JobSet's Jobs' (<name>-node-0), a level down: by name.
+    name = str(owner.get("name") or "")
+    return (
+        job.get("kind") == "TrainJob"
+        and (owner.get("apiVersion"), owner.get("kind")) == ("batch/v1", "Job")
+        and name.startswith(f"{job_meta.get('name')}-")
+    )
 
 
 def holds_its_name(pod: Obj, job: Obj) -> bool:

@@ -227,7 +227,8 @@ def test_api_status_json_shows_as_its_message(control_plane, admin, namespace, t
         body = res(admin, "v1", "Pod").get(name=pod, namespace=namespace).to_dict()
         res(admin, "v1", "Pod").delete(name=pod, namespace=namespace, grace_period_seconds=0)
         body["spec"]["nodeName"] = "ghost-node"
-        body["metadata"] = {"name": pod, "labels": body["metadata"]["labels"]}
+        meta = body["metadata"]
+        body["metadata"] = {k: meta[k] for k in ("name", "labels", "ownerReferences")}
         res(admin, "v1", "Pod").create(namespace=namespace, body=body)
     out = cli(config, tmp_path / "c", "logs", "j", "-n", namespace)
     # The merged logs: one warning line per pod it could not read, then the error.

@@ -88,8 +88,14 @@ def test_logs_index_reads_that_nodes_pod(kube_cli, admin, namespace, up):
             "jobset.sigs.k8s.io/jobset-name": "j",
             "batch.kubernetes.io/job-completion-index": str(index),
         }
+        child = {"apiVersion": "batch/v1", "kind": "Job", "name": "j-node-0", "uid": "u-job"}
+        owners = [{**child, "controller": True}]  # a JobSet's Job is their controller
         body = {
-            "metadata": {"name": f"j-{index}-x{index}z", "labels": labels},
+            "metadata": {
+                "name": f"j-{index}-x{index}z",
+                "labels": labels,
+                "ownerReferences": owners,
+            },
             "spec": {"containers": [{"name": "pytorch", "image": IMAGE}]},
         }
         res(admin, "v1", "Pod").create(namespace=namespace, body=body)
