@@ -84,7 +84,12 @@ def split_ranks(text: str) -> list[tuple[int | None, str]]:
     write before it exits, without its newline), and the next worker's prefixed line runs
     on from there: so every rank prefix inside a worker's line starts a line of its own.
     One right at the start of a line's text stays in it: that is torch's own prefix of an
-    uncaught exception's lines ("[rank0]: Traceback ...")."""
+    uncaught exception's lines ("[rank0]: Traceback ...").
+
+    A script that prints "[rank3]:" mid-line is split there too: the tee's glue leaves no
+    other mark, and its text is still shown, only as rank 3's. A protocol event is the one
+    exception: a whole JSON event is one line (its strings may hold anything), and no glue
+    of a partial line makes one."""
     match = _RANK_PREFIX.match(text)
     if match is None:
         return [(None, text)]
@@ -92,7 +97,7 @@ def split_ranks(text: str) -> list[tuple[int | None, str]]:
     while True:
         rank, start = int(match[1]), match.end()
         following = _RANK_ANYWHERE.search(text, start + 1)  # its text is never empty
-        if following is None:
+        if following is None or parse_event(text[start:]) is not None:
             out.append((rank, text[start:]))
             return out
         out.append((rank, text[start : following.start()]))

@@ -93,6 +93,13 @@ def test_a_rank_prefix_inside_a_workers_line_starts_another_ranks_line():
     assert got == [(1, "end"), (0, "[rank0]: Traceback (most recent call last):")]
     assert split_ranks("[rank0]:[rank0]: x") == [(0, "[rank0]: x")]
     assert split_ranks("an agent's line [rank0]:x") == [(None, "an agent's line [rank0]:x")]
+    # A prefix a script printed mid-line splits it too (the glue leaves no other mark) ...
+    assert split_ranks("[rank0]:said [rank3]: hi") == [(0, "said "), (3, " hi")]
+    # ... but not inside a whole protocol event: its strings may hold anything.
+    event = '{"event": "step", "step": 4, "note": "from [rank3]: hi"}'
+    assert split_ranks(f"[rank0]:{event}") == [(0, event)]
+    assert split_ranks(f"[rank1]:partial[rank0]:{event}") == [(1, "partial"), (0, event)]
+    assert split_ranks('[rank0]:{"event": "step"}[rank0]:') == [(0, '{"event": "step"}'), (0, "")]
 
 
 def test_a_module_is_found_where_the_workers_would_find_it(tmp_path):
