@@ -2,7 +2,8 @@
 output (a smoke run, a pod's log) uses the same functions.
 
 Rank prefixes. With `contract.RANK_OUTPUT_ENV` in the agent's env, torchrun tees every worker line
-to the console prefixed with its global rank (`[rank3]:...`); `split_rank` takes it apart.
+to the console prefixed with its global rank (`[rank3]:...`); `split_ranks` takes it apart,
+the one rule of every reader (a rank's partial line runs on into the next rank's).
 Lines without the prefix are the agent's own (its warnings, its failure summary).
 
 The event protocol (optional). A job may print, from global rank 0 on stdout, one JSON
@@ -65,14 +66,6 @@ class Event:
         value = self.fields.get("step")
         ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
         return value if ok else None
-
-
-def split_rank(text: str) -> tuple[int | None, str]:
-    """A console line as (global rank of the worker that wrote it or None, its text)."""
-    match = _RANK_PREFIX.match(text)
-    if match is None:
-        return None, text
-    return int(match[1]), text[match.end() :]
 
 
 _RANK_ANYWHERE = re.compile(r"\[rank(\d+)\]:", re.ASCII)

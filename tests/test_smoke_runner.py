@@ -14,7 +14,6 @@ from ddpdeploy.events import (
     WorkerFailure,
     parse_event,
     root_cause,
-    split_rank,
     split_ranks,
     summary_failures,
 )
@@ -77,8 +76,8 @@ def test_rank_prefix_and_summary_are_read_from_torchrun_lines():
         "  rank      : 3 (local_rank: 1)",
         "  exitcode  : 1 (pid: 24819) ",
     ]
-    assert split_rank(tail[0]) == (2, "[rank2]: RuntimeError: Connection closed by peer")
-    assert split_rank("plain") == (None, "plain")
+    assert split_ranks(tail[0]) == [(2, "[rank2]: RuntimeError: Connection closed by peer")]
+    assert split_ranks("plain") == [(None, "plain")]
     got = [(f.rank, f.local_rank, f.code, f.root) for f in summary_failures("n", tail)]
     assert got == [(2, 0, -15, False), (3, 1, 1, True)]
 
@@ -247,14 +246,15 @@ def test_digits_of_other_scripts_are_no_ranks_or_steps(flag, text):
 def test_digits_of_other_scripts_are_no_ranks_durations_or_steps_anywhere():
     # Found by the fourth hostile pass: one rule for every reader of numbers, not only the
     # flags' (up --timeout \u0661\u0660s was ten seconds; a job line "[rank\u0663]:" was rank 3).
-    from ddpdeploy.events import split_rank
+    from ddpdeploy.events import split_ranks
     from ddpdeploy.formats import parse_duration
 
     assert parse_duration("10s") == 10
     with pytest.raises(UserError, match="is not a duration"):
         parse_duration("\u0661\u0660s")
-    assert split_rank("[rank3]: x") == (3, " x")
-    assert split_rank("[rank\u0663]: x") == (None, "[rank\u0663]: x")
+    assert split_ranks("[rank3]: x") == [(3, " x")]
+    assert split_ranks("[rank\u0663]: x") == [(None, "[rank\u0663]: x")]
+    assert split_ranks("[rank3]:a[rank\u0663]:b") == [(3, "a[rank\u0663]:b")]
 
 
 def test_durations_read_and_write_the_same_units_list_shows_ages_in():
