@@ -160,7 +160,12 @@ def follow(target: Any, config: Config, kills: list[tuple[int, int]], timeout: f
     """Follow one run to its end; at each held kill step SIGKILL the next (node, local
     rank) of ``kills`` and time kill -> the restarted group's first step. Returns (done
     event fields, kill rows)."""
-    from ddpdeploy.events import parse_event, split_rank
+    from ddpdeploy.events import Event, parse_event, split_ranks
+
+    def rank0_events(text: str) -> list[Event]:
+        # A killed rank's partial line runs on into the next rank's: each is its own.
+        found = [parse_event(t) for rank, t in split_ranks(text) if rank in (0, None)]
+        return [e for e in found if e is not None]
 
     names = [n.name for n in target.nodes]
     rows: list[KillRow] = []
@@ -173,37 +178,35 @@ def follow(target: Any, config: Config, kills: list[tuple[int, int]], timeout: f
     for line in target.events(poll=0.1):
         if line is not None:
             tails = (tails + [f"{line.node}: {line.text}"])[-40:]
-            rank, text = split_rank(line.text)
-            event = parse_event(text) if line.stream == "stdout" and rank in (0, None) else None
-            if event is not None and event.kind == "start" and pending is not None:
-                restarted = True
-            elif event is not None and event.kind in ("step", "done"):
-                if pending is not None and restarted:
-                    pending.recovery = time.monotonic() - kill_at
-                    pending.resumed_at = event.step
-                    pending, restarted = None, False
-                if event.kind == "done":
-                    done = event.fields
-                elif event.fields.get("hold") and event.step in config.kill_steps:
-                    node_i, local = kills[len(rows) % len(kills)]
-                    node = names[node_i % len(names)]
-                    kill_at = time.monotonic()
-                    what = target.kill_worker(node, local)
-                    pending = KillRow(config.name, int(event.step), node, what)
-                    rows.append(pending)
+            for event in rank0_events(line.text) if line.stream == "stdout" else []:
+                if event.kind == "start" and pending is not None:
+                    restarted = True
+                elif event.kind in ("step", "done"):
+                    if pending is not None and restarted:
+                        pending.recovery = time.monotonic() - kill_at
+                        pending.resumed_at = event.step
+                        pending, restarted = None, False
+                    if event.kind == "done":
+                        done = event.fields
+                    elif event.fields.get("hold") and event.step in config.kill_steps:
+                        node_i, local = kills[len(rows) % len(kills)]
+                        node = names[node_i % len(names)]
+                        kill_at = time.monotonic()
+                        what = target.kill_worker(node, local)
+                        pending = KillRow(config.name, int(event.step), node, what)
+                        rows.append(pending)
         failed = target.failed()
         if failed is not None:
             raise RunFailed(f"{config.name}: {failed} failed:\n" + "\n".join(tails[-25:]))
         if target.finished():
             for rest in target.drain():
                 tails.append(f"{rest.node}: {rest.text}")
-                rank, text = split_rank(rest.text)
-                event = parse_event(text) if rank in (0, None) else None
-                if event is not None and event.kind == "done":
-                    done = event.fields
-                    if pending is not None and restarted:
-                        pending.recovery = time.monotonic() - kill_at
-                        pending.resumed_at = event.step
+                for event in rank0_events(rest.text):
+                    if event.kind == "done":
+                        done = event.fields
+                        if pending is not None and restarted:
+                            pending.recovery = time.monotonic() - kill_at
+                            pending.resumed_at = event.step
             break
         if time.monotonic() - started > timeout:
             raise RunFailed(f"{config.name}: no end within {timeout:g} s:\n" + "\n".join(tails))

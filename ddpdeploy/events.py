@@ -2,7 +2,8 @@
 output (a smoke run, a pod's log) uses the same functions.
 
 Rank prefixes. With `contract.RANK_OUTPUT_ENV` in the agent's env, torchrun tees every worker line
-to the console prefixed with its global rank (`[rank3]:...`); `split_rank` takes it apart.
+to the console prefixed with its global rank (`[rank3]:...`); `split_ranks` takes it apart,
+the one rule of every reader (a rank's partial line runs on into the next rank's).
 Lines without the prefix are the agent's own (its warnings, its failure summary).
 
 The event protocol (optional). A job may print, from global rank 0 on stdout, one JSON
@@ -35,6 +36,7 @@ import json
 import math
 import re
 import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,14 +68,6 @@ class Event:
         return value if ok else None
 
 
-def split_rank(text: str) -> tuple[int | None, str]:
-    """A console line as (global rank of the worker that wrote it or None, its text)."""
-    match = _RANK_PREFIX.match(text)
-    if match is None:
-        return None, text
-    return int(match[1]), text[match.end() :]
-
-
 _RANK_ANYWHERE = re.compile(r"\[rank(\d+)\]:", re.ASCII)
 
 
@@ -84,7 +78,12 @@ def split_ranks(text: str) -> list[tuple[int | None, str]]:
     write before it exits, without its newline), and the next worker's prefixed line runs
     on from there: so every rank prefix inside a worker's line starts a line of its own.
     One right at the start of a line's text stays in it: that is torch's own prefix of an
-    uncaught exception's lines ("[rank0]: Traceback ...")."""
+    uncaught exception's lines ("[rank0]: Traceback ...").
+
+    A script that prints "[rank3]:" mid-line is split there too: the tee's glue leaves no
+    other mark, and its text is still shown, only as rank 3's. A protocol event is the one
+    exception: a whole JSON event is one line (its strings may hold anything), and no glue
+    of a partial line makes one."""
     match = _RANK_PREFIX.match(text)
     if match is None:
         return [(None, text)]
@@ -92,7 +91,7 @@ def split_ranks(text: str) -> list[tuple[int | None, str]]:
     while True:
         rank, start = int(match[1]), match.end()
         following = _RANK_ANYWHERE.search(text, start + 1)  # its text is never empty
-        if following is None:
+        if following is None or parse_event(text[start:]) is not None:
             out.append((rank, text[start:]))
             return out
         out.append((rank, text[start : following.start()]))
@@ -446,9 +445,11 @@ def port_taken(lines: list[str]) -> str | None:
 def probe_line(line: str) -> str | None:
     """The probe's report line when ``line`` (a pod's, rank prefix optional) is rank 0's
     ``probe`` event; None for any other line."""
-    rank, text = split_rank(line.strip())
-    event = parse_event(text) if rank in (None, 0) else None
-    return describe(event) if event is not None and event.kind == "probe" else None
+    for rank, text in split_ranks(line.strip()):
+        event = parse_event(text) if rank in (None, 0) else None
+        if event is not None and event.kind == "probe":
+            return describe(event)
+    return None
 
 
 # What the kubelet writes before each line when asked for timestamps (RFC 3339, up to ns).
@@ -477,12 +478,12 @@ def worker_lines(lines: list[str]) -> list[tuple[int, str]]:
     """The workers' own lines in a node's log (timestamps optional): (rank, text). torchrun
     starts the workers once every node has joined the rendezvous, so none means none has
     started."""
-    out = []
-    for line in lines:
-        rank, text = split_rank(split_timestamp(line.rstrip("\r\n"))[1])
-        if rank is not None:
-            out.append((rank, text))
-    return out
+    return [
+        (rank, text)
+        for line in lines
+        for rank, text in split_ranks(split_timestamp(line.rstrip("\r\n"))[1])
+        if rank is not None
+    ]
 
 
 def last_error(lines: list[str]) -> str | None:
@@ -491,9 +492,9 @@ def last_error(lines: list[str]) -> str | None:
     aside; else the last line the agent or our launcher wrote (a DNS wait that gave up)."""
     texts = [split_timestamp(t.rstrip("\r\n"))[1] for t in lines]
     texts = [t for t in agent_lines(texts) if t.strip()]
-    own = [t for t in texts if split_rank(t)[0] is not None]
+    own = [t for line in texts for r, t in split_ranks(line) if r is not None and t.strip()]
     if own:
-        return _OWN_PREFIX.sub("", split_rank(own[-1])[1], count=1).strip() or None
+        return _OWN_PREFIX.sub("", own[-1], count=1).strip() or None
     return texts[-1].strip() if texts else None
 
 
@@ -576,6 +577,16 @@ def _count(value: Any) -> int | None:
     return value if ok else None
 
 
+def _rank0_events(lines: list[str]) -> Iterator[tuple[float | None, Event]]:
+    """Rank 0's protocol events in a node's log, each with its line's time (or None)."""
+    for line in lines:
+        when, text = split_timestamp(line.rstrip("\r\n"))
+        for rank, own in split_ranks(text):
+            event = parse_event(own) if rank in (None, 0) else None
+            if event is not None:
+                yield when, event
+
+
 def progress(lines: list[str], now: float | None = None) -> Progress:
     """Rank 0's latest state from its log ``lines`` (oldest first; timestamps, as the
     kubelet writes them, and rank prefixes optional): only rank 0's protocol lines count.
@@ -583,12 +594,7 @@ def progress(lines: list[str], now: float | None = None) -> Progress:
     got: dict[str, Any] = {"events": 0}
     steps: list[tuple[float, int]] = []  # (time, step) of timed step lines, for the ETA
     step_s: float | None = None
-    for line in lines:
-        when, text = split_timestamp(line.rstrip("\r\n"))
-        rank, text = split_rank(text)
-        event = parse_event(text)
-        if event is None or rank not in (None, 0):
-            continue
+    for when, event in _rank0_events(lines):
         got["events"] += 1
         f = event.fields
         if event.kind in ("start", "done") and isinstance(f.get("run"), dict):

@@ -16,6 +16,7 @@ from ddpdeploy.cluster.jobstate import (
     job_state,
     logs_show_rank0,
     pod_view,
+    start_event,
 )
 from ddpdeploy.cluster.saved import scaled_spec, with_saved_spec
 from ddpdeploy.commands.options import spec_from_flags
@@ -259,6 +260,15 @@ def test_rank0_of_a_plain_script_is_found_by_torchruns_prefix():
     # No events: the line torchrun prefixed with global rank 0 (PET_TEE) says where it ran.
     assert logs_show_rank0(["[rank2]:epoch 0", "[rank0]:[GPU0] Epoch 0 | Steps: 8"])
     assert not logs_show_rank0(["[rank2]:epoch 0", "[rank3]:[rank0] not a prefix", "[rank10]:x"])
+
+
+def test_rank0_is_found_after_another_ranks_partial_line():
+    # torchrun's tee runs the next rank's line on from a rank's partial line (one without
+    # its newline): rank 0's part of it is rank 0's.
+    assert logs_show_rank0(["[rank2]:loading[rank0]:epoch 0"])
+    assert start_event(['[rank1]:partial[rank0]:{"event": "start", "world_size": 4}']) == {
+        "event": "start", "world_size": 4
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -95,3 +95,19 @@ def test_run_short_and_probe_line():
     assert (line := probe_line(probe)) and line.startswith("busbw 0.533 GB/s; per size")
     assert probe_line(probe.replace("[rank0]", "[rank1]")) is None
     assert probe_line(NODE0[-1]) is None
+
+
+def test_rank0s_events_run_on_from_another_ranks_partial_line_still_count():
+    # torchrun's tee writes a rank's partial last line as it is, and the next rank's line
+    # runs on from it: rank 0's event there is rank 0's, not rank 1's text.
+    lines = [
+        '[rank0]:{"event": "start", "total_steps": 10}',
+        '[rank1]:loading 50%[rank0]:{"event": "step", "step": 3}',
+        # print() writes the text and its newline apart: the newline is prefixed too.
+        '[rank0]:{"event": "checkpoint", "step": 3, "path": "/c"}[rank0]:',
+    ]
+    got = progress(lines)
+    assert (got.events, got.step, got.checkpoint_step) == (3, 3, 3)
+    assert progress(['[rank0]:x[rank2]:{"event": "step", "step": 9}']).events == 0
+    probe = next(t for t in NODE0 if '"probe"' in t)
+    assert (line := probe_line(f"[rank1]:partial{probe}")) and line.startswith("busbw 0.533")

@@ -19,7 +19,16 @@ from hypothesis import strategies as st
 from ddpdeploy.cluster.jobstate import job_state
 from ddpdeploy.cluster.podlogs import quiet_line
 from ddpdeploy.commands import views
-from ddpdeploy.events import EVENTS, NO_EVENTS, Event, describe, last_error, parse_event, progress
+from ddpdeploy.events import (
+    EVENTS,
+    NO_EVENTS,
+    Event,
+    describe,
+    last_error,
+    parse_event,
+    progress,
+    worker_lines,
+)
 from ddpdeploy.render.output import to_yaml
 
 FIELDS = (
@@ -164,6 +173,16 @@ def test_last_error_is_the_workers_last_line_not_torchruns_summary():
         "ddpdeploy: j-master-0 did not resolve within 300s"
     )
     assert last_error([]) is None
+
+
+def test_last_error_and_worker_lines_split_a_partial_line_from_the_next_ranks():
+    # A rank's last write without its newline: torchrun's tee runs the next rank's line on
+    # from it, and each is its own rank's.
+    lines = ["[rank0]:step 3", "[rank1]:loading[rank0]:[rank0]: ValueError: boom", "E agent"]
+    assert last_error(lines) == "ValueError: boom"
+    assert worker_lines(lines) == [(0, "step 3"), (1, "loading"), (0, "[rank0]: ValueError: boom")]
+    # print() writes the text and its newline apart: the newline comes prefixed on its own.
+    assert last_error(["[rank0]:ValueError: boom[rank0]:"]) == "ValueError: boom"
 
 
 def test_quiet_line_says_what_the_pod_and_log_tell():

@@ -5,6 +5,7 @@ the operator and JobSet label them; the reading itself is tested against a real 
 from __future__ import annotations
 
 import pytest
+from fakekube import FakeKube
 
 from ddpdeploy.cluster.podlogs import (
     Followed,
@@ -15,10 +16,13 @@ from ddpdeploy.cluster.podlogs import (
     made_for,
     next_runs,
     node_numbers,
+    rank0_progress,
     run_of,
     sources,
 )
+from ddpdeploy.contract import COMPLETION_INDEX_KEY
 from ddpdeploy.errors import UserError
+from ddpdeploy.events import Progress
 from ddpdeploy.targets import TARGETS
 
 
@@ -66,11 +70,35 @@ def test_sources_previous_first_and_node_filter():
 
 
 def test_attribute_reads_stamp_rank_and_keeps_the_rest():
-    line = attribute("2026-01-02T03:04:05.5Z [rank7]:[rank2]: x", Source("p", 3))
+    (line,) = attribute("2026-01-02T03:04:05.5Z [rank7]:[rank2]: x", Source("p", 3))
     assert (line.rank, line.node, line.text, line.when) == (7, 3, "[rank2]: x", 1767323045.5)
-    agent = attribute("torchrun says hi", Source("p", 1, previous=True))
+    (agent,) = attribute("torchrun says hi", Source("p", 1, previous=True))
     assert (agent.rank, agent.previous, agent.when) == (None, True, 0.0)
     assert not Select(ranks=frozenset({0})).keeps(agent) and Select().keeps(agent)
+
+
+def test_a_partial_line_and_the_next_ranks_are_each_their_ranks_own():
+    # torchrun's tee writes a rank's last write without its newline as it is, and the next
+    # rank's line runs on from it: `logs --rank 0` shows rank 0's part, not rank 1's line.
+    got = attribute("2026-01-02T03:04:05.5Z [rank1]:loading[rank0]:step 3", Source("p", 0))
+    assert [(t.rank, t.text, t.when) for t in got] == [
+        (1, "loading", 1767323045.5), (0, "step 3", 1767323045.5)
+    ]  # fmt: skip
+    assert [t.text for t in got if Select(ranks=frozenset({0})).keeps(t)] == ["step 3"]
+
+
+def test_status_finds_rank0s_start_run_on_from_another_ranks_partial_line():
+    # The start event is read from the log's head when the tail holds none; one that ran on
+    # from rank 1's partial line is rank 0's all the same (else no total steps, no ETA).
+    kube = FakeKube()
+    start = '{"event": "start", "total_steps": 500}'
+    steps = [f'[rank0]:{{"event": "step", "step": {i}}}' for i in range(1, 301)]
+    kube.pod_logs["j-0-abc0"] = [f"[rank1]:partial[rank0]:{start}", *steps]
+    job = {"apiVersion": TARGETS["trainjob"].api_version, "kind": TARGETS["trainjob"].kind,
+           "metadata": {"name": "j", "namespace": "ns"}}  # fmt: skip
+    pods = [{"metadata": {"name": "j-0-abc0", "labels": {COMPLETION_INDEX_KEY: "0"}}}]
+    got = rank0_progress(kube, job, pods, now=0.0)
+    assert isinstance(got, Progress) and (got.step, got.total_steps) == (300, 500)
 
 
 # ---- following: which run of which pod to read next ------------------------------------

@@ -14,7 +14,6 @@ from ddpdeploy.events import (
     WorkerFailure,
     parse_event,
     root_cause,
-    split_rank,
     split_ranks,
     summary_failures,
 )
@@ -77,8 +76,8 @@ def test_rank_prefix_and_summary_are_read_from_torchrun_lines():
         "  rank      : 3 (local_rank: 1)",
         "  exitcode  : 1 (pid: 24819) ",
     ]
-    assert split_rank(tail[0]) == (2, "[rank2]: RuntimeError: Connection closed by peer")
-    assert split_rank("plain") == (None, "plain")
+    assert split_ranks(tail[0]) == [(2, "[rank2]: RuntimeError: Connection closed by peer")]
+    assert split_ranks("plain") == [(None, "plain")]
     got = [(f.rank, f.local_rank, f.code, f.root) for f in summary_failures("n", tail)]
     assert got == [(2, 0, -15, False), (3, 1, 1, True)]
 
@@ -93,6 +92,13 @@ def test_a_rank_prefix_inside_a_workers_line_starts_another_ranks_line():
     assert got == [(1, "end"), (0, "[rank0]: Traceback (most recent call last):")]
     assert split_ranks("[rank0]:[rank0]: x") == [(0, "[rank0]: x")]
     assert split_ranks("an agent's line [rank0]:x") == [(None, "an agent's line [rank0]:x")]
+    # A prefix a script printed mid-line splits it too (the glue leaves no other mark) ...
+    assert split_ranks("[rank0]:said [rank3]: hi") == [(0, "said "), (3, " hi")]
+    # ... but not inside a whole protocol event: its strings may hold anything.
+    event = '{"event": "step", "step": 4, "note": "from [rank3]: hi"}'
+    assert split_ranks(f"[rank0]:{event}") == [(0, event)]
+    assert split_ranks(f"[rank1]:partial[rank0]:{event}") == [(1, "partial"), (0, event)]
+    assert split_ranks('[rank0]:{"event": "step"}[rank0]:') == [(0, '{"event": "step"}'), (0, "")]
 
 
 def test_a_module_is_found_where_the_workers_would_find_it(tmp_path):
@@ -240,14 +246,15 @@ def test_digits_of_other_scripts_are_no_ranks_or_steps(flag, text):
 def test_digits_of_other_scripts_are_no_ranks_durations_or_steps_anywhere():
     # Found by the fourth hostile pass: one rule for every reader of numbers, not only the
     # flags' (up --timeout \u0661\u0660s was ten seconds; a job line "[rank\u0663]:" was rank 3).
-    from ddpdeploy.events import split_rank
+    from ddpdeploy.events import split_ranks
     from ddpdeploy.formats import parse_duration
 
     assert parse_duration("10s") == 10
     with pytest.raises(UserError, match="is not a duration"):
         parse_duration("\u0661\u0660s")
-    assert split_rank("[rank3]: x") == (3, " x")
-    assert split_rank("[rank\u0663]: x") == (None, "[rank\u0663]: x")
+    assert split_ranks("[rank3]: x") == [(3, " x")]
+    assert split_ranks("[rank\u0663]: x") == [(None, "[rank\u0663]: x")]
+    assert split_ranks("[rank3]:a[rank\u0663]:b") == [(3, "a[rank\u0663]:b")]
 
 
 def test_durations_read_and_write_the_same_units_list_shows_ages_in():

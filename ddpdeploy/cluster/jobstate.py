@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ddpdeploy.events import parse_event, split_rank, summary_failures
+from ddpdeploy.events import parse_event, split_ranks, summary_failures
 from ddpdeploy.formats import counted
 from ddpdeploy.obj import Obj
 from ddpdeploy.targets import Layout, layout_for_kind
@@ -77,17 +77,15 @@ def crash_line(message: str) -> str | None:
     there): the rank torchrun's summary names (its root cause first), else the last rank
     that printed; else the container's last line (a failure before torchrun started)."""
     lines = message.splitlines()
-    said: dict[int, str] = {}
-    for line in lines:
-        rank, text = split_rank(line)
-        if rank is not None and text.strip():
-            said[rank] = text.strip()
+    # A rank's partial line runs on into the next rank's: each part is its own rank's.
+    own = [(r, t) for line in lines for r, t in split_ranks(line) if r is not None]
+    said = {rank: text.strip() for rank, text in own if text.strip()}
     failed = sorted(summary_failures("", lines), key=lambda f: not f.root)
     for failure in failed:
         if failure.rank in said:
             return f"rank {failure.rank}: {said[failure.rank]}"
     if said:
-        last = next(r for line in reversed(lines) if (r := split_rank(line)[0]) in said)
+        last = next(r for r, _ in reversed(own) if r in said)
         return f"rank {last}: {said[last]}"
     rest = [line.strip() for line in lines if line.strip()]
     return rest[-1] if rest else None
@@ -332,9 +330,10 @@ def start_event(lines: list[str]) -> dict[str, Any] | None:
     """The fields of rank 0's `start` event in a trainer log (only rank 0 logs JSON), read
     by the smoke room's parser of the same protocol; None when there is none."""
     for line in lines:
-        event = parse_event(split_rank(line.strip())[1])
-        if event is not None and event.kind == "start":
-            return event.fields
+        for _, text in split_ranks(line.strip()):
+            event = parse_event(text)
+            if event is not None and event.kind == "start":
+                return event.fields
     return None
 
 
@@ -342,4 +341,6 @@ def logs_show_rank0(lines: list[str]) -> bool:
     """True when a pod's log shows global rank 0 ran there: its `start` event, or any line
     torchrun prefixed with rank 0 (a plain script logs no events, and under c10d no pod
     holds rank 0 by name)."""
-    return start_event(lines) is not None or any(split_rank(t.strip())[0] == 0 for t in lines)
+    if start_event(lines) is not None:
+        return True
+    return any(rank == 0 for t in lines for rank, _ in split_ranks(t.strip()))

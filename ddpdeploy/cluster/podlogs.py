@@ -37,7 +37,7 @@ from ddpdeploy.events import (
     last_error,
     parse_event,
     progress,
-    split_rank,
+    split_ranks,
     split_timestamp,
     worker_lines,
 )
@@ -172,10 +172,14 @@ def nothing_shown(pods: list[Obj], select: Select, container: str) -> str:
     return f"no log lines: {why} (pods: {listed})"
 
 
-def attribute(raw: str, source: Source) -> Line:
+def attribute(raw: str, source: Source) -> list[Line]:
+    """A log line as the lines of the ranks in it: a rank's partial line and the next
+    rank's run on in one (``split_ranks``), each shown and selected as its own rank's."""
     when, text = split_timestamp(raw)
-    rank, text = split_rank(text)
-    return Line(rank, source.node, text, source.previous, when or 0.0)
+    return [
+        Line(rank, source.node, own, source.previous, when or 0.0)
+        for rank, own in split_ranks(text)
+    ]
 
 
 def _read(
@@ -191,9 +195,9 @@ def _read(
         since_seconds=select.since_s,
         timestamps=True,
     ):
-        line = attribute(raw, source)
-        if select.keeps(line):
-            yield line
+        for line in attribute(raw, source):
+            if select.keeps(line):
+                yield line
 
 
 Failed = Callable[[Source, Exception], None]
@@ -451,7 +455,7 @@ def rank0_progress(kube: KubeApi, job: Obj, pods: list[Obj], now: float) -> Prog
             tail = list(kube.logs(pod, namespace, container, tail=TAIL, timestamps=True))
         except LogUnavailable:  # the run is gone: the pod's status tells how it ended
             tail = []
-        if not any(_kind(line) == "start" for line in tail):
+        if not any("start" in _kinds(line) for line in tail):
             head = heads.get(pod)  # read a moment ago when looking for rank 0
             if head is None:
                 try:
@@ -462,7 +466,7 @@ def rank0_progress(kube: KubeApi, job: Obj, pods: list[Obj], now: float) -> Prog
                     )
                 except LogUnavailable:
                     head = []
-            tail = [line for line in head if _kind(line) in ("start", "probe")] + tail
+            tail = [line for line in head if _kinds(line) & {"start", "probe"}] + tail
     except OperationError as exc:
         return f"training: cannot read rank 0's log: {exc}"
     got = progress(tail, now)
@@ -531,7 +535,7 @@ def quiet_line(pod: Obj, container: str, tail: list[str], previous: list[str], n
     return NO_EVENTS
 
 
-def _kind(line: str) -> str | None:
-    rank, text = split_rank(split_timestamp(line)[1])
-    event = parse_event(text) if rank in (None, 0) else None
-    return event.kind if event else None
+def _kinds(line: str) -> set[str]:
+    """The kinds of rank 0's events on a log line (one may run on from a partial line)."""
+    texts = [t for rank, t in split_ranks(split_timestamp(line)[1]) if rank in (None, 0)]
+    return {event.kind for t in texts if (event := parse_event(t)) is not None}

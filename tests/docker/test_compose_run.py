@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from ddpdeploy.contract import RunRecord
-from ddpdeploy.events import split_rank
+from ddpdeploy.events import split_ranks
 from ddpdeploy.smoke.compose import compose_job, render_compose
 from ddpdeploy.smoke.composerun import PROJECT_LABEL, ComposeRun, Line
 from ddpdeploy.smoke.launch import nodes_of
@@ -46,10 +46,11 @@ def compose_run(spec: JobSpec) -> ComposeRun:
 
 
 def done_event(line: Line | None, done: dict[str, Any] | None) -> dict[str, Any] | None:
-    # Every process's lines carry torchrun's rank prefix (the launch contract's base env).
-    text = split_rank(line.text)[1] if line else ""
-    if line and line.stream == "stdout" and text.startswith('{"event": "done"'):
-        return json.loads(text)
+    # Every process's lines carry torchrun's rank prefix (the launch contract's base env);
+    # a killed rank's partial line runs on into the next rank's.
+    for _, text in split_ranks(line.text) if line and line.stream == "stdout" else []:
+        if text.startswith('{"event": "done"'):
+            done = json.loads(text)
     return done
 
 

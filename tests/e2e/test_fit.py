@@ -278,6 +278,17 @@ def test_a_crash_loop_names_the_root_cause_ranks_own_last_line() -> None:
     assert crash_line("") is None
 
 
+def test_a_crash_line_gives_a_partial_lines_next_rank_its_own_line() -> None:
+    from ddpdeploy.cluster.jobstate import crash_line
+
+    # torchrun's tee writes rank 3's last write without its newline; rank 1's error line
+    # runs on from it, and is rank 1's own.
+    message = "[rank3]:loading[rank1]:ddptrain: error: x\nE agent\n"
+    assert crash_line(message) == "rank 1: ddptrain: error: x"
+    summary = "  rank      : 3 (local_rank: 1)\n  exitcode  : 1 (pid: 7)\n"
+    assert crash_line(message + summary) == "rank 3: loading"
+
+
 def test_an_oom_kill_loop_says_so_with_the_limit() -> None:
     from ddpdeploy.cluster.jobstate import job_state
 
