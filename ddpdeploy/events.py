@@ -316,6 +316,12 @@ _OWN_PREFIX = re.compile(r"^\[rank\d+\]: ?", re.ASCII)
 _LIBRARIES = ("/site-packages/", "/dist-packages/", "/lib/python3")  # not the user's frame
 
 
+def own_text(text: str) -> str:
+    """A worker's line without torch's own prefix of an uncaught exception's lines (the
+    tee's prefix already split off): "[rank1]: ValueError: x" is "ValueError: x"."""
+    return _OWN_PREFIX.sub("", text, count=1)
+
+
 def read_only_write(lines: list[str]) -> str | None:
     """One line naming what a worker wrote on the read-only root (a pod's, and compose's
     since it runs with the pod's settings) and the fix; None when ``lines`` (the root-cause

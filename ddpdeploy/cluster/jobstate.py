@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ddpdeploy.events import parse_event, split_ranks, summary_failures
+from ddpdeploy.events import own_text, parse_event, split_ranks, summary_failures
 from ddpdeploy.formats import counted
 from ddpdeploy.obj import Obj
 from ddpdeploy.targets import Layout, layout_for_kind
@@ -79,7 +79,7 @@ def crash_line(message: str) -> str | None:
     lines = message.splitlines()
     # A rank's partial line runs on into the next rank's: each part is its own rank's.
     own = [(r, t) for line in lines for r, t in split_ranks(line) if r is not None]
-    said = {rank: text.strip() for rank, text in own if text.strip()}
+    said = {rank: own_text(text).strip() for rank, text in own if own_text(text).strip()}
     failed = sorted(summary_failures("", lines), key=lambda f: not f.root)
     for failure in failed:
         if failure.rank in said:

@@ -276,6 +276,8 @@ def test_a_crash_loop_names_the_root_cause_ranks_own_last_line() -> None:
         "ddpdeploy: j-worker-0 did not resolve within 900s"
     )
     assert crash_line("") is None
+    # torch's own prefix of an uncaught exception's lines is not repeated after ours.
+    assert crash_line("[rank1]:[rank1]: ValueError: x\n") == "rank 1: ValueError: x"
 
 
 def test_a_crash_line_gives_a_partial_lines_next_rank_its_own_line() -> None:
