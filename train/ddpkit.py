@@ -600,9 +600,7 @@ def _every_rank_in_save(step: int, path: str) -> None:
             waited = time.monotonic() - start
             if waited >= _group_timeout[0] or (not warned and waited >= warn_after):
                 missing = [r for r in range(n) if _save_seq(st, r) < seq]
-                named = ", ".join(map(str, missing[:16])) + (
-                    f" and {len(missing) - 16} more" if len(missing) > 16 else ""
-                )
+                named = _first_of([str(r) for r in missing])
                 why = (
                     f"rank(s) {named} did not call save(step {step}) within {waited:.0f} s; "
                     "call ddpkit.save on every rank (only rank 0's state is written), not "
@@ -1711,6 +1709,13 @@ def _ranks_event(
     }  # fmt: skip
 
 
+def _first_of(names: list[str], most: int = 16) -> str:
+    """``names`` for one line: the first ``most``, then how many more (a job of thousands
+    of ranks names them all in its event, not on the console)."""
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
+
+
 # ---- the hang watchdog -------------------------------------------------------------------
 class _Watchdog(threading.Thread):
     """One daemon thread per rank, started by the first ``step_done``.
@@ -1841,7 +1846,7 @@ class _Watchdog(threading.Thread):
         emit(event)
         # No rank behind: each finished step top and is outside a timed phase, which says
         # nothing of where it waits (a collective, or its own code): the stacks say.
-        named = ", ".join(f"{r} ({hosts.get(r, '?')})" for r in behind) or (
+        named = _first_of([f"{r} ({hosts.get(r, '?')})" for r in behind]) or (
             f"none named (every rank finished step {top}; where each waits is in its stacks)"
         )
         print(

@@ -290,3 +290,14 @@ def test_finish_destroys_the_group_runs_atexit_and_exits_with_its_code(tmp_path:
     )
     assert out.returncode == 3, out.stderr
     assert out.stdout.splitlines() == ["world 1", "atexit ran, group False"], out.stdout
+
+
+def test_a_console_line_names_at_most_16_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The hang line and the save warning listed every rank behind: thousands in a big job.
+    monkeypatch.syspath_prepend(str(TRAIN_DIR))
+    import ddpkit
+
+    assert ddpkit._first_of([]) == ""
+    assert ddpkit._first_of(["0 (a)", "3 (b)"]) == "0 (a), 3 (b)"
+    named = ddpkit._first_of([str(r) for r in range(1000)])
+    assert named == ", ".join(map(str, range(16))) + " and 984 more"
