@@ -62,6 +62,7 @@ import contextlib
 import ctypes
 import errno
 import faulthandler
+import fcntl
 import glob
 import hashlib
 import json
@@ -100,6 +101,10 @@ MAX_SIDECAR = 1 << 20  # a sidecar is ~600 bytes; anything this big is not one
 # default) is seconds old; ten minutes leaves room for a slow mount's long write or fsync
 # and for clock skew between the nodes that share the folder.
 STALE_TEMP_S = 600.0
+# The folder's lock (flock) while a pair is committed and while retention checks what it
+# deletes: the kernel drops it with its process, so a killed writer leaves none held.
+LOCK_NAME = ".ddpkit.lock"
+LOCK_WAIT_ENV = "DDPDEPLOY_CHECKPOINT_LOCK_S"  # seconds to wait for it (default 300)
 _print_lock = threading.Lock()  # a background checkpoint writer logs too
 T = TypeVar("T")
 
@@ -692,19 +697,32 @@ def latest_verified(
     the current GPU under nccl, else CPU).
     """
     is_main, many = rank() == 0, _distributed()
-    if is_main:
-        store.remove_stale_temp_files()
     device = device if device is not None else _collective_device()
-    steps = store.list_steps() if is_main else []
+    steps, unlisted = [], ""
+    if is_main:
+        try:
+            store.remove_stale_temp_files()
+            steps = store.list_steps()
+        except OSError as e:  # a folder it may not read: every rank raises, none waits
+            unlisted = f"cannot list {store.dir}: {e.strerror or e}"
+    if many:
+        unlisted = _broadcast_text(unlisted, device)
+    if unlisted:
+        raise CheckpointError(f"{unlisted}; give the run a folder it can read and write")
     if many:
         steps = _broadcast_ints(steps, device)
+    unloadable: tuple[int, str] | None = None  # the newest that verifies but does not load
     for step in steps:
         try:
             got = store.read(step, load)  # (value, sidecar), or why not
         except WeightsOnlyRefusal as e:
             got = _Refused(e.what)
-        # 2: loaded, 1: skip it, 0: it verifies and will never load (every rank raises)
-        verdict = 0 if isinstance(got, _Refused) else 1 if isinstance(got, str) else 2
+        # 3: loaded, 2: it verifies but does not load, 1: skip it (unverifiable), 0: it
+        # verifies and will never load (every rank raises)
+        verdict = (
+            0 if isinstance(got, _Refused) else 2 if isinstance(got, _Unloadable)
+            else 1 if isinstance(got, str) else 3
+        )  # fmt: skip
         if many:
             flag = torch.tensor([verdict], device=device)
             dist.all_reduce(flag, op=dist.ReduceOp.MIN)
@@ -718,23 +736,41 @@ def latest_verified(
                 f"True) refuses it: {why}; {_WEIGHTS_ONLY_FIX}, or pass weights_only=False to "
                 "load_latest if you trust the folder"
             )
-        ok = verdict == 2
+        ok = verdict == 3
         if ok and not isinstance(got, str):
             value, sidecar = got
             _adopt_run_id(sidecar)
             _resumed.update(resumed=True, resume_path=store.payload_path(step), resume_step=step)
             return step, value
+        why = got if isinstance(got, str) else "not loaded on every rank"
+        if verdict == 2 and unloadable is None:
+            unloadable = (step, why)
         if is_main:
-            why = got if isinstance(got, str) else "not verified on every rank"
             path = store.payload_path(step)
             line = f"ddpkit: skipping checkpoint {path}: {why}; trying the one before"
             print(line, file=sys.stderr, flush=True)
+    if unloadable is not None:
+        # A verified checkpoint that no load took is most often the load's own fault (a
+        # map_location this host has no device for), and every older one fails alike:
+        # starting afresh would save over this run's steps.
+        step, why = unloadable
+        if many:
+            why = _broadcast_text(why, device)
+        raise CheckpointError(
+            f"no checkpoint in {store.dir} loads: {store.payload_path(step)} verifies but "
+            f"{why}; fix what load_latest is given (map_location, weights_only), or move "
+            "the checkpoints away to start afresh"
+        )
     _resumed.update(resumed=False, resume_path=None, resume_step=0)
     return None
 
 
 class _Refused(str):
     """Why a verified payload will never load (WeightsOnlyRefusal), as read() tells why not."""
+
+
+class _Unloadable(str):
+    """Why a verified payload did not load (any other error of ``load``)."""
 
 
 def _collective_device() -> torch.device:
@@ -879,8 +915,11 @@ class CheckpointStore:
             side, _ = _write_temp(
                 self.sidecar_path(step), lambda f: f.write(json.dumps(sidecar).encode())
             )
-            os.replace(payload, final)
-            os.replace(side, self.sidecar_path(step))
+            # Two writers of one step (a replaced pod still in its grace) would otherwise
+            # interleave: one's payload beside the other's sidecar, both checkpoints lost.
+            with _locked(self.dir):
+                os.replace(payload, final)
+                os.replace(side, self.sidecar_path(step))
         except BaseException:
             # Nothing else removes a fresh temp file (see remove_stale_temp_files); a renamed
             # one is gone, nothing to remove.
@@ -910,6 +949,12 @@ class CheckpointStore:
         step below ones the run saved before (it resumed from an older checkpoint) must
         not be deleted as it is saved. That one stays beside the ``keep`` newest until the
         run's later saves push it out."""
+        # Checked and deleted under the lock: a pair another run commits under the same
+        # name between the check and the unlink would be deleted as this run's.
+        with _locked(self.dir):
+            self._delete_past_keep(written)
+
+    def _delete_past_keep(self, written: int) -> None:
         own = [step for step in self.list_steps() if self._own(step)]
         for step in own[self.keep :]:
             if step == written:
@@ -982,7 +1027,7 @@ class CheckpointStore:
                 except (torch.OutOfMemoryError, MemoryError, WeightsOnlyRefusal):
                     raise  # the payload is fine: an older one would not load either
                 except Exception as e:  # any other refusal: it cannot be resumed from
-                    return f"does not load ({_one_line(e)})"
+                    return _Unloadable(f"does not load ({_one_line(e)})")
         except OSError as e:
             return f"unreadable ({e})"
 
@@ -1127,6 +1172,52 @@ def _check_weights_only(path: str) -> None:
         ) from None
     except Exception:  # the check's own limits (a storage mmap cannot map): the save stands
         return
+
+
+_unlocked_warned: list[str] = []  # folders whose file system takes no locks, warned once
+
+
+@contextlib.contextmanager
+def _locked(directory: str) -> Iterator[None]:
+    """Hold ``directory``'s checkpoint lock. OSError when the lock file cannot be opened
+    or the lock stays taken past DDPDEPLOY_CHECKPOINT_LOCK_S; a file system without locks
+    goes without, with one warning."""
+    path = os.path.join(directory, LOCK_NAME)
+    flags = os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, os.O_RDWR | flags, 0o644)
+    except PermissionError:  # another user's lock file in a shared folder: it locks as well
+        fd = os.open(path, os.O_RDONLY | flags)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"{path} is not a regular file; remove it")
+        deadline = time.monotonic() + _env_float(LOCK_WAIT_ENV, 300.0)
+        pause = 0.005
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise OSError(
+                        errno.ETIMEDOUT,
+                        f"{path} stayed locked by another process for "
+                        f"{_env_float(LOCK_WAIT_ENV, 300.0):g} s (another save into this "
+                        "folder, or a stuck mount)",
+                    ) from None
+                time.sleep(pause)
+                pause = min(pause * 2, 0.1)
+            except OSError as e:
+                if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+                if directory not in _unlocked_warned:
+                    _unlocked_warned.append(directory)
+                    warn(f"{directory} takes no file locks ({e.strerror}); two runs saving "
+                         "into it at once may replace each other's checkpoints")  # fmt: skip
+                break
+        yield
+    finally:
+        os.close(fd)  # drops the lock
 
 
 def _unlink_quietly(path: str) -> None:

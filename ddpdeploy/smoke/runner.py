@@ -323,7 +323,8 @@ class _Run:
         if self.checkpoint_dir is None:
             return frozenset()
         try:
-            return frozenset(p.name for p in self.checkpoint_dir.iterdir())
+            # Hidden names are no checkpoint: ddpkit's lock file, its and torch's temp files.
+            return frozenset(p.name for p in self.checkpoint_dir.iterdir() if p.name[:1] != ".")
         except OSError:
             return frozenset()
 

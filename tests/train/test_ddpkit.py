@@ -81,7 +81,7 @@ def test_killed_worker_resumes_to_uninterrupted_weights(tmp_path: Path, referenc
     assert starts[1]["resume_step"] in (6, 9)
     assert done_hash(p) == done_hash(reference)
     assert sorted(f.name for f in ck.iterdir()) == [
-        "ckpt-step-000000009.json", "ckpt-step-000000009.pt",
+        ".ddpkit.lock", "ckpt-step-000000009.json", "ckpt-step-000000009.pt",
         "ckpt-step-000000012.json", "ckpt-step-000000012.pt",
     ]  # fmt: skip
 
@@ -136,7 +136,9 @@ def test_save_and_load_latest_without_a_process_group(
         path = ddpkit.save({"w": torch.full((3,), float(step)), "step": step}, step, keep=2)
         assert path == str(tmp_path / "ck" / f"ckpt-step-{step:09d}.pt")
     names = sorted(p.name for p in (tmp_path / "ck").iterdir())
-    assert names == [f"ckpt-step-{s:09d}.{ext}" for s in (2, 3) for ext in ("json", "pt")]
+    assert names == [".ddpkit.lock"] + [
+        f"ckpt-step-{s:09d}.{ext}" for s in (2, 3) for ext in ("json", "pt")
+    ]
     sidecar: dict[str, Any] = json.loads((tmp_path / "ck" / "ckpt-step-000000003.json").read_text())
     assert {"sha256", "step", "host", "rank", "world_size", "file"} <= sidecar.keys()
     assert (sidecar["step"], sidecar["rank"], sidecar["world_size"]) == (3, 0, 1)

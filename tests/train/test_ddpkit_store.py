@@ -258,7 +258,7 @@ def test_a_save_whose_rename_fails_leaves_no_temp_file(kit: ModuleType, tmp_path
     (ck / "ckpt-step-000000001.pt" / "kept").write_text("someone's")
     with pytest.raises(kit.CheckpointError, match="IsADirectoryError"):
         kit.save({"step": 1}, 1)
-    assert sorted(p.name for p in ck.iterdir()) == ["ckpt-step-000000001.pt"]
+    assert sorted(p.name for p in ck.iterdir()) == [".ddpkit.lock", "ckpt-step-000000001.pt"]
 
 
 def test_a_checkpoint_copied_under_another_step_is_skipped(
@@ -607,6 +607,7 @@ def test_a_full_disk_is_named_as_such(
         with pytest.raises(kit.CheckpointError, match=r"rank 0: OSError: \[Errno 28\] No space"):
             kit.save({"w": torch.zeros(200_000)}, 2, directory=str(disk))
         assert sorted(p.name for p in disk.iterdir()) == [
+            ".ddpkit.lock",
             "ckpt-step-000000001.json",
             "ckpt-step-000000001.pt",
         ]
@@ -634,6 +635,7 @@ def test_a_failed_save_of_a_step_that_exists_keeps_the_old_copy(
         m.setattr(kit, "json", FullDisk)
         kit.save({"w": torch.zeros(3)}, 1)
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == [
+        ".ddpkit.lock",
         "ckpt-step-000000001.json",
         "ckpt-step-000000001.pt",
     ]
@@ -684,3 +686,135 @@ def test_docs_spell_checkpoint_names_one_way() -> None:
     names = {(page, n) for page, n in found if n.endswith((".pt", ".json"))}
     assert names, "no checkpoint name in the docs"
     assert sorted(x for x in names if not ONE_SPELLING.match(x[1])) == []
+
+
+# ---- the seventh pass (ddpkit2): a load that fails on every verified checkpoint, two
+# writers in one folder, a folder rank 0 may not list ----------------------------------------
+@pytest.mark.parametrize("where", ["cuda", "bogus", {"cpu": "cuda:0"}])
+def test_a_load_no_verified_checkpoint_takes_raises_and_keeps_them(
+    kit: ModuleType, tmp_path: Path, capfd: pytest.CaptureFixture[str], where: object
+) -> None:
+    # It skipped all three good ones and returned None: the script started over and saved
+    # over the run's steps 1 and 2, and the next correct start resumed the old step 3.
+    ck = tmp_path / "ck"
+    for step in (1, 2, 3):
+        kit.save({"w": torch.ones(2), "step": step}, step)  # a tensor: map_location moves it
+    before = {p.name: p.read_bytes() for p in ck.iterdir()}
+    with pytest.raises(kit.CheckpointError) as info:
+        kit.load_latest(map_location=where)
+    message = str(info.value)
+    assert "\n" not in message, message
+    assert message.startswith(f"no checkpoint in {ck} loads: {ck}/ckpt-step-000000003.pt ")
+    assert "verifies but does not load (" in message
+    assert message.endswith("or move the checkpoints away to start afresh")
+    assert {p.name: p.read_bytes() for p in ck.iterdir()} == before
+    assert kit.load_latest(map_location="cpu")["step"] == 3
+
+
+def test_an_older_one_that_loads_still_wins_over_a_newer_that_does_not(
+    kit: ModuleType, tmp_path: Path
+) -> None:
+    ck = tmp_path / "ck"
+    kit.save({"step": 3}, 3)
+    not_torch = pickle.dumps([1, 2])
+    plant(ck, 4, not_torch, valid_sidecar(4, not_torch))
+    assert kit.load_latest() == {"step": 3}
+
+
+def _hold_lock(folder: Path, seconds: float) -> subprocess.Popen[str]:
+    """Another process (a second writer) holding the folder's lock for ``seconds``."""
+    code = (
+        "import fcntl, os, sys, time\n"
+        f"fd = os.open({str(folder / '.ddpkit.lock')!r}, os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "print('held', flush=True)\n"
+        f"time.sleep({seconds})\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "held\n"
+    return proc
+
+
+def test_a_commit_waits_for_another_writers_and_then_lands_whole(
+    kit: ModuleType, tmp_path: Path
+) -> None:
+    # Two saves of one step interleaved (one's payload beside the other's sidecar): both
+    # said saved, and load_latest skipped the pair as failing its sha256.
+    ck = tmp_path / "ck"
+    kit.save({"step": 4}, 4)
+    holder = _hold_lock(ck, 1.5)
+    start = time.monotonic()
+    kit.save({"step": 5}, 5)
+    assert time.monotonic() - start >= 1.0  # it waited for the other writer
+    assert holder.wait(timeout=30) == 0
+    assert kit.load_latest() == {"step": 5}
+
+
+def test_retention_checks_and_deletes_under_the_lock(kit: ModuleType, tmp_path: Path) -> None:
+    # A pair another run committed between retention's check and its unlink was deleted.
+    ck = tmp_path / "ck"
+    store = kit.CheckpointStore(str(ck), keep=1)
+    for step in (1, 2):
+        kit.save({"step": step}, step, keep=5)
+    holder = _hold_lock(ck, 1.5)
+    start = time.monotonic()
+    store._apply_retention(2)
+    assert time.monotonic() - start >= 1.0
+    assert holder.wait(timeout=30) == 0
+    assert steps_in(ck) == {"pt": [2], "json": [2]}
+
+
+def test_a_lock_held_past_its_wait_fails_the_save_in_one_line(
+    kit: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ck = tmp_path / "ck"
+    kit.save({"step": 1}, 1)
+    monkeypatch.setenv("DDPDEPLOY_CHECKPOINT_LOCK_S", "0.3")
+    holder = _hold_lock(ck, 5)
+    try:
+        with pytest.raises(kit.CheckpointError) as info:
+            kit.save({"step": 2}, 2)
+    finally:
+        holder.kill()
+        holder.wait()
+    message = str(info.value)
+    assert "\n" not in message and "stayed locked by another process for 0.3 s" in message
+    assert steps_in(ck) == {"pt": [1], "json": [1]}  # nothing half-written
+    assert not [p for p in ck.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_a_link_at_the_lock_path_is_not_followed(kit: ModuleType, tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    kit.save({"step": 1}, 1)
+    outside = tmp_path / "outside"
+    (ck / ".ddpkit.lock").unlink()
+    (ck / ".ddpkit.lock").symlink_to(outside)
+    with pytest.raises(kit.CheckpointError, match="Too many levels of symbolic links"):
+        kit.save({"step": 2}, 2)
+    assert not outside.exists()
+
+
+def test_a_folder_rank_0_may_not_list_is_one_error(kit: ModuleType, tmp_path: Path) -> None:
+    # os.listdir's PermissionError left load_latest as a traceback on rank 0, before the
+    # broadcast every other rank waits in.
+    ck = tmp_path / "ck"
+    kit.save({"step": 1}, 1)
+    code = (
+        f"import sys; sys.path.insert(0, {str(TRAIN_DIR)!r}); import ddpkit\n"
+        "try:\n    ddpkit.load_latest()\n"
+        "except ddpkit.CheckpointError as e:\n    print(e)\n"
+    )
+    ck.chmod(0o300)  # write and search, no read
+    try:
+        out = subprocess.run(
+            ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-all",
+             sys.executable, "-c", code],
+            env={**os.environ, "DDPDEPLOY_CHECKPOINT_DIR": str(ck)},
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        ck.chmod(0o755)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == (
+        f"cannot list {ck}: Permission denied; give the run a folder it can read and write"
+    )
