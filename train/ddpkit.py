@@ -1191,7 +1191,8 @@ def _locked(directory: str) -> Iterator[None]:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, f"{path} is not a regular file; remove it")
-        deadline = time.monotonic() + _env_float(LOCK_WAIT_ENV, 300.0)
+        wait = _env_float(LOCK_WAIT_ENV, 300.0)
+        deadline = time.monotonic() + wait
         pause = 0.005
         while True:
             try:
@@ -1201,9 +1202,8 @@ def _locked(directory: str) -> Iterator[None]:
                 if time.monotonic() >= deadline:
                     raise OSError(
                         errno.ETIMEDOUT,
-                        f"{path} stayed locked by another process for "
-                        f"{_env_float(LOCK_WAIT_ENV, 300.0):g} s (another save into this "
-                        "folder, or a stuck mount)",
+                        f"{path} stayed locked by another process for {wait:g} s "
+                        "(another save into this folder, or a stuck mount)",
                     ) from None
                 time.sleep(pause)
                 pause = min(pause * 2, 0.1)
