@@ -89,3 +89,9 @@ def show(value: Any) -> str:
     except ValueError:  # an int with more digits than Python will print
         return "a number too long to print"
     return text if len(text) <= 80 else f"{text[:60]}…({len(text)} characters)"
+
+
+def reads_as_zero(text: str, number: float) -> bool:
+    """A number written with a non-zero digit that float() rounds to 0 (1e-400): it would
+    turn off what 0 turns off, the hang watchdog among them."""
+    return number == 0 and re.search(r"[1-9]", re.split(r"[eE]", text)[0]) is not None

@@ -249,3 +249,50 @@ def test_nccl_socket_ifname_takes_interface_names_only(tmp_path, value, named):
 @pytest.mark.parametrize("value", ["eth0", "^lo,docker", "=eth0", "^=ib0,enp1s0f1"])
 def test_nccl_socket_ifname_takes_nccls_own_syntax(tmp_path, value):
     taken(tmp_path, f"network: {{ncclSocketIfname: '{value}'}}\n")
+
+
+# ---- spec3: the fixes' neighbours --------------------------------------------------------
+@pytest.mark.parametrize(
+    ("amount", "fix"),
+    [
+        ('"9999999999999999999"', "16Gi"),  # it offered 9999999999999999999Gi, over 8Ei
+        ("1048576", "1Mi"),  # it offered 1048576Gi (a PiB)
+        ("1048576000m", "1Mi"),
+        ("16", "16Gi"),
+        ("16m", "16Gi"),
+    ],
+)
+def test_the_unit_offered_is_one_the_spec_takes(tmp_path, amount, fix):
+    message = refused(tmp_path, f"memory: {amount}\n")
+    assert message.endswith(f"give a unit, e.g. {fix}"), message
+    taken(tmp_path, f"memory: {fix}\n")
+
+
+@pytest.mark.parametrize("value", ["1e-400", "'1.0e-400'", "5e-99999"])
+def test_a_positive_number_that_reads_as_0_is_refused(tmp_path, value):
+    # hangTimeoutSeconds: 1e-400 rendered DDPDEPLOY_HANG_TIMEOUT_S=-1: the watchdog off.
+    message = refused(tmp_path, f"diagnostics: {{hangTimeoutSeconds: {value}}}\n")
+    assert "is too small a number (it reads as 0)" in message
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--hang-timeout", "1e-400"], "'1e-400' is too small a number (it reads as 0)"),
+        (["--probe-min-busbw", "1e-9999"], "'1e-9999' is too small a number"),
+        (["--nodes", "1" * 101], "is more than any count"),
+        (["--probe-min-busbw", "1e00001"], None),  # ten, a long exponent: taken
+    ],
+)
+def test_number_flags_at_their_edges(tmp_path, args, said):
+    (tmp_path / "ddpdeploy.yaml").write_text("image: a\n")
+    res = run_main("render", *args, cwd=tmp_path)
+    if said is None:
+        assert res.returncode == 0, res.stderr
+        return
+    assert res.returncode == 2 and said in res.stderr, res.stderr
+
+
+def test_zero_written_as_zero_still_turns_the_watchdog_off(tmp_path):
+    (tmp_path / "ddpdeploy.yaml").write_text("image: a\ndiagnostics: {hangTimeoutSeconds: 0e5}\n")
+    assert "value: '-1'" in run_main("render", cwd=tmp_path).stdout

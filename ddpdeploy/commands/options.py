@@ -21,7 +21,7 @@ import typer
 
 from ddpdeploy.errors import UserError
 from ddpdeploy.rules import TARGET_NAMES
-from ddpdeploy.text import show
+from ddpdeploy.text import reads_as_zero, show
 
 if TYPE_CHECKING:
     from ddpdeploy.spec import JobSpec
@@ -50,10 +50,9 @@ def parse_elastic(text: str) -> dict[str, Any]:
 
 # What the spec takes for a count and a number (docs/spec.md): Python's int() and float()
 # would also take `1_0` (ten: a typo of 1.5 as 1_5 is fifteen), ' 2 ' and, for a count, 2.0.
-_WHOLE = re.compile(r"[+-]?[0-9]{1,100}", re.ASCII)
-_DECIMAL = re.compile(
-    r"[+-]?([0-9]{1,100}\.?[0-9]{0,100}|\.[0-9]{1,100})([eE][+-]?[0-9]{1,4})?", re.ASCII
-)
+_WHOLE = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_DECIMAL = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?", re.ASCII)
+_MOST_DIGITS = 100  # past this a count is out of every range (and int() refuses 4300)
 
 
 def whole(minimum: int | None = None) -> Callable[[Any], int]:
@@ -64,6 +63,8 @@ def whole(minimum: int | None = None) -> Callable[[Any], int]:
             return int(value)
         if not _WHOLE.fullmatch(value):
             raise typer.BadParameter(f"write {show(value)} as a plain decimal integer, e.g. 2")
+        if len(value.lstrip("+-")) > _MOST_DIGITS:
+            raise typer.BadParameter(f"{show(value)} is more than any count")
         if minimum is not None and int(value) < minimum:
             raise typer.BadParameter(f"{int(value)} is less than {minimum}")
         return int(value)
@@ -83,6 +84,8 @@ def decimal(minimum: float | None = None) -> Callable[[Any], float]:
         number = float(value)
         if number in (float("inf"), float("-inf")):
             raise typer.BadParameter(f"{show(value)} is too large a number")
+        if reads_as_zero(value, number):
+            raise typer.BadParameter(f"{show(value)} is too small a number (it reads as 0)")
         if minimum is not None and number < minimum:
             raise typer.BadParameter(f"{number:g} is less than {minimum:g}")
         return number

@@ -23,7 +23,7 @@ from ddpdeploy.rules import (
     RESERVED_ENV,
     RESERVED_ENV_PREFIXES,
 )
-from ddpdeploy.text import show
+from ddpdeploy.text import reads_as_zero, show
 
 MAX_DNS_SUBDOMAIN = 253
 INT32_MAX = 2**31 - 1  # replicas, counts and most seconds fields are int32 in the API
@@ -174,14 +174,30 @@ def _cpu(value: Any) -> str:
     return text
 
 
+def _with_unit(text: str, amount: Decimal) -> str:
+    """The fix offered for a size without a unit: a few bytes meant as that many Gi (16:
+    16Gi), a byte count as itself in the largest unit it fills (1048576: 1Mi); never one
+    the checks below refuse."""
+    number = text.rstrip("num")
+    few = re.fullmatch(r"\+?[0-9]{1,4}", number)
+    if few and 0 < int(few[0]) <= 4096:
+        return f"{int(few[0])}Gi"
+    if MIN_BYTES <= amount <= MAX_BYTES:
+        for power, unit in ((60, "Ei"), (50, "Pi"), (40, "Ti"), (30, "Gi"), (20, "Mi")):
+            if amount >= 2**power:
+                return f"{float(amount / 2**power):.4g}{unit}"
+    return "16Gi"
+
+
 def _bytes(value: Any) -> str:
     text, amount, suffix = _positive(value)
     if suffix not in _MULTIPLIERS:  # 1e3, 16E3: an exponent, no unit
         raise ValueError(f"{show(text)} has no unit (an exponent is not one); give e.g. 16Gi")
     if suffix in ("", "n", "u", "m"):
         # `memory: 16` is 16 bytes and `16m` is 0.016 bytes: a unit was surely forgotten.
-        number = text.rstrip("num") if len(text) < 20 else "16"
-        raise ValueError(f"{show(text)} is {float(amount):g} bytes; give a unit, e.g. {number}Gi")
+        raise ValueError(
+            f"{show(text)} is {float(amount):g} bytes; give a unit, e.g. {_with_unit(text, amount)}"
+        )
     if amount < MIN_BYTES:
         raise ValueError(
             f"{show(text)} is {amount.normalize():f} bytes, less than 1Mi; give e.g. 16Gi"
@@ -450,6 +466,20 @@ ByteQuantity = Annotated[str, BeforeValidator(_bytes), Field(json_schema_extra=_
 ImageRef = Annotated[str, AfterValidator(_image), Field(json_schema_extra=json_pattern(_IMAGE))]
 Str = Annotated[str, BeforeValidator(_scalar_to_str), Field(json_schema_extra=_scalar_schema)]
 ArgStr = Annotated[Str, AfterValidator(no_expansion)]
+
+
+def _not_underflowed(value: Any) -> Any:
+    """A number written with a non-zero digit that reads as 0 (1e-400) is refused: 0 turns
+    off what it sets (the hang watchdog), and that was not asked for."""
+    if not isinstance(value, str):
+        return value
+    number = re.fullmatch(r"\s*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)[eE][+-]?[0-9]+\s*", value, re.ASCII)
+    if number and reads_as_zero(value, float(value)):
+        raise ValueError(f"{show(value)} is too small a number (it reads as 0)")
+    return value
+
+
+Number = Annotated[float, BeforeValidator(_not_underflowed)]
 
 
 def _ifnames(value: str) -> str:

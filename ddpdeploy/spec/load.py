@@ -28,7 +28,7 @@ from ddpdeploy.errors import UserError
 from ddpdeploy.fs import read_regular
 from ddpdeploy.paths import DEFAULT_FILE
 from ddpdeploy.spec.model import JobSpec
-from ddpdeploy.text import show
+from ddpdeploy.text import reads_as_zero, show
 
 MAX_BYTES = 1024 * 1024  # a job spec is a few hundred bytes; anything near this is a mistake
 MAX_DEPTH = 32  # the deepest real spec nests 4 levels (tolerations: - key:)
@@ -215,6 +215,10 @@ def _scalar(node: Plain, kind: Any, where: str) -> Any:
     if node.value is OVERSIZED:
         raise SpecSyntaxError(
             f"{where}: a number of {len(node.text)} digits is out of range", node.line
+        )
+    if isinstance(node.value, float) and reads_as_zero(node.text, node.value):
+        raise SpecSyntaxError(
+            f"{where}: {node.text[:40]!r} is too small a number (it reads as 0)", node.line
         )
     is_int = isinstance(node.value, int) and not isinstance(node.value, bool)
     if kind == INT and is_int and not re.fullmatch(_DECIMAL, node.text):

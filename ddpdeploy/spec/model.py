@@ -42,6 +42,7 @@ from ddpdeploy.spec.fields import (
     LabelMap,
     Namespace,
     NodeCount,
+    Number,
     ProcCount,
     Subdomain,
     check_env,
@@ -378,14 +379,14 @@ class Diagnostics(Model):
         description="Run the collective probe once the process group is up (busbw, the "
         "transport NCCL chose); false (--no-probe) skips it.",
     )
-    probe_min_busbw: float | None = Field(
+    probe_min_busbw: Number | None = Field(
         default=None,
         gt=0,
         allow_inf_nan=False,
         description="The probe's floor in GB/s (--probe-min-busbw): below it the run stops "
         "before step 1 with one line (exit 3). Default: no floor.",
     )
-    hang_timeout_seconds: float | None = Field(
+    hang_timeout_seconds: Number | None = Field(
         default=None,
         ge=0,
         allow_inf_nan=False,
@@ -398,7 +399,7 @@ class Diagnostics(Model):
         description="Steps between two `ranks` events, per-rank work times (--ranks-every). "
         "Default: after 50 steps, then about every 10 s (at least 50 steps apart).",
     )
-    straggler_factor: float | None = Field(
+    straggler_factor: Number | None = Field(
         default=None,
         gt=1,
         allow_inf_nan=False,
