@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -296,3 +298,55 @@ def test_number_flags_at_their_edges(tmp_path, args, said):
 def test_zero_written_as_zero_still_turns_the_watchdog_off(tmp_path):
     (tmp_path / "ddpdeploy.yaml").write_text("image: a\ndiagnostics: {hangTimeoutSeconds: 0e5}\n")
     assert "value: '-1'" in run_main("render", cwd=tmp_path).stdout
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "meant"),
+    [
+        ("shm-size: 1Gi\n", "(top level)", "'shmSize'"),  # the flags' spelling
+        ("ShmSize: 1Gi\n", "(top level)", "'shmSize'"),
+        ("shmsize: 1Gi\n", "(top level)", "'shmSize'"),
+        ("diagnostics: {hang-timeout-seconds: 1}\n", "diagnostics", "'hangTimeoutSeconds'"),
+        # A misspelt required key: its "Field required" came first and hid the hint.
+        ("network: {rdma: {Resource: x, count: 1}}\n", "network.rdma", "'resource'"),
+    ],
+)
+def test_the_hint_names_the_field_whatever_the_case_or_separator(tmp_path, text, where, meant):
+    message = refused(tmp_path, text)
+    assert f"{where}: unknown field " in message, message
+    assert f"; keys are camelCase like Kubernetes': {meant}" in message, message
+
+
+def test_compose_out_dot_slash_dash_is_the_file_named_dash(tmp_path):
+    (tmp_path / "ddpdeploy.yaml").write_text("image: a\n")
+    res = run_main("compose", "--out", "./-", cwd=tmp_path)
+    assert res.returncode == 0 and res.stdout == "" and res.stderr == "wrote ./-\n"
+    assert (tmp_path / "-").read_text().startswith("# Written by ddpdeploy compose")
+    empty = run_main("compose", "--out", "", cwd=tmp_path)
+    assert empty.returncode == 2 and "--out: empty; name a file" in empty.stderr
+
+
+def test_init_names_a_schema_it_cannot_read_or_that_is_no_file(tmp_path):
+    assert run_main("init", cwd=tmp_path).returncode == 0
+    (tmp_path / "ddpdeploy.yaml").unlink()
+    schema = tmp_path / SCHEMA_FILE
+    schema.chmod(0)
+    code = "from ddpdeploy.cli import main; main(['init'])"
+    drop = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-all"]
+    try:
+        res = subprocess.run(
+            [*drop, sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+            timeout=120,
+        )  # fmt: skip
+    finally:
+        schema.chmod(0o644)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip() == (
+        f"error: cannot read {SCHEMA_FILE} (the JSON Schema init writes beside the spec); "
+        "fix its permissions, or pass --force to replace it"
+    )
+    schema.unlink()
+    os.mkfifo(schema)
+    fifo = run_main("init", "--force", cwd=tmp_path)
+    assert fifo.returncode == 2
+    assert "it is not a regular file; move it away" in fifo.stderr

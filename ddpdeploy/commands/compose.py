@@ -29,7 +29,7 @@ def compose(
         ),
     ] = None,
     out: Annotated[
-        Path | None,
+        str | None,
         typer.Option("--out", help="Write the compose file here instead of stdout (-: stdout)."),
     ] = None,
     force: Annotated[
@@ -51,17 +51,20 @@ def compose(
 
     # The header, on stdout too: a file saved from it is one --out may replace later.
     text = written_by("compose") + to_yaml(render_compose(spec, cpu))
-    if out is not None and str(out) == "-":
-        out = None  # `--out -`: stdout, as for most tools
-    if out is not None:
-        replace = _may_replace(out, spec_file, force)
+    # `--out -` is stdout, as for most tools; `./-` (as typed, not as a Path reads it) is
+    # the file named `-`.
+    if out == "":
+        raise UserError("--out: empty; name a file, e.g. --out compose.yaml (- for stdout)")
+    path = None if out in (None, "-") else Path(out)
+    if path is not None:
+        replace = _may_replace(path, spec_file, force)
     note = secret_env_note(spec)
     if note:
         typer.echo(f"compose: {note}", err=True)
-    if out is None:
+    if path is None:
         write_stdout(text)
         return
-    _write(out, text.encode("utf-8"), replace)
+    _write(path, text.encode("utf-8"), replace)
     typer.echo(f"wrote {out}", err=True)
 
 

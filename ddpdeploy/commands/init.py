@@ -239,18 +239,24 @@ def _check_schema(path: Path, force: bool) -> None:
         raise UserError(f"cannot write {what}: {exc.strerror}") from None
     if stat.S_ISDIR(mode):
         raise UserError(f"cannot write {what}: it is a folder; move it away")
-    if force:
-        _check_target(path, force=True)
-    elif not (stat.S_ISREG(mode) and _our_schema(path)):
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        raise UserError(f"cannot write {what}: it is not a regular file; move it away")
+    if not force and not (stat.S_ISREG(mode) and _our_schema(path, what)):
         raise UserError(f"{what} exists and is not one ddpdeploy wrote; move it or pass --force")
 
 
-def _our_schema(path: Path) -> bool:
+def _our_schema(path: Path, what: str) -> bool:
     from ddpdeploy.fs import read_regular
 
     try:
-        doc = json.loads(read_regular(path, limit=16 << 20, follow_symlinks=False))
-    except (OSError, UserError, ValueError, RecursionError):
+        data = read_regular(path, limit=16 << 20, follow_symlinks=False)
+    except (OSError, UserError):  # unreadable: whose it is cannot be told
+        raise UserError(
+            f"cannot read {what}; fix its permissions, or pass --force to replace it"
+        ) from None
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError):
         return False
     return isinstance(doc, dict) and doc.get("title") == DEFAULT_FILE and "properties" in doc
 

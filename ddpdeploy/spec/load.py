@@ -393,10 +393,22 @@ def _field_names(loc: Sequence[Any]) -> set[str]:
     return {field.alias or name for name, field in kind.model_fields.items()}
 
 
+def _meant(loc: Sequence[Any]) -> str | None:
+    """The real field an unknown key at ``loc`` is a misspelling of, by case and separators
+    (`shm_size`, `shm-size`, `ShmSize`: shmSize), or None."""
+    folded = re.sub(r"[-_\s]", "", str(loc[-1])).casefold()
+    names = {re.sub(r"[-_\s]", "", n).casefold(): n for n in _field_names(loc[:-1])}
+    meant = names.get(folded)
+    return meant if meant != loc[-1] else None
+
+
 def _one_line(exc: ValidationError, source: str, overrides: Sequence[Override]) -> str:
-    """The first error as one line, naming the override (flag) when one set that field."""
+    """The first error as one line, naming the override (flag) when one set that field;
+    an unknown key that misspells a field comes first (its field's "Field required" says
+    less)."""
     errors = exc.errors(include_url=False)
-    first = errors[0]
+    misspelt = [e for e in errors if e["type"] == "extra_forbidden" and _meant(e["loc"])]
+    first = misspelt[0] if misspelt else errors[0]
     # A key with a newline or other control character is shown quoted: one line stays one.
     loc = [str(p) if str(p).isprintable() else show(str(p)) for p in first["loc"]]
     prefix = "" if source == "defaults" else f"{source}: "
@@ -412,10 +424,9 @@ def _one_line(exc: ValidationError, source: str, overrides: Sequence[Override]) 
         message = (
             f"unknown field {show(loc[-1])}; `ddpdeploy init` writes a file listing every field"
         )
-        camel = to_camel(loc[-1])
-        if camel != loc[-1] and camel in _field_names(first["loc"][:-1]):
+        if meant := _meant(first["loc"]):
             message = (
-                f"unknown field {show(loc[-1])}; keys are camelCase like Kubernetes': {show(camel)}"
+                f"unknown field {show(loc[-1])}; keys are camelCase like Kubernetes': {show(meant)}"
             )
         where = f"{prefix}{'.'.join(loc[:-1]) or '(top level)'}"
     elif first["type"] in ("model_type", "model_attributes_type", "dict_type"):
