@@ -1185,9 +1185,15 @@ def _locked(directory: str) -> Iterator[None]:
     path = os.path.join(directory, LOCK_NAME)
     flags = os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        fd = os.open(path, os.O_RDWR | flags, 0o644)
-    except PermissionError:  # another user's lock file in a shared folder: it locks as well
-        fd = os.open(path, os.O_RDONLY | flags)
+        try:
+            fd = os.open(path, os.O_RDWR | flags, 0o644)
+        except PermissionError:  # another user's lock file in a shared folder: it locks too
+            fd = os.open(path, os.O_RDONLY | flags)
+    except (IsADirectoryError, OSError) as e:
+        if not isinstance(e, IsADirectoryError) and e.errno != errno.ELOOP:
+            raise
+        what = "a folder" if isinstance(e, IsADirectoryError) else "a symlink"
+        raise OSError(e.errno, f"{path} is {what}, not a regular file; remove it") from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, f"{path} is not a regular file; remove it")

@@ -783,15 +783,23 @@ def test_a_lock_held_past_its_wait_fails_the_save_in_one_line(
     assert not [p for p in ck.iterdir() if p.name.startswith(".tmp-")]
 
 
-def test_a_link_at_the_lock_path_is_not_followed(kit: ModuleType, tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["a symlink", "a folder"])
+def test_a_link_or_folder_at_the_lock_path_is_named(
+    kit: ModuleType, tmp_path: Path, kind: str
+) -> None:
     ck = tmp_path / "ck"
     kit.save({"step": 1}, 1)
     outside = tmp_path / "outside"
     (ck / ".ddpkit.lock").unlink()
-    (ck / ".ddpkit.lock").symlink_to(outside)
-    with pytest.raises(kit.CheckpointError, match="Too many levels of symbolic links"):
+    if kind == "a symlink":
+        (ck / ".ddpkit.lock").symlink_to(outside)
+    else:
+        (ck / ".ddpkit.lock").mkdir()
+    with pytest.raises(kit.CheckpointError) as info:
         kit.save({"step": 2}, 2)
-    assert not outside.exists()
+    assert str(info.value).endswith(f"{ck}/.ddpkit.lock is {kind}, not a regular file; remove it")
+    assert not outside.exists()  # never followed
+    assert steps_in(ck) == {"pt": [1], "json": [1]}
 
 
 def test_a_folder_rank_0_may_not_list_is_one_error(kit: ModuleType, tmp_path: Path) -> None:
