@@ -1189,14 +1189,24 @@ def _locked(directory: str) -> Iterator[None]:
             fd = os.open(path, os.O_RDWR | flags, 0o644)
         except PermissionError:  # another user's lock file in a shared folder: it locks too
             fd = os.open(path, os.O_RDONLY | flags)
+    except PermissionError as e:
+        raise OSError(
+            e.errno, f"{path} is another user's and not readable by this one; make it "
+            "readable by all (chmod a+r) or remove it"
+        ) from None  # fmt: skip
     except (IsADirectoryError, OSError) as e:
         if not isinstance(e, IsADirectoryError) and e.errno != errno.ELOOP:
             raise
         what = "a folder" if isinstance(e, IsADirectoryError) else "a symlink"
         raise OSError(e.errno, f"{path} is {what}, not a regular file; remove it") from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, f"{path} is not a regular file; remove it")
+        if st.st_uid == os.geteuid() and st.st_mode & 0o444 != 0o444:
+            # Readable by all whatever the umask (077): another user's run locks it too.
+            with contextlib.suppress(OSError):
+                os.fchmod(fd, 0o644)
         wait = _env_float(LOCK_WAIT_ENV, 300.0)
         deadline = time.monotonic() + wait
         pause = 0.005

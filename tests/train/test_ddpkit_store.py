@@ -826,3 +826,40 @@ def test_a_folder_rank_0_may_not_list_is_one_error(kit: ModuleType, tmp_path: Pa
     assert out.stdout.strip() == (
         f"cannot list {ck}: Permission denied; give the run a folder it can read and write"
     )
+
+
+def test_the_lock_is_readable_by_all_whatever_the_umask(kit: ModuleType, tmp_path: Path) -> None:
+    # Under umask 077 the lock was 0600: every other user's run in the folder then failed.
+    old = os.umask(0o077)
+    try:
+        kit.save({"step": 1}, 1)
+    finally:
+        os.umask(old)
+    assert (tmp_path / "ck" / ".ddpkit.lock").stat().st_mode & 0o777 == 0o644
+
+
+def test_another_users_unreadable_lock_is_named_with_the_fix(tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    ck.chmod(0o777)
+    lock = ck / ".ddpkit.lock"
+    lock.touch()
+    os.chown(lock, 65534, 65534)
+    lock.chmod(0o600)
+    code = (
+        f"import sys; sys.path.insert(0, {str(TRAIN_DIR)!r}); import ddpkit\n"
+        "try:\n    ddpkit.save({'a': 1}, 1)\n"
+        "except ddpkit.CheckpointError as e:\n    print(e)\n"
+    )
+    out = subprocess.run(
+        ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-all",
+         sys.executable, "-c", code],
+        env={**os.environ, "DDPDEPLOY_CHECKPOINT_DIR": str(ck)},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith(
+        f"{lock} is another user's and not readable by this one; make it readable by all "
+        "(chmod a+r) or remove it"
+    ), out.stdout
+    assert sorted(p.name for p in ck.iterdir()) == [".ddpkit.lock"]
