@@ -435,3 +435,13 @@ def chunk_reader(chunks: Iterable[bytes], buffer_size: int = CHUNK) -> io.Buffer
     """An iterator of byte chunks (the engine's archive, an exec's output) as a binary file,
     buffered for tarfile's small reads."""
     return io.BufferedReader(ChunkReader(chunks), buffer_size=buffer_size)
+
+
+def file_path(text: str, label: str, example: str) -> Path:
+    """``text`` as the path of a file to write; UserError when it names a folder by its
+    spelling (`out/`, `out/.`: Path drops the slash, and a file `out` was written)."""
+    if text == "":
+        raise UserError(f"{label}: empty; name a file, e.g. {example}")
+    if text.endswith(("/", "/.", "/..")) or text in (".", ".."):
+        raise UserError(f"{label}: {text!r} names a folder; give a file path, e.g. {example}")
+    return Path(text)

@@ -350,3 +350,24 @@ def test_init_names_a_schema_it_cannot_read_or_that_is_no_file(tmp_path):
     fifo = run_main("init", "--force", cwd=tmp_path)
     assert fifo.returncode == 2
     assert "it is not a regular file; move it away" in fifo.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["compose", "--out", "foo/"], "--out: 'foo/' names a folder; give a file path"),
+        (["compose", "--out", "foo/."], "--out: 'foo/.' names a folder"),
+        (["compose", "--out", "-/"], "--out: '-/' names a folder"),
+        (["init", "s.yaml/"], "PATH: 's.yaml/' names a folder; give a file path"),
+        (["init", "s.yaml/."], "PATH: 's.yaml/.' names a folder"),
+        (["init", SCHEMA_FILE], f"{SCHEMA_FILE} is where init writes the JSON Schema"),
+        (["init", "nodir/x.yaml"], "nodir is not a folder; create it first"),
+    ],
+)
+def test_a_path_that_names_a_folder_writes_nothing(tmp_path, args, said):
+    # `compose --out foo/` wrote a file foo; `init .ddpdeploy.schema.json` wrote the schema
+    # and then refused, leaving it behind.
+    (tmp_path / "ddpdeploy.yaml").write_text("image: a\n")
+    res = run_main(*args, cwd=tmp_path)
+    assert res.returncode == 2 and said in res.stderr, res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ddpdeploy.yaml"]

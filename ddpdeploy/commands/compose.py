@@ -53,9 +53,9 @@ def compose(
     text = written_by("compose") + to_yaml(render_compose(spec, cpu))
     # `--out -` is stdout, as for most tools; `./-` (as typed, not as a Path reads it) is
     # the file named `-`.
-    if out == "":
-        raise UserError("--out: empty; name a file, e.g. --out compose.yaml (- for stdout)")
-    path = None if out in (None, "-") else Path(out)
+    from ddpdeploy.fs import file_path
+
+    path = None if out in (None, "-") else file_path(out, "--out", "--out compose.yaml")
     if path is not None:
         replace = _may_replace(path, spec_file, force)
     note = secret_env_note(spec)

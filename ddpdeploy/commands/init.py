@@ -163,7 +163,7 @@ def starter(script: str | None = None, module: str | None = None) -> str:
 
 
 def init(
-    path: Annotated[Path, typer.Argument(help="File to write.")] = Path(DEFAULT_FILE),
+    file: Annotated[str, typer.Argument(help="File to write.", metavar="PATH")] = DEFAULT_FILE,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
     script: Annotated[
         str | None,
@@ -178,10 +178,16 @@ def init(
 
     Example: ddpdeploy init --script train.py && ddpdeploy smoke --local
     """
+    from ddpdeploy.fs import file_path
     from ddpdeploy.spec import json_schema
 
+    path = file_path(file, "PATH", DEFAULT_FILE)
     text = starter(script, module)
     schema_path = path.parent / SCHEMA_FILE
+    if path.name == SCHEMA_FILE:  # the spec would replace the schema, and name itself in it
+        raise UserError(f"{path} is where init writes the JSON Schema; give the spec another name")
+    if not path.parent.is_dir():
+        raise UserError(f"{path.parent} is not a folder; create it first, or give another PATH")
     _check_target(path, force)
     _check_schema(schema_path, force)
     schema_existed = schema_path.exists()
