@@ -371,3 +371,36 @@ def test_a_path_that_names_a_folder_writes_nothing(tmp_path, args, said):
     res = run_main(*args, cwd=tmp_path)
     assert res.returncode == 2 and said in res.stderr, res.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ddpdeploy.yaml"]
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("null: x\n", "(top level): a key that is null"),
+        ("checkpoint: {~: x}\n", "checkpoint: a key that is null"),
+        # Quoted twice before: "'\\x1b[31mshm_size'" in double quotes.
+        ('"\\e[31mx": 1\n', "unknown field '\\x1b[31mx';"),
+        ('checkpoint: {"claim\\u200bName": x}\n', "unknown field 'claim\\u200bName';"),
+    ],
+)
+def test_odd_keys_are_named_once_and_plainly(tmp_path, text, said):
+    message = refused(tmp_path, text)
+    assert said in message and "Keys should be strings" not in message, message
+    assert "\x1b" not in message
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        # "must be a valid string; quote it in YAML": quoting a mapping is no fix.
+        ("imagePullSecrets:\n- name: regcred\n", "imagePullSecrets.0: must be text, not a map"),
+        ("env: {A: {valueFrom: {secretKeyRef: {name: s, key: k}}}}\n", "goes under secretEnv"),
+        ("nodeSelector: {a: [x]}\n", "nodeSelector.a: must be text, not a list"),
+        ("env:\n- name: A\n  value: b\n", "env: must be a mapping NAME: value, e.g. {A: b}"),
+        # "Field required" hid the key written instead.
+        ("secretEnv: {A: {name: s, key: k}}\n", "secretEnv.A.secret: is required, and 'name'"),
+    ],
+)
+def test_kubernetes_shapes_get_the_fix_that_fits(tmp_path, text, said):
+    message = refused(tmp_path, text)
+    assert said in message and "quote it" not in message, message

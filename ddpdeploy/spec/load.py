@@ -421,24 +421,42 @@ def _one_line(exc: ValidationError, source: str, overrides: Sequence[Override]) 
             break
     message = first["msg"]
     if first["type"] == "extra_forbidden":
-        message = (
-            f"unknown field {show(loc[-1])}; `ddpdeploy init` writes a file listing every field"
-        )
+        key = show(str(first["loc"][-1]))  # quoted once (loc quotes only what is unprintable)
+        message = f"unknown field {key}; `ddpdeploy init` writes a file listing every field"
         if meant := _meant(first["loc"]):
-            message = (
-                f"unknown field {show(loc[-1])}; keys are camelCase like Kubernetes': {show(meant)}"
-            )
+            message = f"unknown field {key}; keys are camelCase like Kubernetes': {show(meant)}"
+        where = f"{prefix}{'.'.join(loc[:-1]) or '(top level)'}"
+    elif first["type"] == "invalid_key" and first.get("input") is None:  # `null: x`, `~: x`
+        message = "a key that is null (`~`, `null` or empty); name the field, or quote it"
         where = f"{prefix}{'.'.join(loc[:-1]) or '(top level)'}"
     elif first["type"] in ("model_type", "model_attributes_type", "dict_type"):
         message = f"must be a mapping of fields (got {show(first['input'])})"
+        if loc in (["env"], ["secretEnv"]) and isinstance(first["input"], list):
+            message = "must be a mapping NAME: value, e.g. {A: b}, not Kubernetes' list"
     elif message.startswith("Value error, "):
         message = message[len("Value error, ") :]
     else:
         message = message.replace("Input should be", "must be")
         if "input" in first and not isinstance(first["input"], dict | list):
             message += f" (got {show(first['input'])})"
-    if first["type"] == "string_type":
+    if first["type"] == "string_type" and isinstance(first.get("input"), dict | list):
+        # Kubernetes' own shapes (`- name: regcred`, `valueFrom:`): quoting is no fix.
+        kind = "a mapping" if isinstance(first["input"], dict) else "a list"
+        message = f"must be text, not {kind}"
+        if loc and loc[0] == "env":
+            message += "; a Secret's value goes under secretEnv: {NAME: {secret: s, key: k}}"
+        elif loc and loc[0] == "imagePullSecrets":
+            message += "; give the Secret's name, e.g. imagePullSecrets: [regcred]"
+    elif first["type"] == "string_type":
         message += "; quote it in YAML"
+    if first["type"] == "missing":
+        strays = [
+            e["loc"][-1]
+            for e in errors
+            if e["type"] == "extra_forbidden" and e["loc"][:-1] == first["loc"][:-1]
+        ]
+        stray = f", and {show(str(strays[0]))} is no field here" if strays else ""
+        message = f"is required{stray}"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     if where == "defaults":
         return f"{message}{more}"
