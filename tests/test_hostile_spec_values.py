@@ -404,3 +404,21 @@ def test_odd_keys_are_named_once_and_plainly(tmp_path, text, said):
 def test_kubernetes_shapes_get_the_fix_that_fits(tmp_path, text, said):
     message = refused(tmp_path, text)
     assert said in message and "quote it" not in message, message
+
+
+@pytest.mark.parametrize("value", ["", ",", "a b", "mlx5/0", "x:y:z", "[bold]x"])
+def test_nccl_ib_hca_takes_adapters_only(tmp_path, value):
+    message = refused(tmp_path, f"network: {{ncclIbHca: '{value}'}}\n")
+    assert "is not an InfiniBand adapter (NAME or NAME:PORT)" in message, message
+
+
+@pytest.mark.parametrize("value", ["mlx5_0", "mlx5_0,mlx5_1:1", "^=mlx5_0:1"])
+def test_nccl_ib_hca_takes_nccls_own_syntax(tmp_path, value):
+    taken(tmp_path, f"network: {{ncclIbHca: '{value}'}}\n")
+
+
+@pytest.mark.parametrize("value", [".", ".."])
+def test_nccl_socket_ifname_refuses_what_the_kernel_refuses(tmp_path, value):
+    assert "is not a network interface name" in refused(
+        tmp_path, f"network: {{ncclSocketIfname: '{value}'}}\n"
+    )

@@ -487,7 +487,8 @@ def _ifnames(value: str) -> str:
     prefixes, comma-separated; Linux names are at most 15 bytes, without '/', ':' or spaces."""
     names = value.removeprefix("^").removeprefix("=").split(",")
     for name in names:
-        if not re.fullmatch(r"[!-~]{1,15}", name, re.ASCII) or re.search(r"[/:,]", name):
+        bad = not re.fullmatch(r"[!-~]{1,15}", name, re.ASCII) or name in (".", "..")
+        if bad or re.search(r"[/:,]", name):
             which = show(name) if name == value else f"{show(value)}: {show(name)}"
             raise ValueError(
                 f"{which} is not a network interface name (at most 15 characters, no '/', "
@@ -497,6 +498,20 @@ def _ifnames(value: str) -> str:
 
 
 IfNames = Annotated[ArgStr, AfterValidator(_ifnames)]
+
+
+def _hcas(value: str) -> str:
+    """NCCL_IB_HCA: `^` and/or `=`, then adapters as NAME or NAME:PORT, comma-separated."""
+    for item in value.removeprefix("^").removeprefix("=").split(","):
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}(:[0-9]{1,3})?", item, re.ASCII):
+            which = show(item) if item == value else f"{show(value)}: {show(item)}"
+            raise ValueError(
+                f"{which} is not an InfiniBand adapter (NAME or NAME:PORT); e.g. mlx5_0,mlx5_1:1"
+            )
+    return value
+
+
+Hcas = Annotated[ArgStr, AfterValidator(_hcas)]
 EnvMap = Annotated[dict[str, ArgStr], AfterValidator(check_env)]
 LabelMap = Annotated[dict[str, Str], AfterValidator(_labels)]
 AnnotationMap = Annotated[dict[str, Str], AfterValidator(_annotations)]

@@ -36,6 +36,7 @@ from ddpdeploy.spec.fields import (
     DnsName,
     EnvMap,
     GpuCount,
+    Hcas,
     IfNames,
     ImageRef,
     Int32,
@@ -361,7 +362,7 @@ class Network(Model):
         description="NCCL_SOCKET_IFNAME: interfaces for NCCL's TCP traffic, e.g. eth0 or ^lo,"
         "docker (default: NCCL chooses).",
     )
-    nccl_ib_hca: ArgStr | None = Field(
+    nccl_ib_hca: Hcas | None = Field(
         default=None,
         min_length=1,
         description="NCCL_IB_HCA: InfiniBand/RoCE adapters to use, e.g. mlx5_0,mlx5_1 "
