@@ -190,6 +190,11 @@ def log(event: str, **fields: Any) -> None:
 
     A field holds what JSON holds; a one-element tensor or a numpy scalar is sent as its
     ``.item()``. Anything else raises TypeError on every rank, naming the field."""
+    if not isinstance(event, str) or not event:
+        raise TypeError(
+            f"ddpkit.log({event!r:.40}): the event must be a name, e.g. 'step' (start, step, "
+            f"checkpoint, done or your own), got {type(event).__name__}"
+        )
     fields = _json_fields(event, fields)
     if rank() == 0:
         if event == "start":
@@ -713,10 +718,21 @@ def latest_verified(
         steps = _broadcast_ints(steps, device)
     unloadable: tuple[int, str] | None = None  # the newest that verifies but does not load
     for step in steps:
+        path = store.payload_path(step)
         try:
             got = store.read(step, load)  # (value, sidecar), or why not
         except WeightsOnlyRefusal as e:
-            got = _Refused(e.what)
+            got = _Refused(
+                f"checkpoint {path} verifies but torch.load(weights_only=True) refuses it: "
+                f"{e.what}; {_WEIGHTS_ONLY_FIX}, or pass weights_only=False to load_latest "
+                "if you trust the folder"
+            )
+        except _LoaderFault as e:
+            got = _Refused(
+                f"checkpoint {path} verifies but does not load here ({e}); fix what "
+                "load_latest is given (map_location, weights_only) or what the state needs "
+                "(its classes, its devices), or move it away to resume from the one before"
+            )
         # 3: loaded, 2: it verifies but does not load, 1: skip it (unverifiable), 0: it
         # verifies and will never load (every rank raises)
         verdict = (
@@ -728,14 +744,10 @@ def latest_verified(
             dist.all_reduce(flag, op=dist.ReduceOp.MIN)
             verdict = int(flag.item())
         if verdict == 0:
-            why = got if isinstance(got, _Refused) else "refused on another rank"
+            why = got if isinstance(got, _Refused) else f"checkpoint {path}: refused on rank 0"
             if many:
-                why = _broadcast_text(why, device)
-            raise CheckpointError(
-                f"checkpoint {store.payload_path(step)} verifies but torch.load(weights_only="
-                f"True) refuses it: {why}; {_WEIGHTS_ONLY_FIX}, or pass weights_only=False to "
-                "load_latest if you trust the folder"
-            )
+                why = _broadcast_text(why, device)  # rank 0's, which may be the refusal
+            raise CheckpointError(why)
         ok = verdict == 3
         if ok and not isinstance(got, str):
             value, sidecar = got
@@ -770,7 +782,21 @@ class _Refused(str):
 
 
 class _Unloadable(str):
-    """Why a verified payload did not load (any other error of ``load``)."""
+    """Why a verified payload did not load: it is no torch file (a planted one)."""
+
+
+class _LoaderFault(Exception):
+    """A verified torch file that this load cannot take: a map_location with no such
+    device here, a class the state holds that this script does not define."""
+
+
+def _file_side(e: Exception) -> bool:
+    """Whether ``load``'s error says the file is no torch checkpoint (not a zip, not a
+    pickle), rather than that this process cannot take one that is."""
+    text = str(e)
+    return isinstance(e, pickle.UnpicklingError | EOFError) or any(
+        mark in text for mark in ("PytorchStreamReader", "invalid load key", "zip archive")
+    )
 
 
 def _collective_device() -> torch.device:
@@ -858,6 +884,7 @@ class CheckpointStore:
             raise ValueError(f"keep must be an integer >= 1, got {keep!r}")
         self.dir, self.keep, self.pause_mid_write = directory, keep, pause_mid_write
         self.weights_only = weights_only
+        self._sidecar_read: dict[str, Any] | None = None  # read()'s, to tell a re-save
 
     @staticmethod
     def _name(step: int, ext: str) -> str:
@@ -1006,7 +1033,22 @@ class CheckpointStore:
         """(``load(payload)``, sidecar) for checkpoint ``step``, or why not: the sidecar is
         no JSON object with a sha256, a file is not a regular one, the payload's sha256
         differs, or ``load`` refuses the payload."""
+        got = self._read_once(step, load)
+        if (
+            isinstance(got, str)
+            and got == _MISMATCH
+            and self._sidecar(step)[0] != self._sidecar_read
+        ):
+            # The pair was replaced between the sidecar's read and the payload's (a re-save
+            # of this step, under the lock): the new pair is whole, read it once more.
+            got = self._read_once(step, load)
+        return got
+
+    def _read_once(
+        self, step: int, load: Callable[[BinaryIO], T]
+    ) -> tuple[T, dict[str, Any]] | str:
         sidecar, why = self._sidecar(step)
+        self._sidecar_read = sidecar
         if sidecar is None:
             return why or "no sidecar"
         if sidecar.get("step") != step:  # a copy under another name: as collect refuses it
@@ -1019,20 +1061,25 @@ class CheckpointStore:
                 # (MemoryError), and a real one twice per rank.
                 digest = _sha256_file(f)
                 if digest != sidecar["sha256"]:
-                    return "fails its sha256 check"
+                    return _MISMATCH
                 _verified[os.path.abspath(path)] = (digest, _identity(st))
                 f.seek(0)
                 try:
                     return load(f), sidecar
                 except (torch.OutOfMemoryError, MemoryError, WeightsOnlyRefusal):
                     raise  # the payload is fine: an older one would not load either
-                except Exception as e:  # any other refusal: it cannot be resumed from
-                    return _Unloadable(f"does not load ({_one_line(e)})")
+                except Exception as e:
+                    if _file_side(e):  # whole but no torch file: it cannot be resumed from
+                        return _Unloadable(f"does not load ({_one_line(e)})")
+                    # It loads elsewhere (save wrote it whole): this load's own fault, and
+                    # resuming an older one would then save over it.
+                    raise _LoaderFault(_one_line(e)) from e
         except OSError as e:
             return f"unreadable ({e})"
 
 
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_MISMATCH = "fails its sha256 check"
 
 
 def _identity(st: os.stat_result) -> tuple[int, ...]:
@@ -1184,6 +1231,10 @@ def _locked(directory: str) -> Iterator[None]:
     goes without, with one warning."""
     path = os.path.join(directory, LOCK_NAME)
     flags = os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    with contextlib.suppress(FileNotFoundError):  # a socket or device: never opened
+        mode = os.lstat(path).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+            raise OSError(errno.EINVAL, f"{path} is not a regular file; remove it")
     try:
         try:
             fd = os.open(path, os.O_RDWR | flags, 0o644)

@@ -695,7 +695,8 @@ def test_a_load_no_verified_checkpoint_takes_raises_and_keeps_them(
     kit: ModuleType, tmp_path: Path, capfd: pytest.CaptureFixture[str], where: object
 ) -> None:
     # It skipped all three good ones and returned None: the script started over and saved
-    # over the run's steps 1 and 2, and the next correct start resumed the old step 3.
+    # over the run's steps 1 and 2, and the next correct start resumed the old step 3. A
+    # verified torch file is whole: its load's fault is named at the newest, nothing read.
     ck = tmp_path / "ck"
     for step in (1, 2, 3):
         kit.save({"w": torch.ones(2), "step": step}, step)  # a tensor: map_location moves it
@@ -704,9 +705,9 @@ def test_a_load_no_verified_checkpoint_takes_raises_and_keeps_them(
         kit.load_latest(map_location=where)
     message = str(info.value)
     assert "\n" not in message, message
-    assert message.startswith(f"no checkpoint in {ck} loads: {ck}/ckpt-step-000000003.pt ")
-    assert "verifies but does not load (" in message
-    assert message.endswith("or move the checkpoints away to start afresh")
+    assert message.startswith(f"checkpoint {ck}/ckpt-step-000000003.pt verifies but does not ")
+    assert "load here (" in message and "fix what load_latest is given (map_location" in message
+    assert message.endswith("or move it away to resume from the one before")
     assert {p.name: p.read_bytes() for p in ck.iterdir()} == before
     assert kit.load_latest(map_location="cpu")["step"] == 3
 
@@ -863,3 +864,70 @@ def test_another_users_unreadable_lock_is_named_with_the_fix(tmp_path: Path) -> 
         "(chmod a+r) or remove it"
     ), out.stdout
     assert sorted(p.name for p in ck.iterdir()) == [".ddpkit.lock"]
+
+
+def test_a_newest_whose_class_is_gone_is_named_not_stepped_back_from(
+    kit: ModuleType, tmp_path: Path
+) -> None:
+    # It resumed step 1, and the run's next save of step 2 replaced the verified step 2.
+    ck = tmp_path / "ck"
+    kit.save({"step": 1}, 1, weights_only=False)
+    kit.save({"step": 2, "cfg": _Gone()}, 2, weights_only=False)
+    before = (ck / "ckpt-step-000000002.pt").read_bytes()
+    del globals()["_Gone"]
+    try:
+        with pytest.raises(kit.CheckpointError, match="ckpt-step-000000002.pt verifies but does"):
+            kit.load_latest(weights_only=False)
+    finally:
+        globals()["_Gone"] = _GoneClass
+    assert (ck / "ckpt-step-000000002.pt").read_bytes() == before
+
+
+class _Gone:
+    """A class a state holds, which the loading script no longer defines."""
+
+
+_GoneClass = _Gone
+
+
+def test_a_reader_racing_a_resave_of_the_step_reads_the_new_pair(
+    kit: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The sidecar was read, the pair re-saved, then the payload opened: a whole checkpoint
+    # was called one that "fails its sha256 check" and an older one resumed. A stand-in
+    # for the slow mount that makes the window: the re-save runs as the payload is opened.
+    kit.save({"step": 4}, 4)
+    kit.save({"step": 5, "v": "old"}, 5)
+    opened = kit._open_regular
+    raced = []
+
+    def resave_first(path, *args, **kwargs):
+        if path.endswith("ckpt-step-000000005.pt") and not raced:
+            raced.append(1)
+            kit.save({"step": 5, "v": "new"}, 5)
+        return opened(path, *args, **kwargs)
+
+    monkeypatch.setattr(kit, "_open_regular", resave_first)
+    assert kit.load_latest() == {"step": 5, "v": "new"}
+    assert raced
+
+
+def test_log_names_an_event_that_is_no_name(kit: ModuleType) -> None:
+    for event in (b"ev", 123, None, ""):
+        with pytest.raises(TypeError, match=r"the event must be a name, e.g. 'step'"):
+            kit.log(event, a=1)  # type: ignore[arg-type]
+
+
+def test_a_socket_at_the_lock_path_is_named(kit: ModuleType, tmp_path: Path) -> None:
+    import socket
+
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(ck / ".ddpkit.lock"))  # it was "[Errno 6] No such device or address"
+    try:
+        with pytest.raises(kit.CheckpointError) as info:
+            kit.save({"step": 1}, 1)
+    finally:
+        sock.close()
+    assert str(info.value).endswith(f"{ck}/.ddpkit.lock is not a regular file; remove it")
