@@ -326,6 +326,7 @@ def test_compose_out_dot_slash_dash_is_the_file_named_dash(tmp_path):
     assert empty.returncode == 2 and "--out: empty; name a file" in empty.stderr
 
 
+@pytest.mark.slow  # starts a process without root's overrides
 def test_init_names_a_schema_it_cannot_read_or_that_is_no_file(tmp_path):
     assert run_main("init", cwd=tmp_path).returncode == 0
     (tmp_path / "ddpdeploy.yaml").unlink()

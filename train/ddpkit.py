@@ -567,6 +567,9 @@ def save(
 def _save(state: Any, n: int, store: CheckpointStore) -> str:
     path = store.payload_path(n)
     error: Exception | None = None
+    # Every rank arrives before rank 0 writes: a long write (or a wait on the folder's
+    # lock) made the others name rank 0 as "did not call save", with the wrong fix.
+    arrival = _arrive_in_save() if _distributed() else None
     if rank() == 0:
         try:
             if state is None:  # it would load as None: a restart would start over, silently
@@ -580,7 +583,7 @@ def _save(state: Any, n: int, store: CheckpointStore) -> str:
             error = e
     failure = "" if error is None else _one_line(error)
     if _distributed():
-        _every_rank_in_save(n, path)
+        _every_rank_in_save(arrival, n, path)
         failure = _broadcast_text(failure, _collective_device())
     if failure:
         raise CheckpointError(f"checkpoint {path} was not written: rank 0: {failure}") from error
@@ -592,18 +595,30 @@ _saves: list[int] = [0]  # this process's save() calls: the ranks' n-th calls pa
 _group_timeout: list[float] = [1800.0]  # the group's, as init_process_group set it
 
 
-def _every_rank_in_save(step: int, path: str) -> None:
+def _arrive_in_save() -> tuple[Any, int, int] | None:
+    """This rank's arrival at its next save, in the store: (store, the save's number, how
+    many have arrived), or None when the store fails (the broadcast then tells)."""
+    _saves[0] += 1
+    seq = _saves[0]
+    try:
+        st = _store()
+        st.set(_diag_key(f"save-at/{rank()}"), str(seq))
+        return st, seq, st.add(_diag_key(f"save/{seq}"), 1)
+    except Exception:
+        return None
+
+
+def _every_rank_in_save(arrival: tuple[Any, int, int] | None, step: int, path: str) -> None:
     """Wait, through the store, until every rank has called this save: its broadcast would
     otherwise pair with another collective, and a save under ``if rank == 0`` (as the
     tutorials write it) hung with no line until the group's timeout. After
     DDPDEPLOY_SAVE_WARN_S (30) one warning names who is missing; at the group's timeout
     CheckpointError. A store that fails leaves the broadcast to tell."""
-    _saves[0] += 1
-    seq, me, n = _saves[0], rank(), world_size()
+    if arrival is None:
+        return
+    st, seq, arrived = arrival
+    me, n = rank(), world_size()
     try:
-        st = _store()
-        st.set(_diag_key(f"save-at/{me}"), str(seq))
-        arrived = st.add(_diag_key(f"save/{seq}"), 1)
         start = time.monotonic()
         warn_after, pause, warned = _env_float(SAVE_WARN_ENV, 30.0), 0.002, False
         while arrived < n:

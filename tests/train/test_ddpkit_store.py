@@ -736,6 +736,7 @@ def _hold_lock(folder: Path, seconds: float) -> subprocess.Popen[str]:
     return proc
 
 
+@pytest.mark.slow  # a second process holds the lock
 def test_a_commit_waits_for_another_writers_and_then_lands_whole(
     kit: ModuleType, tmp_path: Path
 ) -> None:
@@ -751,6 +752,7 @@ def test_a_commit_waits_for_another_writers_and_then_lands_whole(
     assert kit.load_latest() == {"step": 5}
 
 
+@pytest.mark.slow  # starts a process
 def test_retention_checks_and_deletes_under_the_lock(kit: ModuleType, tmp_path: Path) -> None:
     # A pair another run committed between retention's check and its unlink was deleted.
     ck = tmp_path / "ck"
@@ -765,6 +767,7 @@ def test_retention_checks_and_deletes_under_the_lock(kit: ModuleType, tmp_path: 
     assert steps_in(ck) == {"pt": [2], "json": [2]}
 
 
+@pytest.mark.slow  # starts a process
 def test_a_lock_held_past_its_wait_fails_the_save_in_one_line(
     kit: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -803,6 +806,7 @@ def test_a_link_or_folder_at_the_lock_path_is_named(
     assert steps_in(ck) == {"pt": [1], "json": [1]}
 
 
+@pytest.mark.slow  # starts a process
 def test_a_folder_rank_0_may_not_list_is_one_error(kit: ModuleType, tmp_path: Path) -> None:
     # os.listdir's PermissionError left load_latest as a traceback on rank 0, before the
     # broadcast every other rank waits in.
@@ -839,6 +843,7 @@ def test_the_lock_is_readable_by_all_whatever_the_umask(kit: ModuleType, tmp_pat
     assert (tmp_path / "ck" / ".ddpkit.lock").stat().st_mode & 0o777 == 0o644
 
 
+@pytest.mark.slow  # starts a process
 def test_another_users_unreadable_lock_is_named_with_the_fix(tmp_path: Path) -> None:
     ck = tmp_path / "ck"
     ck.mkdir()
@@ -931,3 +936,23 @@ def test_a_socket_at_the_lock_path_is_named(kit: ModuleType, tmp_path: Path) -> 
     finally:
         sock.close()
     assert str(info.value).endswith(f"{ck}/.ddpkit.lock is not a regular file; remove it")
+
+
+@pytest.mark.slow
+def test_a_slow_write_on_rank_0_is_not_called_a_missing_save(tmp_path: Path) -> None:
+    # Rank 0 arrived in save's meeting only after its write: past DDPDEPLOY_SAVE_WARN_S the
+    # other ranks warned "rank(s) 0 did not call save … not under `if rank == 0`".
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    holder = _hold_lock(ck, 12)  # past torchrun's start-up, into rank 0's commit
+    env = {"PYTHONPATH": str(TRAIN_DIR), "DDPDEPLOY_CHECKPOINT_DIR": str(ck)}
+    env["DDPDEPLOY_SAVE_WARN_S"] = "1"
+    try:
+        with Launcher(tmp_path) as L:
+            p = L.torchrun([], script=SCRIPTS / "save_with_rank0_slow.py", env=env)
+            assert p.wait(90) == 0, p.tail()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert "did not call save" not in p.stderr, p.tail()
+    assert "saved" in p.stdout and steps_in(ck) == {"pt": [1], "json": [1]}
