@@ -742,6 +742,12 @@ def latest_verified(
                 f"{e.what}; {_WEIGHTS_ONLY_FIX}, or pass weights_only=False to load_latest "
                 "if you trust the folder"
             )
+        except (torch.OutOfMemoryError, MemoryError) as e:  # every rank learns of it below
+            got = _Refused(
+                f"checkpoint {path} verifies but loading it ran out of memory on rank "
+                f"{rank()} ({_one_line(e)}); load it with map_location='cpu', or give the "
+                "job more memory"
+            )
         except _LoaderFault as e:
             got = _Refused(
                 f"checkpoint {path} verifies but does not load here ({e}); fix what "

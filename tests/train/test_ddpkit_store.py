@@ -956,3 +956,19 @@ def test_a_slow_write_on_rank_0_is_not_called_a_missing_save(tmp_path: Path) -> 
         holder.wait()
     assert "did not call save" not in p.stderr, p.tail()
     assert "saved" in p.stdout and steps_in(ck) == {"pt": [1], "json": [1]}
+
+
+def test_a_load_out_of_memory_is_one_error(kit: ModuleType, tmp_path: Path) -> None:
+    # MemoryError left the verdict's all_reduce: the other ranks waited for the group's
+    # timeout while this one printed a traceback.
+    kit.save({"w": torch.ones(2), "step": 1}, 1)  # a tensor: map_location is called for it
+
+    def no_memory(storage: object, location: str) -> object:
+        raise MemoryError("simulated")
+
+    with pytest.raises(kit.CheckpointError) as info:
+        kit.load_latest(map_location=no_memory)
+    assert str(info.value).endswith(
+        "verifies but loading it ran out of memory on rank 0 (MemoryError: simulated); load "
+        "it with map_location='cpu', or give the job more memory"
+    ), info.value
