@@ -218,17 +218,24 @@ def init(
     typer.echo(f"wrote {path}{chose} (and {schema_path} for editor completion){yet}", err=True)
 
 
-def _check_target(path: Path, force: bool) -> None:
+def _mode(path: Path, what: str) -> int | None:
+    """The lstat mode of what is at ``path`` (None: nothing), else one line naming ``what``."""
     try:
-        mode = path.lstat().st_mode
+        return path.lstat().st_mode
     except FileNotFoundError:
-        return
+        return None
     except OSError as exc:
-        raise UserError(f"cannot write {path}: {exc.strerror}") from None
+        raise UserError(f"cannot write {what}: {exc.strerror}") from None
+
+
+def _check_target(path: Path, force: bool) -> None:
+    mode = _mode(path, str(path))
+    if mode is None:
+        return
     if stat.S_ISDIR(mode):
         raise UserError(f"{path} is a directory; give a file path, e.g. {path / DEFAULT_FILE}")
     if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
-        raise UserError(f"{path} exists and is not a regular file")
+        raise UserError(f"{path} exists and is not a regular file; move it away")
     if not force:
         raise UserError(f"{path} exists; pass --force to overwrite it")
 
@@ -237,12 +244,9 @@ def _check_schema(path: Path, force: bool) -> None:
     """The schema beside the spec is replaced when init wrote it (an older one, refreshed)
     or with --force: a file of that name may be the user's own."""
     what = f"{path} (the JSON Schema init writes beside the spec)"
-    try:
-        mode = path.lstat().st_mode
-    except FileNotFoundError:
+    mode = _mode(path, what)
+    if mode is None:
         return
-    except OSError as exc:
-        raise UserError(f"cannot write {what}: {exc.strerror}") from None
     if stat.S_ISDIR(mode):
         raise UserError(f"cannot write {what}: it is a folder; move it away")
     if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
