@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from cli_runner import run_main
+from fs_helpers import without_dac_override
 
 from ddpdeploy.commands.options import spec_from_flags
 from ddpdeploy.errors import UserError
@@ -333,11 +334,10 @@ def test_init_names_a_schema_it_cannot_read_or_that_is_no_file(tmp_path):
     schema = tmp_path / SCHEMA_FILE
     schema.chmod(0)
     code = "from ddpdeploy.cli import main; main(['init'])"
-    drop = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-all"]
     try:
         res = subprocess.run(
-            [*drop, sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-            timeout=120,
+            [*without_dac_override(schema), sys.executable, "-c", code], cwd=tmp_path,
+            capture_output=True, text=True, timeout=120,
         )  # fmt: skip
     finally:
         schema.chmod(0o644)

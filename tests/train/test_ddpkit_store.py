@@ -22,6 +22,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from fs_helpers import without_dac_override  # noqa: E402
 from trainer_harness import ROOT, Launcher, base_env, free_port  # noqa: E402
 
 TRAIN_DIR = ROOT / "train"
@@ -820,8 +821,7 @@ def test_a_folder_rank_0_may_not_list_is_one_error(kit: ModuleType, tmp_path: Pa
     ck.chmod(0o300)  # write and search, no read
     try:
         out = subprocess.run(
-            ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-all",
-             sys.executable, "-c", code],
+            [*without_dac_override(), sys.executable, "-c", code],
             env={**os.environ, "DDPDEPLOY_CHECKPOINT_DIR": str(ck)},
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
@@ -858,8 +858,7 @@ def test_another_users_unreadable_lock_is_named_with_the_fix(tmp_path: Path) -> 
         "except ddpkit.CheckpointError as e:\n    print(e)\n"
     )
     out = subprocess.run(
-        ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--inh-caps=-all",
-         sys.executable, "-c", code],
+        [*without_dac_override(), sys.executable, "-c", code],
         env={**os.environ, "DDPDEPLOY_CHECKPOINT_DIR": str(ck)},
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
