@@ -905,7 +905,6 @@ class CheckpointStore:
             raise ValueError(f"keep must be an integer >= 1, got {keep!r}")
         self.dir, self.keep, self.pause_mid_write = directory, keep, pause_mid_write
         self.weights_only = weights_only
-        self._sidecar_read: dict[str, Any] | None = None  # read()'s, to tell a re-save
 
     @staticmethod
     def _name(step: int, ext: str) -> str:
@@ -1054,22 +1053,24 @@ class CheckpointStore:
         """(``load(payload)``, sidecar) for checkpoint ``step``, or why not: the sidecar is
         no JSON object with a sha256, a file is not a regular one, the payload's sha256
         differs, or ``load`` refuses the payload."""
-        got = self._read_once(step, load)
-        if (
-            isinstance(got, str)
-            and got == _MISMATCH
-            and self._sidecar(step)[0] != self._sidecar_read
-        ):
-            # The pair was replaced between the sidecar's read and the payload's (a re-save
-            # of this step, under the lock): the new pair is whole, read it once more.
-            got = self._read_once(step, load)
+        sidecar, why = self._sidecar(step)
+        got = self._read_with(sidecar, why, step, load)
+        if isinstance(got, str) and got == _MISMATCH:
+            again, why = self._sidecar(step)
+            if again != sidecar:
+                # The pair was replaced between the sidecar's read and the payload's (a
+                # re-save of this step, under the lock): the new pair is whole, read it.
+                got = self._read_with(again, why, step, load)
         return got
 
-    def _read_once(
-        self, step: int, load: Callable[[BinaryIO], T]
+    def _read_with(
+        self,
+        sidecar: dict[str, Any] | None,
+        why: str | None,
+        step: int,
+        load: Callable[[BinaryIO], T],
     ) -> tuple[T, dict[str, Any]] | str:
-        sidecar, why = self._sidecar(step)
-        self._sidecar_read = sidecar
+        """``read`` of ``step`` with its sidecar already read (``why``: why there is none)."""
         if sidecar is None:
             return why or "no sidecar"
         if sidecar.get("step") != step:  # a copy under another name: as collect refuses it
