@@ -14,10 +14,10 @@ from ddpdeploy.commands.options import (
     KubeconfigOpt,
     NameArg,
     NamespaceOpt,
-    decimal,
+    count_option,
     grammar_error,
+    number_option,
     seconds_above_0,
-    whole,
 )
 from ddpdeploy.errors import UserError
 from ddpdeploy.formats import size
@@ -45,9 +45,7 @@ def collect(
     ],
     step: Annotated[
         int | None,
-        typer.Option(
-            "--step", parser=whole(0), metavar="INTEGER", help="This step instead of the newest."
-        ),
+        count_option("--step", minimum=0, help="This step instead of the newest."),
     ] = None,
     source: Annotated[
         str | None,
@@ -93,10 +91,8 @@ def collect(
     ] = None,
     timeout: Annotated[
         float,
-        typer.Option(
+        number_option(
             "--timeout",
-            parser=decimal(),
-            metavar="FLOAT",
             callback=seconds_above_0,
             help="Seconds to wait for the helper pod to start.",
         ),

@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ddpdeploy.commands.options import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt, whole
+from ddpdeploy.commands.options import (
+    ContextOpt,
+    KubeconfigOpt,
+    NameArg,
+    NamespaceOpt,
+    count_option,
+)
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.signals import aborted
 from ddpdeploy.text import show
@@ -34,9 +40,7 @@ def logs(
     ] = None,
     node: Annotated[
         list[int] | None,
-        typer.Option(
-            "--node", parser=whole(0), metavar="INTEGER", help="Only node I's pods (repeatable)."
-        ),
+        count_option("--node", minimum=0, help="Only node I's pods (repeatable)."),
     ] = None,
     since: Annotated[
         str | None, typer.Option("--since", help="Only lines of the last 10m (90s, 2h, ...).")
@@ -51,10 +55,9 @@ def logs(
     ] = None,
     index: Annotated[
         int | None,
-        typer.Option(
+        count_option(
             "--index",
-            parser=whole(0),
-            metavar="INTEGER",
+            minimum=0,
             help="Replica (or node) index; default 0.",
         ),
     ] = None,
@@ -69,10 +72,9 @@ def logs(
     ] = False,
     tail: Annotated[
         int | None,
-        typer.Option(
+        count_option(
             "--tail",
-            parser=whole(1),
-            metavar="INTEGER",
+            minimum=1,
             help="Last N lines of each container only.",
         ),
     ] = None,

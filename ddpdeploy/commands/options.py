@@ -93,6 +93,20 @@ def decimal(minimum: float | None = None) -> Callable[[Any], float]:
     return parse
 
 
+def count_option(
+    *decls: str, minimum: int | None = None, metavar: str | None = None, **kwargs: Any
+) -> Any:
+    """A typer.Option holding a count: parsed by `whole`, shown as INTEGER by default."""
+    return typer.Option(*decls, parser=whole(minimum), metavar=metavar or "INTEGER", **kwargs)
+
+
+def number_option(
+    *decls: str, minimum: float | None = None, metavar: str | None = None, **kwargs: Any
+) -> Any:
+    """A typer.Option holding a number: parsed by `decimal`, shown as FLOAT by default."""
+    return typer.Option(*decls, parser=decimal(minimum), metavar=metavar or "FLOAT", **kwargs)
+
+
 @dataclass(frozen=True)
 class SpecFlag:
     """One flag that overrides a spec field."""
@@ -110,11 +124,8 @@ class SpecFlag:
         return self.decls[-1].split("/")[0]
 
     def annotation(self) -> Any:
-        parser = {int: whole(), float: decimal()}.get(self.kind)
-        metavar = self.metavar or {int: "INTEGER", float: "FLOAT"}.get(self.kind)
-        option = typer.Option(
-            *self.decls, help=self.help, metavar=metavar, rich_help_panel=SPEC_PANEL, parser=parser
-        )
+        make = {int: count_option, float: number_option}.get(self.kind, typer.Option)
+        option = make(*self.decls, help=self.help, metavar=self.metavar, rich_help_panel=SPEC_PANEL)
         return Annotated[self.kind | None, option]
 
 

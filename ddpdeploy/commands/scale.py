@@ -5,17 +5,19 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import typer
-
-from ddpdeploy.commands.options import ContextOpt, KubeconfigOpt, NameArg, NamespaceOpt, whole
+from ddpdeploy.commands.options import (
+    ContextOpt,
+    KubeconfigOpt,
+    NameArg,
+    NamespaceOpt,
+    count_option,
+)
 from ddpdeploy.formats import counted
 
 
 def scale(
     name: NameArg,
-    nodes: Annotated[
-        int, typer.Option("--nodes", parser=whole(1), metavar="INTEGER", help="The new node count.")
-    ],
+    nodes: Annotated[int, count_option("--nodes", minimum=1, help="The new node count.")],
     namespace: NamespaceOpt = None,
     kubeconfig: KubeconfigOpt = None,
     context: ContextOpt = None,

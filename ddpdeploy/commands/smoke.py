@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ddpdeploy.commands.options import decimal, spec_command, whole
+from ddpdeploy.commands.options import count_option, number_option, spec_command
 from ddpdeploy.errors import OperationError, UserError
 from ddpdeploy.signals import interrupted
 from ddpdeploy.text import plain_lines
@@ -37,18 +37,15 @@ def smoke(
     ] = None,
     steps: Annotated[
         int | None,
-        typer.Option(
+        count_option(
             "--steps",
-            parser=whole(1),
-            metavar="INTEGER",
+            minimum=1,
             help="The built-in trainer's steps; a script's own arguments go after `--`.",
         ),
     ] = None,
     timeout: Annotated[
         float,
-        typer.Option(
-            "--timeout", parser=decimal(1), metavar="FLOAT", help="Give up after this many seconds."
-        ),
+        number_option("--timeout", minimum=1, help="Give up after this many seconds."),
     ] = 900,
     kill_at: Annotated[
         str | None,
