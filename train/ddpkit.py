@@ -25,10 +25,14 @@ named ``ckpt-step-{N:09d}`` (read back by ``^ckpt-step-(\\d{9,18})\\.json$``, as
 
   ckpt-step-000000500.pt    torch.save(state)
   ckpt-step-000000500.json  sidecar: step, world_size, host, rank, restart_count, time,
-                            run (run_record(): what ran), run_id, sha256 and file name
+                            run (run_record(): what ran), run_id, sha256 and file, the
+                            payload's name
 
-The sidecar is written only once the payload is durable, so it is the commit point: a
-payload without a sidecar, or whose sha256 differs from it, is never loaded. This is the
+The sidecar is renamed into place only once the payload is durable, and that one rename
+is the commit: a payload no sidecar names, or whose sha256 differs from it, is never
+loaded. A step saved again while its ckpt-step-000000500.pt is committed gets a payload
+of its own name (ckpt-step-000000500.<16 hex>.pt); the old pair stays whole until the
+new sidecar replaces it, and then the old payload is deleted. This is the
 format ddpdeploy's built-in trainer writes (its checkpoint store is this module) and the
 one ``ddpdeploy collect`` fetches. Retention (``keep``) counts and deletes only this run's
 own checkpoints (its ``run_id``, a payload that verifies); see ``CheckpointStore``.
@@ -91,6 +95,9 @@ DEFAULT_KEEP = 3
 # The one spelling of a checkpoint's name, as ddpdeploy's collect reads it too: the step
 # zero-padded to 9 digits; at most 18, so a step always fits an int64 tensor.
 _SIDECAR = re.compile(r"^ckpt-step-(\d{9,18})\.json$", re.ASCII)
+# A payload: ckpt-step-{N:09d}.pt, or ckpt-step-{N:09d}.<16 hex>.pt for a step saved again
+# while the first name was committed (the sidecar's `file` says which; CheckpointStore.write).
+_PAYLOAD = re.compile(r"^ckpt-step-(\d{9,18})(?:\.[0-9a-f]{16})?\.pt$", re.ASCII)
 MAX_STEP = 10**18 - 1
 # What _write_temp's mkstemp names (8 characters of its alphabet): only those are ours to
 # delete; a user's .tmp-notes.json in the folder is not.
@@ -565,7 +572,7 @@ def save(
 
 
 def _save(state: Any, n: int, store: CheckpointStore) -> str:
-    path = store.payload_path(n)
+    path = store.payload_path(n)  # until rank 0 says which name it committed
     error: Exception | None = None
     # Every rank arrives before rank 0 writes: a long write (or a wait on the folder's
     # lock) made the others name rank 0 as "did not call save", with the wrong fix.
@@ -578,13 +585,15 @@ def _save(state: Any, n: int, store: CheckpointStore) -> str:
                     "restart would start over; save what to resume from, e.g. "
                     "{'model': model.state_dict(), 'optimizer': opt.state_dict()}"
                 )
-            store.write(state, meta(n))
+            path = store.write(state, meta(n))
         except Exception as e:  # every rank learns of it below and raises alike
             error = e
     failure = "" if error is None else _one_line(error)
     if _distributed():
         _every_rank_in_save(arrival, n, path)
-        failure = _broadcast_text(failure, _collective_device())
+        told = _broadcast_text(json.dumps([failure, path]), _collective_device())
+        with contextlib.suppress(ValueError):  # cut at 4096 bytes: keep this rank's guess
+            failure, path = json.loads(told)
     if failure:
         raise CheckpointError(f"checkpoint {path} was not written: rank 0: {failure}") from error
     return path
@@ -731,9 +740,9 @@ def latest_verified(
         raise CheckpointError(f"{unlisted}; give the run a folder it can read and write")
     if many:
         steps = _broadcast_ints(steps, device)
-    unloadable: tuple[int, str] | None = None  # the newest that verifies but does not load
+    unloadable: tuple[str, str] | None = None  # the newest that verifies but does not load
     for step in steps:
-        path = store.payload_path(step)
+        path = store.committed_payload(step)
         try:
             got = store.read(step, load)  # (value, sidecar), or why not
         except WeightsOnlyRefusal as e:
@@ -773,24 +782,24 @@ def latest_verified(
         if ok and not isinstance(got, str):
             value, sidecar = got
             _adopt_run_id(sidecar)
-            _resumed.update(resumed=True, resume_path=store.payload_path(step), resume_step=step)
+            path = store.payload_of(step, sidecar) or path  # read() followed it
+            _resumed.update(resumed=True, resume_path=path, resume_step=step)
             return step, value
         why = got if isinstance(got, str) else "not loaded on every rank"
         if verdict == 2 and unloadable is None:
-            unloadable = (step, why)
+            unloadable = (path, why)
         if is_main:
-            path = store.payload_path(step)
             line = f"ddpkit: skipping checkpoint {path}: {why}; trying the one before"
             print(line, file=sys.stderr, flush=True)
     if unloadable is not None:
         # A verified checkpoint that no load took is most often the load's own fault (a
         # map_location this host has no device for), and every older one fails alike:
         # starting afresh would save over this run's steps.
-        step, why = unloadable
+        path, why = unloadable
         if many:
             why = _broadcast_text(why, device)
         raise CheckpointError(
-            f"no checkpoint in {store.dir} loads: {store.payload_path(step)} verifies but "
+            f"no checkpoint in {store.dir} loads: {path} verifies but "
             f"{why}; fix what load_latest is given (map_location, weights_only), or move "
             "the checkpoints away to start afresh"
         )
@@ -911,7 +920,34 @@ class CheckpointStore:
         return f"ckpt-step-{step:09d}{ext}"
 
     def payload_path(self, step: int) -> str:
+        """The payload's usual name, ckpt-step-{N:09d}.pt; the sidecar's ``file`` says which one
+        is committed (``payload_of``)."""
         return os.path.join(self.dir, self._name(step, ".pt"))
+
+    def payload_of(self, step: int, sidecar: dict[str, Any]) -> str | None:
+        """The payload that ``sidecar`` (of ``step``) names, or None when its ``file`` is no
+        payload name of that step: a name read from a file is never followed elsewhere.
+        A sidecar without ``file`` names ckpt-step-{N:09d}.pt."""
+        name = sidecar.get("file", self._name(step, ".pt"))
+        if not isinstance(name, str) or not self._is_payload_of(name, step):
+            return None
+        return os.path.join(self.dir, name)
+
+    def committed_payload(self, step: int) -> str:
+        """The payload that the sidecar of ``step`` names now (ckpt-step-{N:09d}.pt when it
+        names none), for messages."""
+        sidecar, _ = self._sidecar(step)
+        named = None if sidecar is None else self.payload_of(step, sidecar)
+        return named or self.payload_path(step)
+
+    def _is_payload_of(self, name: str, step: int) -> bool:
+        m = _PAYLOAD.match(name)
+        return m is not None and m.group(1) == f"{step:09d}"
+
+    def _payload_files(self, step: int) -> list[str]:
+        """Every payload name of ``step`` in the folder: the committed one, and one a killed
+        or failed commit left behind."""
+        return sorted(n for n in os.listdir(self.dir) if self._is_payload_of(n, step))
 
     def sidecar_path(self, step: int) -> str:
         return os.path.join(self.dir, self._name(step, ".json"))
@@ -943,30 +979,49 @@ class CheckpointStore:
 
     def write(self, state: Any, meta: dict[str, Any]) -> str:
         """Write one checkpoint atomically and durably, apply retention, print the
-        ``checkpoint`` line. ``meta`` needs ``step``; it becomes the sidecar, with this
-        run's ``run_id``, the payload's ``sha256`` and its ``file`` name."""
+        ``checkpoint`` line; the payload's path. ``meta`` needs ``step``; it becomes the
+        sidecar, with this run's ``run_id``, the payload's ``sha256`` and its ``file`` name.
+
+        One rename commits: the sidecar's, which names its payload. A step saved again
+        while its ckpt-step-{N:09d}.pt is committed gets a payload of a new name beside it
+        (ckpt-step-{N:09d}.<16 hex>.pt), and the old one is deleted once the new sidecar is in
+        place. A kill or a failure at any point leaves the old pair or the new one whole
+        (with two renames of the same names, a kill between them lost both)."""
         step = checked_step(meta["step"])
         os.makedirs(self.dir, exist_ok=True)
-        final = self.payload_path(step)
         with _without_zip_crc32():
-            payload, digest = _write_temp(
-                final, lambda f: torch.save(state, f), self.pause_mid_write
+            written, digest = _write_temp(
+                self.payload_path(step), lambda f: torch.save(state, f), self.pause_mid_write
             )
-        sidecar = dict(meta, run_id=_own_run_id(), sha256=digest, file=os.path.basename(final))
-        side = None
+        payload: str | None = written  # None once renamed
+        side: str | None = None
         try:
             if self.weights_only:
-                _check_weights_only(payload)
-            # Both written before either is renamed: a save of a step that exists which fails
-            # (a full disk) leaves the old pair whole.
-            side, _ = _write_temp(
-                self.sidecar_path(step), lambda f: f.write(json.dumps(sidecar).encode())
-            )
-            # Two writers of one step (a replaced pod still in its grace) would otherwise
-            # interleave: one's payload beside the other's sidecar, both checkpoints lost.
+                _check_weights_only(written)
+            # Two writers of one step (a replaced pod still in its grace) are one at a time:
+            # each picks its payload's name from what is committed when it commits.
             with _locked(self.dir):
-                os.replace(payload, final)
-                os.replace(side, self.sidecar_path(step))
+                final = self._fresh_payload_path(step)
+                sidecar = dict(
+                    meta, run_id=_own_run_id(), sha256=digest, file=os.path.basename(final)
+                )
+                side, _ = _write_temp(
+                    self.sidecar_path(step), lambda f: f.write(json.dumps(sidecar).encode())
+                )
+                os.replace(written, final)
+                payload = None
+                try:
+                    os.replace(side, self.sidecar_path(step))
+                except BaseException:
+                    _unlink_quietly(final)  # no sidecar names it: nothing else would remove it
+                    raise
+                side = None
+                # Committed. The step's other payloads (the one replaced, one a killed
+                # commit left) are named by no sidecar now.
+                with contextlib.suppress(OSError):  # a leftover costs disk, not the save
+                    for n in self._payload_files(step):
+                        if n != os.path.basename(final):
+                            _unlink_quietly(os.path.join(self.dir, n))
         except BaseException:
             # Nothing else removes a fresh temp file (see remove_stale_temp_files); a renamed
             # one is gone, nothing to remove.
@@ -974,9 +1029,8 @@ class CheckpointStore:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
             raise
-        # Committed: the sidecar is in place. What follows cannot undo that, so a failure
-        # there is a warning and the save stands (raising made every rank report a good
-        # checkpoint as "not written").
+        # What follows cannot undo the commit, so a failure there is a warning and the save
+        # stands (raising made every rank report a good checkpoint as "not written").
         try:
             _fsync_dir(self.dir)
         except OSError as e:
@@ -990,6 +1044,17 @@ class CheckpointStore:
         fields = {"step": step, "path": final, "host": meta.get("host"), "rank": meta.get("rank")}
         emit({"event": "checkpoint", **fields})  # the writer is rank 0 by construction
         return final
+
+    def _fresh_payload_path(self, step: int) -> str:
+        """Where the next payload of ``step`` goes: ckpt-step-{N:09d}.pt unless a file holds that
+        name (it may be the committed one), else a name no file has. Under the lock."""
+        usual = self.payload_path(step)
+        if not os.path.lexists(usual):
+            return usual
+        while True:
+            path = os.path.join(self.dir, self._name(step, f".{os.urandom(8).hex()}.pt"))
+            if not os.path.lexists(path):
+                return path
 
     def _apply_retention(self, written: int) -> None:
         """Delete this run's checkpoints past its ``keep`` newest, never ``written``: a
@@ -1006,8 +1071,9 @@ class CheckpointStore:
         for step in own[self.keep :]:
             if step == written:
                 continue
-            # Sidecar first: once it is gone the payload is no longer a candidate.
-            for p in (self.sidecar_path(step), self.payload_path(step)):
+            # Sidecar first: once it is gone no payload of the step is a candidate.
+            names = [self._name(step, ".json"), *self._payload_files(step)]
+            for p in (os.path.join(self.dir, n) for n in names):
                 try:
                     os.unlink(p)
                 except FileNotFoundError:
@@ -1015,14 +1081,17 @@ class CheckpointStore:
                 except OSError as e:  # immutable, another user's in a sticky folder
                     warn(f"retention could not delete {p} (keep={self.keep}): {e}")
                     break  # a payload whose sidecar stays is still a candidate: keep both
-            _verified.pop(os.path.abspath(self.payload_path(step)), None)
+                _verified.pop(os.path.abspath(p), None)
 
     def _own(self, step: int) -> bool:
         """This run's checkpoint: its run_id in the sidecar, its payload's sha256 right."""
         sidecar, _ = self._sidecar(step)
         if sidecar is None or sidecar.get("run_id") != _own_run_id():
             return False
-        path = os.path.abspath(self.payload_path(step))
+        named = self.payload_of(step, sidecar)
+        if named is None:
+            return False
+        path = os.path.abspath(named)
         try:
             now = _identity(os.lstat(path))
         except OSError:
@@ -1055,11 +1124,12 @@ class CheckpointStore:
         differs, or ``load`` refuses the payload."""
         sidecar, why = self._sidecar(step)
         got = self._read_with(sidecar, why, step, load)
-        if isinstance(got, str) and got == _MISMATCH:
+        if isinstance(got, str) and sidecar is not None and not isinstance(got, _Unloadable):
             again, why = self._sidecar(step)
             if again != sidecar:
                 # The pair was replaced between the sidecar's read and the payload's (a
-                # re-save of this step, under the lock): the new pair is whole, read it.
+                # re-save of this step deletes the payload it replaces): the new pair is
+                # whole, read it.
                 got = self._read_with(again, why, step, load)
         return got
 
@@ -1075,7 +1145,10 @@ class CheckpointStore:
             return why or "no sidecar"
         if sidecar.get("step") != step:  # a copy under another name: as collect refuses it
             return f"its sidecar says step {str(sidecar.get('step'))[:20]!r}, its name {step}"
-        path = self.payload_path(step)
+        path = self.payload_of(step, sidecar)
+        if path is None:
+            named = str(sidecar.get("file"))[:80]
+            return f"its sidecar names payload {named!r}, which is no payload name of step {step}"
         try:
             with _open_regular(path) as (f, st):
                 # Hashed in chunks, then loaded from the same open file: one bytes copy of

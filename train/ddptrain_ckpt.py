@@ -2,9 +2,10 @@
 manager that snapshots, writes in the background and resumes.
 
 The folder is ddpkit's store (the module a user's script imports): per checkpoint at
-optimizer step N, ``ckpt-step-{N:09d}.pt`` (the payload) and ``ckpt-step-{N:09d}.json``
-(its sidecar: step, world size, host, rank, restart count, time, run, run_id, sha256),
-written atomically, the sidecar last as the commit point, with retention and verified
+optimizer step N, ``ckpt-step-{N:09d}.pt`` (the payload; a step saved again while that
+name is committed gets ``ckpt-step-{N:09d}.<16 hex>.pt``) and ``ckpt-step-{N:09d}.json``
+(its sidecar: step, world size, host, rank, restart count, time, run, run_id, sha256, and
+``file``, the payload's name), the sidecar's rename the one commit, with retention and verified
 reads; ddpkit also decides which checkpoint every rank resumes from. This file adds the
 trainer's asynchronous snapshot and every rank's RNG state on top.
 
@@ -236,9 +237,10 @@ class CheckpointManager:
         if found is None:
             return None
         step, payload = found
-        state.load(payload, self.store.payload_path(step), self.env.rank, seed)
+        path = self.store.committed_payload(step)
+        state.load(payload, path, self.env.rank, seed)
         self._last_saved = state.step
-        return self.store.payload_path(step)
+        return path
 
     # ---- save --------------------------------------------------------------------------
     def due(self, step: int) -> bool:
@@ -295,7 +297,7 @@ class CheckpointManager:
             )
 
     def path(self, step: int) -> str | None:
-        return self.store.payload_path(step)
+        return self.store.committed_payload(step)
 
     # ---- the background thread ---------------------------------------------------------
     def _start(self, work: Callable[[], object]) -> None:

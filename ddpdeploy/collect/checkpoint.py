@@ -1,15 +1,17 @@
 """Collecting a run's checkpoint: the entry point (`collect`), and choosing and verifying a
 ddpdeploy checkpoint. Nothing read from the folder is trusted.
 
-Two formats. A ddpdeploy checkpoint at step N is `ckpt-step-<N:09d>.pt` plus its sidecar
-`ckpt-step-<N:09d>.json` (step, sha256, host, rank, …); the trainer writes the sidecar last,
-so a payload without one is not a checkpoint. A folder without sidecars (any other script's)
+Two formats. A ddpdeploy checkpoint at step N is its sidecar `ckpt-step-<N:09d>.json`
+(step, sha256, file, host, rank, …) and the payload it names: `ckpt-step-<N:09d>.pt`, or
+`ckpt-step-<N:09d>.<16 hex>.pt` for a step saved again. The sidecar's rename commits it, so
+a payload no sidecar names is not a checkpoint. A folder without sidecars (any other script's)
 is collected as plain files (collect.plain). With ``debug`` the run's diagnostics come too
 (collect.debug). What lands in `--to` goes through collect.destination.
 
 The rules that make a hostile folder harmless:
-- the names read are derived from the step (or listed by the source), never taken from a
-  file's contents; the sidecar's own fields are validated and must agree with its name;
+- the names read are derived from the step (or listed by the source); the one taken from a
+  file's contents, the sidecar's `file`, must be a payload name of that step; the sidecar's
+  own fields are validated and must agree with its name;
 - only regular files directly in the folder are opened (collect.source);
 - a candidate that vanishes or fails its check is skipped with one line, and the next newest
   is tried; `--to` is left as it was when nothing could be collected;
@@ -59,10 +61,18 @@ MAX_SIDECAR = 1 << 20  # the trainer's are ~300 bytes; anything this big is not 
 
 # The trainer's names: step zero-padded to 9 digits; 18 digits keeps int() cheap.
 _SIDECAR = re.compile(r"^ckpt-step-(\d{9,18})\.json$", re.ASCII)
+_PAYLOAD = re.compile(r"^ckpt-step-(\d{9,18})(?:\.[0-9a-f]{16})?\.pt$", re.ASCII)
 
 
 def payload_name(step: int) -> str:
+    """The payload's usual name; the sidecar's ``file`` says which one is committed."""
     return f"ckpt-step-{step:09d}.pt"
+
+
+def is_payload_of(name: str, step: int) -> bool:
+    """Whether ``name`` is a payload name of ``step`` (the usual one, or one with 16 hex)."""
+    m = _PAYLOAD.match(name)
+    return m is not None and m[1] == f"{step:09d}"
 
 
 def sidecar_name(step: int) -> str:
@@ -232,7 +242,8 @@ def _listing(
     entries = source.entries()
     regular = sorted(n for n, kind in entries.items() if kind == FILE)
     # A payload of a committed step is the checkpoint's to judge, in its own line.
-    payloads = set() if files else {payload_name(s) for s in steps_newest_first(regular)}
+    steps = set() if files else set(steps_newest_first(regular))
+    payloads = {n for n in entries if (m := _PAYLOAD.match(n)) and int(m[1]) in steps}
     for name, kind in sorted(entries.items()):
         if kind in (SYMLINK, SPECIAL) and name not in payloads:
             warn(f"skipping {shown(name)} in {source.where}: a {kind}, not a regular file")
@@ -260,11 +271,9 @@ def _collect_checkpoint(
             )
         steps = [step]
     for candidate in steps:
-        problem = _try_checkpoint(source, candidate, out, progress)
+        problem, payload = _try_checkpoint(source, candidate, out, progress)
         if problem is None:
-            return Collected(
-                candidate, [payload_name(candidate), sidecar_name(candidate)], source.where
-            )
+            return Collected(candidate, [payload, sidecar_name(candidate)], source.where)
         more = "; trying the next newest" if candidate != steps[-1] else ""
         warn(f"checkpoint at step {candidate} in {source.where}: {problem}{more}")
     raise NoCheckpoint(f"no intact checkpoint in {source.where}")
@@ -272,21 +281,40 @@ def _collect_checkpoint(
 
 def _try_checkpoint(
     source: Source, step: int, out: Destination, progress: Callable[[int], None]
-) -> str | None:
-    """Copy checkpoint ``step`` into ``out``; None when done, else why it was skipped."""
+) -> tuple[str | None, str]:
+    """Copy checkpoint ``step`` into ``out``, the payload under the name its sidecar gives:
+    (None, that name) when done, else (why it was skipped, the name)."""
     payload = payload_name(step)
     try:
         raw = _read_small(source, sidecar_name(step))
     except Unreadable as exc:
-        return f"sidecar {exc}"
+        return f"sidecar {exc}", payload
     try:
         meta = Sidecar.model_validate_json(raw)
     except ValidationError as exc:
-        return f"sidecar is not valid: {_first_error(exc)}"
+        return f"sidecar is not valid: {_first_error(exc)}", payload
     if meta.step != step:
-        return f"sidecar says step {meta.step}, its name step {step}"
-    if meta.file is not None and meta.file != payload:
-        return f"sidecar names payload '{shown(meta.file)}', not {payload}"
+        return f"sidecar says step {meta.step}, its name step {step}", payload
+    if meta.file is not None:
+        if not is_payload_of(meta.file, step):
+            return (
+                f"sidecar names payload '{shown(meta.file)}', which is no payload name of "
+                f"step {step} ({payload}, or with 16 hex digits before .pt)"
+            ), payload
+        payload = meta.file
+    return _copy_checkpoint(source, step, payload, meta, raw, out, progress), payload
+
+
+def _copy_checkpoint(
+    source: Source,
+    step: int,
+    payload: str,
+    meta: Sidecar,
+    raw: bytes,
+    out: Destination,
+    progress: Callable[[int], None],
+) -> str | None:
+    """Copy the payload and its sidecar into ``out``; None when done, else why not."""
     record = run_record(meta, payload)
     out.check_free(payload, meta.sha256)
     out.check_free(sidecar_name(step), hashlib.sha256(raw).hexdigest())

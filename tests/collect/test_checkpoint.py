@@ -32,6 +32,10 @@ HOSTILE_SIDECARS: dict[str, Any] = {
     "file-root": {"file": "/"},
     "file-int": {"file": 12345},
     "file-other-step": {"file": payload_name(1)},
+    "file-other-step-resaved": {"file": "ckpt-step-000000001.0123456789abcdef.pt"},
+    "file-short-hex": {"file": "ckpt-step-000000002.0123.pt"},
+    "file-upper-hex": {"file": "ckpt-step-000000002.0123456789ABCDEF.pt"},
+    "file-sidecar": {"file": sidecar_name(2)},
     "step-string": {"step": "2"},
     "step-bool": {"step": True},
     "step-other": {"step": 7},
@@ -82,6 +86,21 @@ def test_the_newest_intact_checkpoint_is_copied_byte_for_byte(src, tmp_path):
         src / sidecar_name(20)
     ).read_bytes()
     assert listing(tmp_path / "out") == [sidecar_name(20), payload_name(20)]
+
+
+RESAVED = "ckpt-step-000000020.0123456789abcdef.pt"
+
+
+def test_a_step_saved_again_is_collected_under_the_name_its_sidecar_gives(src, tmp_path):
+    # ddpkit commits a step saved again with a payload of its own name (the sidecar's
+    # rename alone commits); the usual name beside it is what a killed commit left.
+    payload = put_trainer_checkpoint(src, 20, meta={"file": RESAVED})
+    (src / payload_name(20)).rename(src / RESAVED)
+    (src / payload_name(20)).write_bytes(b"the replaced payload, named by no sidecar")
+    got, warnings = run(src, tmp_path / "out")
+    assert (got.step, warnings, got.files) == (20, [], [RESAVED, sidecar_name(20)])
+    assert (tmp_path / "out" / RESAVED).read_bytes() == payload
+    check_collected(tmp_path / "out", 20)
 
 
 def test_a_corrupt_newest_falls_back_and_a_named_one_is_refused(src, tmp_path):

@@ -254,12 +254,28 @@ def test_a_save_whose_rename_fails_leaves_no_temp_file(kit: ModuleType, tmp_path
     # Found by the third hostile pass: when renaming the payload failed, the sidecar's temp
     # file (and the payload's) stayed in the folder, and since temp files younger than ten
     # minutes are now left alone, the next start would not remove them either.
+    # Since the commit is the sidecar's rename alone, the payload already renamed into
+    # place must go too when that rename fails: no sidecar names it.
     ck = tmp_path / "ck"
-    (ck / "ckpt-step-000000001.pt").mkdir(parents=True)  # a folder where the payload goes
-    (ck / "ckpt-step-000000001.pt" / "kept").write_text("someone's")
+    (ck / "ckpt-step-000000001.json").mkdir(parents=True)  # a folder where the sidecar goes
+    (ck / "ckpt-step-000000001.json" / "kept").write_text("someone's")
     with pytest.raises(kit.CheckpointError, match="IsADirectoryError"):
         kit.save({"step": 1}, 1)
-    assert sorted(p.name for p in ck.iterdir()) == [".ddpkit.lock", "ckpt-step-000000001.pt"]
+    assert sorted(p.name for p in ck.iterdir()) == [".ddpkit.lock", "ckpt-step-000000001.json"]
+
+
+def test_a_folder_at_the_payloads_usual_name_is_left_and_the_save_stands(
+    kit: ModuleType, tmp_path: Path
+) -> None:
+    # A folder (someone's) holds ckpt-step-N.pt: the payload takes a name of its own, which
+    # the sidecar names, and the folder is not touched.
+    ck = tmp_path / "ck"
+    (ck / "ckpt-step-000000001.pt").mkdir(parents=True)
+    (ck / "ckpt-step-000000001.pt" / "kept").write_text("someone's")
+    path = kit.save({"step": 1}, 1)
+    assert re.fullmatch(r"ckpt-step-000000001\.[0-9a-f]{16}\.pt", Path(path).name)
+    assert (ck / "ckpt-step-000000001.pt" / "kept").read_text() == "someone's"
+    assert kit.load_latest()["step"] == 1
 
 
 def test_a_checkpoint_copied_under_another_step_is_skipped(
@@ -676,7 +692,9 @@ def test_only_the_one_spelling_of_a_name_is_read(
 
 
 NAME = re.compile(r"ckpt-step-[^\s`\"'/)]*")
-ONE_SPELLING = re.compile(r"ckpt-step-(\d{9,18}|\{step:09d\}|\{N:09d\})\.(pt|json)$")
+ONE_SPELLING = re.compile(
+    r"ckpt-step-(\d{9,18}|\{step:09d\}|\{N:09d\})(\.json|(\.<16 hex>|\.[0-9a-f]{16})?\.pt)$"
+)
 
 
 def test_docs_spell_checkpoint_names_one_way() -> None:
@@ -971,3 +989,158 @@ def test_a_load_out_of_memory_is_one_error(kit: ModuleType, tmp_path: Path) -> N
         "verifies but loading it ran out of memory on rank 0 (MemoryError: simulated); load "
         "it with map_location='cpu', or give the job more memory"
     ), info.value
+
+
+# ---- the ninth pass (ddpkit3's H6, H7): one rename commits a checkpoint -----------------
+# The payload and the sidecar were renamed into their names one after the other. A kill
+# between the two renames of a step saved again (a resumed run repeating its last save)
+# left the new payload beside the old sidecar, and a failed sidecar rename (an immutable
+# old sidecar) had replaced the old payload already: both copies of the step were lost.
+def payload_names(folder: Path, step: int) -> list[str]:
+    return sorted(p.name for p in folder.glob(f"ckpt-step-{step:09d}*.pt"))
+
+
+def named_payload(folder: Path, step: int) -> str:
+    return str(json.loads((folder / f"ckpt-step-{step:09d}.json").read_text())["file"])
+
+
+KILL_AFTER_RENAME = """
+import os, signal, sys
+import ddpkit
+real = os.replace
+def replace(src, dst):
+    real(src, dst)
+    if dst.endswith(sys.argv[1]):  # the kill lands right after this rename
+        os.kill(os.getpid(), signal.SIGKILL)
+os.replace = replace
+ddpkit.save({"step": 5, "v": "new"}, 5)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("after", "loaded"), [(".pt", "old"), (".json", "new")])
+def test_a_kill_inside_the_commit_of_a_resaved_step_keeps_one_whole_pair(
+    kit: ModuleType, tmp_path: Path, after: str, loaded: str
+) -> None:
+    ck = tmp_path / "ck"
+    kit.save({"step": 4, "v": "old"}, 4)
+    kit.save({"step": 5, "v": "old"}, 5)
+    env = {**os.environ, "PYTHONPATH": str(TRAIN_DIR), "DDPDEPLOY_CHECKPOINT_DIR": str(ck)}
+    p = subprocess.run(
+        [sys.executable, "-c", KILL_AFTER_RENAME, after], env=env, timeout=120, check=False
+    )
+    assert p.returncode == -9
+    kit = importlib.reload(kit)
+    assert kit.load_latest() == {"step": 5, "v": loaded}
+    assert len(payload_names(ck, 5)) == 2  # the old or the new one, named by no sidecar
+    # The next commit of the step deletes what the killed one left.
+    kit.save({"step": 5, "v": "again"}, 5)
+    assert payload_names(ck, 5) == [named_payload(ck, 5)]
+    assert kit.load_latest() == {"step": 5, "v": "again"}
+
+
+def test_a_failed_sidecar_rename_of_a_resaved_step_keeps_the_old_pair(
+    kit: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ck = tmp_path / "ck"
+    kit.save({"step": 3, "v": "old"}, 3)
+    before = {p.name: p.read_bytes() for p in ck.glob("ckpt-step-*")}
+    real = os.replace
+
+    def immutable_sidecar(src: str, dst: str) -> None:
+        if dst.endswith(".json"):  # as chattr +i on the old sidecar makes it
+            raise PermissionError(1, "Operation not permitted", dst)
+        real(src, dst)
+
+    with monkeypatch.context() as m, pytest.raises(kit.CheckpointError, match="not permitted"):
+        m.setattr(os, "replace", immutable_sidecar)
+        kit.save({"step": 3, "v": "new"}, 3)
+    assert {p.name: p.read_bytes() for p in ck.glob("ckpt-step-*")} == before
+    assert not list(ck.glob(".tmp-*"))
+    assert importlib.reload(kit).load_latest() == {"step": 3, "v": "old"}
+
+
+def test_a_resaved_step_takes_a_name_of_its_own_and_the_old_payload_goes(
+    kit: ModuleType, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    ck = tmp_path / "ck"
+    first = kit.save({"step": 2, "v": 1}, 2)
+    second = kit.save({"step": 2, "v": 2}, 2)
+    assert Path(first).name == "ckpt-step-000000002.pt"
+    assert re.fullmatch(r"ckpt-step-000000002\.[0-9a-f]{16}\.pt", Path(second).name)
+    assert payload_names(ck, 2) == [Path(second).name] == [named_payload(ck, 2)]
+    third = kit.save({"step": 2, "v": 3}, 2)  # the usual name is free again
+    assert payload_names(ck, 2) == [Path(third).name] == ["ckpt-step-000000002.pt"]
+    events = [json.loads(x) for x in capfd.readouterr().out.splitlines() if x.startswith("{")]
+    assert [e["path"] for e in events if e["event"] == "checkpoint"] == [first, second, third]
+    assert kit.load_latest() == {"step": 2, "v": 3}
+
+
+def test_retention_deletes_every_payload_of_a_step_it_deletes(
+    kit: ModuleType, tmp_path: Path
+) -> None:
+    ck = tmp_path / "ck"
+    kit.save({"step": 1}, 1, keep=1)
+    kit.save({"step": 1, "v": 2}, 1, keep=1)  # ckpt-step-000000001.<hex>.pt
+    stray = ck / "ckpt-step-000000001.0123456789abcdef.pt"  # a killed commit's
+    stray.write_bytes(b"left by a kill")
+    kit.save({"step": 2}, 2, keep=1)
+    assert sorted(p.name for p in ck.glob("ckpt-step-*")) == [
+        "ckpt-step-000000002.json",
+        "ckpt-step-000000002.pt",
+    ]
+
+
+@pytest.mark.parametrize(
+    "file",
+    [
+        "../outside.pt",
+        "/etc/passwd",
+        "ckpt-step-000000006.pt",  # another step's
+        "ckpt-step-000000005.0123.pt",
+        "ckpt-step-000000005.0123456789ABCDEF.pt",
+        "ckpt-step-000000005.json",
+        7,
+    ],
+)
+def test_a_sidecar_naming_no_payload_of_its_step_is_skipped(
+    kit: ModuleType, tmp_path: Path, capfd: pytest.CaptureFixture[str], file: object
+) -> None:
+    ck = tmp_path / "ck"
+    payload = torch_bytes({"step": 5}, tmp_path)
+    kit.save({"step": 4}, 4)
+    plant(ck, 5, payload, {**valid_sidecar(5, payload), "file": file})
+    (tmp_path / "outside.pt").write_bytes(payload)
+    assert kit.load_latest() == {"step": 4}
+    err = capfd.readouterr().err
+    assert (
+        f"its sidecar names payload {str(file)[:80]!r}, which is no payload name of step 5" in err
+    )
+
+
+def test_a_sidecar_without_file_names_the_usual_payload(kit: ModuleType, tmp_path: Path) -> None:
+    # Sidecars written before `file` existed.
+    ck = tmp_path / "ck"
+    payload = torch_bytes({"step": 5}, tmp_path)
+    sidecar = valid_sidecar(5, payload)
+    del sidecar["file"]
+    plant(ck, 5, payload, sidecar)
+    assert kit.load_latest() == {"step": 5}
+
+
+@pytest.mark.slow
+def test_every_rank_is_told_the_name_rank_0_committed(tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    env = {"PYTHONPATH": str(TRAIN_DIR), "DDPDEPLOY_CHECKPOINT_DIR": str(ck)}
+    with Launcher(tmp_path) as L:
+        p = L.torchrun([], script=SCRIPTS / "save_twice.py", env=env)
+        assert p.wait(90) == 0, p.tail()
+    resaved = ck / named_payload(ck, 1)
+    assert re.fullmatch(r"ckpt-step-000000001\.[0-9a-f]{16}\.pt", resaved.name)
+    for r in (0, 1):  # in the order each rank printed them
+        said = [x for x in p.stdout.splitlines() if x.startswith(f"rank {r} saved ")]
+        assert said == [
+            f"rank {r} saved {ck / 'ckpt-step-000000001.pt'}",
+            f"rank {r} saved {resaved}",
+        ]
+    assert payload_names(ck, 1) == [resaved.name]
