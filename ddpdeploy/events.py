@@ -83,19 +83,45 @@ def split_ranks(text: str) -> list[tuple[int | None, str]]:
     A script that prints "[rank3]:" mid-line is split there too: the tee's glue leaves no
     other mark, and its text is still shown, only as rank 3's. A protocol event is the one
     exception: a whole JSON event is one line (its strings may hold anything), and no glue
-    of a partial line makes one."""
+    of a partial line makes one. An event is looked for after the first 16 prefixes that
+    open a ``{``, which keeps a line of a million of them linear."""
     match = _RANK_PREFIX.match(text)
     if match is None:
         return [(None, text)]
     out: list[tuple[int | None, str]] = []
+    tries = _EVENT_TRIES
     while True:
         rank, start = int(match[1]), match.end()
         following = _RANK_ANYWHERE.search(text, start + 1)  # its text is never empty
-        if following is None or parse_event(text[start:]) is not None:
+        whole = False
+        if following is not None and tries and text.startswith("{", start):
+            tries -= 1
+            whole = _event_to_end(text, start)
+        if following is None or whole:
             out.append((rank, text[start:]))
             return out
         out.append((rank, text[start : following.start()]))
         match = following
+
+
+# Each try reads to the line's end (and json's error scans back to its start): a line of a
+# million prefixes that each open a "{" would take hours. torchrun's glue puts an event
+# after a few partial lines at most (one per worker that ended mid-line).
+_EVENT_TRIES = 16
+_DECODER = json.JSONDecoder()
+_JSON_SPACE = re.compile(r"[ \t\n\r]*\Z")  # what json.loads allows after the value
+
+
+def _event_to_end(text: str, start: int) -> bool:
+    """Whether ``text`` from ``start`` is one protocol event, read in place (a copy of the
+    rest of the line at every rank prefix made a long line of prefixes quadratic)."""
+    try:
+        value, end = _DECODER.raw_decode(text, start)
+    except (ValueError, RecursionError):
+        return False
+    if _JSON_SPACE.match(text, end) is None:
+        return False
+    return isinstance(value, dict) and value.get("event") in EVENTS
 
 
 def parse_event(text: str) -> Event | None:

@@ -16,6 +16,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ddpdeploy import events as events_module
 from ddpdeploy.cluster.jobstate import job_state
 from ddpdeploy.cluster.podlogs import quiet_line
 from ddpdeploy.commands import views
@@ -27,6 +28,7 @@ from ddpdeploy.events import (
     last_error,
     parse_event,
     progress,
+    split_ranks,
     worker_lines,
 )
 from ddpdeploy.render.output import to_yaml
@@ -249,3 +251,30 @@ def test_a_hang_of_many_ranks_names_the_first_and_counts_the_rest():
     assert line is not None and len(line) < 1000
     assert "ranks that did not arrive: 0 (?), 1 (?)" in line
     assert "15 (?) and 199984 more;" in line
+
+
+class _CountingDecoder(json.JSONDecoder):
+    calls = 0
+
+    def raw_decode(self, s: str, idx: int = 0) -> tuple[object, int]:
+        type(self).calls += 1
+        return super().raw_decode(s, idx)
+
+
+@pytest.mark.parametrize("piece", ["[rank0]:{a", '[rank1]:{"a', "[rank0]:{}"])
+def test_a_line_of_many_prefixes_opening_braces_is_tried_for_an_event_a_few_times(
+    monkeypatch, piece
+):
+    # Found by the cluster2 pass: every prefix read the rest of the line as JSON (a copy of
+    # it, and json's error scans back to the start): `status` took 16 s on a 2.25 MB line.
+    monkeypatch.setattr(events_module, "_DECODER", _CountingDecoder())
+    monkeypatch.setattr(_CountingDecoder, "calls", 0)
+    parts = split_ranks(piece * 20_000)
+    assert len(parts) == 20_000 and _CountingDecoder.calls <= 16
+    assert parts[1] == (int(piece[5]), piece[8:])
+
+
+def test_an_event_after_glued_partial_lines_is_still_one_line():
+    event = '{"event": "step", "step": 3, "note": "[rank1]:inside"}'
+    line = "[rank1]:{partial[rank2]:{another[rank0]:" + event
+    assert split_ranks(line) == [(1, "{partial"), (2, "{another"), (0, event)]
