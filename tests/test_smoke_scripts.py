@@ -254,6 +254,64 @@ def test_a_time_kill_strikes_once_the_time_has_come_and_a_worker_is_there(monkey
 
 
 @pytest.mark.parametrize(
+    ("at", "message"),
+    [
+        (
+            "checkpoint",
+            "--kill-at checkpoint: when the first checkpoint was seen (checkpoint step 1), node "
+            "j-worker-0 had no worker left to kill (the job ends right after it), so nothing was "
+            "killed; kill at an earlier time (--kill-at 20s) or step, or let the job train on "
+            "past its first checkpoint",
+        ),
+        (
+            "0.2s",
+            "--kill-at 0.2 s: at 0 s node j-worker-0 had no worker left to kill (they had "
+            "finished; torchrun was still ending), so nothing was killed; choose an earlier point",
+        ),
+    ],
+)
+def test_a_kill_due_when_no_worker_is_left_says_so(monkeypatch, at, message):
+    """Found by the fourth outside-scripts pass: a job that ends right after its first
+    checkpoint gave `--kill-at: node … had no worker process to kill`, naming neither the
+    cause nor a fix. A stand-in backend whose workers are always gone: a real job leaves
+    them gone at the checkpoint only as a race of a few milliseconds."""
+    from ddpdeploy.errors import OperationError
+    from ddpdeploy.report import Quiet
+    from ddpdeploy.smoke import runner
+    from ddpdeploy.smoke.backend import Line, Node, NoWorker, RunBackend
+
+    monkeypatch.setattr(runner, "TICK_S", 0.05)
+
+    class Gone(RunBackend):
+        def __init__(self, kill: bool) -> None:
+            super().__init__()
+            self.nodes = [Node("j-worker-0", None)]
+            self.started = time.monotonic()
+            self._feed(Line("j-worker-0", "stderr", "[rank0]:PYTORCH_API_USAGE c10d.process_group"))
+            event = (
+                '[rank0]:{"event": "checkpoint", "step": 1, "path": "/c/ckpt-step-000000001.pt"}'
+            )
+            self._feed(Line("j-worker-0", "stdout", event))
+
+        def exit_codes(self) -> dict[str, int | None]:
+            return {"j-worker-0": 0 if time.monotonic() - self.started > 0.6 else None}
+
+        def tail(self, node: str) -> list[str]:
+            return []
+
+        def kill_worker(self, node: str) -> str:
+            raise NoWorker(f"--kill-at: node {node} had no worker process to kill")
+
+        def stop(self) -> None:
+            pass
+
+    options = runner.RunOptions(world_size=1, kill_at=runner.KillAt.parse(at))
+    with pytest.raises(OperationError) as err:
+        dict(runner.smoke(Gone, Quiet(), options))
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--docker", "--resume"], "error: --resume: only with --local"),

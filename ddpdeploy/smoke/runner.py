@@ -15,7 +15,6 @@ import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import suppress
 from dataclasses import dataclass, field
 from math import inf
 from pathlib import Path
@@ -140,6 +139,7 @@ class Kill:
     resumed_step: int | None = None  # the step its `start` event says it resumed from
     recovered_at: float | None = None
     recovered_step: int | None = None
+    missed: tuple[str, str] | None = None  # (when, node): a kill was due, no worker was left
 
     @property
     def lost_progress(self) -> bool:
@@ -314,8 +314,7 @@ class _Run:
         if kill is None or kill.at or self.done is not None:
             return
         if kill.at_.seconds is not None and elapsed >= kill.at_.seconds:
-            with suppress(NoWorker):  # not started yet: the next tick tries again
-                self.strike(f"{elapsed:.0f} s")
+            self.strike(f"{elapsed:.0f} s")  # none started yet: the next tick tries again
         elif kill.at_.checkpoint and self._checkpoint_files() - self.known_files:
             self.strike("a new file in the checkpoint folder")
 
@@ -421,13 +420,19 @@ class _Run:
             self.recovered(step)
 
     def strike(self, when: str) -> None:
-        """Kill one worker of a node without rank 0 (when known); time the recovery."""
+        """Kill one worker of a node without rank 0 (when known); time the recovery. A node
+        with no worker (not started yet, or already finished) is noted, and a later tick or
+        event tries again."""
         kill = self.kill
         assert kill is not None
         names = [n.name for n in self.target.nodes]
         others = [n for n in names if n != self.rank0_node] or names
         kill.node = others[-1]
-        kill.what = self.target.kill_worker(kill.node)
+        try:
+            kill.what = self.target.kill_worker(kill.node)
+        except NoWorker:
+            kill.missed = kill.missed or (when, kill.node)
+            return
         kill.at, kill.when = time.monotonic(), when
         # torch's usage line may trail the step line (another stream); the folder does not.
         kill.saved_before = bool(self.saved_on or self._checkpoint_files() - self.known_files)
@@ -590,7 +595,7 @@ def run_once(
         )
         outcome = run.loop(options.timeout)
     if outcome.kill is not None and not outcome.kill.at:
-        raise OperationError(_not_killed(outcome.kill.at_, options))
+        raise OperationError(_not_killed(outcome.kill.at_, options, outcome.kill.missed))
     return outcome
 
 
@@ -602,8 +607,23 @@ def _no_step_events(at: KillAt) -> str:
     )
 
 
-def _not_killed(at: KillAt, options: RunOptions) -> str:
-    """Why a --kill-at run ended (or would end) with nothing killed, and what to choose."""
+def _not_killed(at: KillAt, options: RunOptions, missed: tuple[str, str] | None = None) -> str:
+    """Why a --kill-at run ended (or would end) with nothing killed, and what to choose;
+    ``missed``: (when, node) the kill was due but the node had no worker left."""
+    if missed is not None:
+        when, node = missed
+        if at.checkpoint:
+            return (
+                f"--kill-at checkpoint: when the first checkpoint was seen ({when}), node "
+                f"{node} had no worker left to kill (the job ends right after it), so nothing "
+                "was killed; kill at an earlier time (--kill-at 20s) or step, or let the job "
+                "train on past its first checkpoint"
+            )
+        return (
+            f"--kill-at {at}: at {when} node {node} had no worker left to kill (they had "
+            "finished; torchrun was still ending), so nothing was killed; choose an earlier "
+            "point"
+        )
     if not at.checkpoint:
         return (
             f"--kill-at: the job ended before {at}, so nothing was killed; choose an earlier point"
