@@ -75,8 +75,10 @@ def crash_line(message: str) -> str | None:
     """The failed rank's own last line in a container's termination message (with
     terminationMessagePolicy FallbackToLogsOnError the kubelet keeps the log's last 2 KB
     there): the rank torchrun's summary names (its root cause first), else the last rank
-    that printed; else the container's last line (a failure before torchrun started)."""
-    lines = message.splitlines()
+    that printed; else the container's last line that is no rank's (a failure before
+    torchrun started); None when there is none. Lines end at newlines only, as every other
+    reader of a log splits them (str.splitlines also breaks at U+2028 and form feeds)."""
+    lines = message.split("\n")
     # A rank's partial line runs on into the next rank's: each part is its own rank's.
     own = [(r, t) for line in lines for r, t in split_ranks(line) if r is not None]
     said = {rank: own_text(text).strip() for rank, text in own if own_text(text).strip()}
@@ -87,7 +89,8 @@ def crash_line(message: str) -> str | None:
     if said:
         last = next(r for r, _ in reversed(own) if r in said)
         return f"rank {last}: {said[last]}"
-    rest = [line.strip() for line in lines if line.strip()]
+    # A rank's line with nothing of its own ("[rank1]:") is no line to show.
+    rest = [line.strip() for line in lines if line.strip() and split_ranks(line)[0][0] is None]
     return rest[-1] if rest else None
 
 

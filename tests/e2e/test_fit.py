@@ -278,6 +278,15 @@ def test_a_crash_loop_names_the_root_cause_ranks_own_last_line() -> None:
     assert crash_line("") is None
     # torch's own prefix of an uncaught exception's lines is not repeated after ours.
     assert crash_line("[rank1]:[rank1]: ValueError: x\n") == "rank 1: ValueError: x"
+    # Found by the cluster2 pass: a rank that printed only prefixes gave the raw "[rank1]:".
+    assert crash_line("[rank1]:[rank1]: \n[rank1]:\n") is None
+    state = job_state(PYTORCHJOB, [crashing("[rank1]:[rank1]: \n[rank1]:\n")])
+    assert (
+        state.reason
+        == "pod j-worker-0: container pytorch restarted 2 times, last exit code 1 (Error)"
+    )
+    # Lines end at newlines, as every other reader splits a log (cluster2 D5).
+    assert crash_line("[rank1]:a\u2028b\x0cc\n") == "rank 1: a\u2028b\x0cc"
 
 
 def test_a_crash_line_gives_a_partial_lines_next_rank_its_own_line() -> None:
