@@ -537,3 +537,42 @@ def test_a_partial_last_line_stays_its_ranks_own(tmp_path, marker, variant):
     assert error.startswith("error: node ddp-train-worker-0 (global rank 1) exited with code 7;")
     assert error.splitlines()[1:] == [f"  rank one partial{end}"], error
     assert leftovers(marker) == []
+
+
+@pytest.mark.slow
+def test_what_smoke_says_as_a_run_starts_is_a_line_of_its_own_on_a_terminal(tmp_path, marker):
+    # Found by the fourth outside-scripts pass: on a terminal, "smoke: emptied …" ran on
+    # from the progress bar's line ("starting…smoke: emptied …"): it was echoed past the
+    # live bar, not through its console.
+    import pty
+
+    ws = workspace(
+        tmp_path, "nodes: 1\nprocs: 1\ncheckpoint: {size: 1Gi}\ncommand: {script: plain.py}\n"
+    )
+    folder = ws / ".ddpdeploy" / "checkpoints" / "ddp-train"
+    folder.mkdir(parents=True)
+    (folder / "old.pt").write_text("an earlier run's")
+    main, tty = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddpdeploy", "smoke", "--local"],
+        cwd=ws,
+        env={**os.environ, "DDPDEPLOY_TEST_MARKER": marker, "COLUMNS": "120", "TERM": "xterm"},
+        stdout=subprocess.DEVNULL,
+        stderr=tty,
+    )
+    os.close(tty)
+    raw = b""
+    while chunk := _read_pty(main):
+        raw += chunk
+    assert proc.wait(120) == 0, raw[-2000:]
+    os.close(main)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", raw.decode(errors="replace"))
+    said = [part for part in re.split(r"[\r\n]", text) if "smoke: emptied" in part]
+    assert said and all(part.startswith("smoke: emptied") for part in said), said
+
+
+def _read_pty(fd: int) -> bytes:
+    try:
+        return os.read(fd, 65536)
+    except OSError:  # EIO: the other end closed
+        return b""

@@ -21,6 +21,7 @@ from ddpdeploy.text import plain_lines
 
 if TYPE_CHECKING:
     from ddpdeploy.image.build import BuiltImage
+    from ddpdeploy.report import Say
     from ddpdeploy.smoke.backend import RunBackend
     from ddpdeploy.smoke.local import WorkspaceRuns
     from ddpdeploy.smoke.runner import Kill, KillAt, Outcome, Ranks
@@ -124,15 +125,16 @@ def smoke(
         own_code=_own_code(spec),
     )
     outcomes: dict[str, Outcome] = {}
+    report = ConsoleReport()
     try:
         if docker:
             start = _docker_target(spec, restarts, base_image, keep_volume, chaos)
-            outcomes.update(runner.smoke(start, ConsoleReport(), options))
+            outcomes.update(runner.smoke(start, report, options))
         else:
             runs = WorkspaceRuns(Path.cwd())
-            start = _local_target(spec, restarts, folder, resume, chaos, runs)
+            start = _local_target(spec, restarts, folder, resume, chaos, runs, report.say)
             with _one_local_run(), _workspace_writes(spec, runs):
-                outcomes.update(runner.smoke(start, ConsoleReport(), options))
+                outcomes.update(runner.smoke(start, report, options))
     except KeyboardInterrupt as exc:  # every target is torn down on its way out
         raise interrupted(exc, "the run was stopped and its processes ended") from None
     except OperationError as exc:
@@ -346,10 +348,13 @@ def _local_target(
     resume: bool,
     chaos: KillAt | None,
     runs: WorkspaceRuns,
+    say: Say,
 ) -> Callable[[bool], RunBackend]:
     """Start the job's agents on a fresh port, each run in a fresh checkpoint folder and
     with what earlier runs wrote in the workspace set aside, unless ``resume``; the chaos
-    run's with the hold at its --kill-at step."""
+    run's with the hold at its --kill-at step. A run starts under its progress bar, so what
+    it says goes through the report's ``say`` (a line of its own above the bar; typer.echo
+    ran on from the bar's line on a terminal)."""
     from ddpdeploy.fs import own_folder
     from ddpdeploy.paths import OWN_DIR, trainer_script
     from ddpdeploy.smoke import workspace
@@ -360,12 +365,12 @@ def _local_target(
         moved = runs.begin(keep=resume)
         note = workspace.set_aside_note(moved, str(runs.aside_rel)) if moved else None
         if note:
-            typer.echo(f"smoke: {note}", err=True)
+            say(f"smoke: {note}")
         checkpoint_dir = None
         if folder is not None:
             own_folder(Path.cwd() / OWN_DIR)  # ignored by the user's git from inside
             if fresh_folder(folder, keep=resume):
-                typer.echo(f"smoke: emptied {folder} (--resume keeps it)", err=True)
+                say(f"smoke: emptied {folder} (--resume keeps it)")
             checkpoint_dir = str(folder)
         hold = hold_env(chaos) if kill else None
         trainer = str(trainer_script())
