@@ -483,9 +483,16 @@ def _warn_if_counts_can_differ() -> None:
 def checkpoint_dir(directory: str | os.PathLike[str] | None = None) -> str:
     """``directory`` if given (ValueError if empty), else ``$DDPDEPLOY_CHECKPOINT_DIR``;
     exits 2 with one line if neither is set, or the variable is empty (the job has no
-    checkpoint volume)."""
+    checkpoint volume). A bad DDPDEPLOY_CHECKPOINT_LOCK_S exits here too, on every rank as
+    it resumes, not at the first commit on rank 0 alone."""
+    _env_float(LOCK_WAIT_ENV, 300.0)
     if directory is not None:
-        given = os.fspath(directory)
+        given = os.fspath(directory) if isinstance(directory, str | os.PathLike) else directory
+        if not isinstance(given, str) or "\0" in given:
+            raise TypeError(
+                f"directory= must name a folder as text (a str or a pathlib.Path), got "
+                f"{type(given).__name__} {str(given)[:80]!r}"
+            )
         if not given.strip():  # "" lists nothing: load_latest found no checkpoint, a fresh start
             raise ValueError(
                 f"directory={given!r} names no folder; pass the checkpoint folder, or "

@@ -1144,3 +1144,33 @@ def test_every_rank_is_told_the_name_rank_0_committed(tmp_path: Path) -> None:
             f"rank {r} saved {resaved}",
         ]
     assert payload_names(ck, 1) == [resaved.name]
+
+
+# ---- the ddpkit3 pass's debatable items, settled ----------------------------------------
+@pytest.mark.parametrize("value", ["nan", "-1", "soon"])
+def test_a_bad_lock_wait_is_one_line_as_the_run_resumes(
+    kit: ModuleType,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+    value: str,
+) -> None:
+    # It was read at the first commit only, on rank 0: a typo cost the run up to its first
+    # checkpoint, and the other ranks learnt of it when torchrun tore the group down.
+    monkeypatch.setenv("DDPDEPLOY_CHECKPOINT_LOCK_S", value)
+    with pytest.raises(SystemExit) as info:
+        kit.load_latest()
+    assert info.value.code == 2
+    assert capfd.readouterr().err == (
+        f"ddpkit: error: DDPDEPLOY_CHECKPOINT_LOCK_S={value!r} is not a finite number of at "
+        "least 0; fix or unset it\n"
+    )
+    assert not (tmp_path / "ck").exists()
+
+
+@pytest.mark.parametrize("directory", [b"/tmp/x", 123, "/tmp/a\0b"])
+def test_a_directory_that_is_no_folder_name_is_named(kit: ModuleType, directory: object) -> None:
+    with pytest.raises(TypeError, match=r"^directory= must name a folder as text"):
+        kit.save({"step": 1}, 1, directory=directory)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^directory= must name a folder as text"):
+        kit.load_latest(directory=directory)  # type: ignore[arg-type]
