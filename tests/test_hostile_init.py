@@ -85,3 +85,14 @@ def test_the_starter_keeps_the_restart_safe_default(tmp_path, flags):
     assert run_cli("init", *flags, cwd=tmp_path).returncode == 0
     spec = load_spec(tmp_path / "ddpdeploy.yaml")
     assert spec.rendezvous.mode == JobSpec().rendezvous.mode == "c10d"
+
+
+def test_a_script_name_with_a_bidi_override_or_escape_is_shown_plain(tmp_path):
+    # Found by the spec3 pass: init printed U+202E as typed, which turns the rest of the
+    # terminal line around ("wrote ddpdeploy.yaml for your script yp.txt…").
+    name = "a\u202etxt.py"
+    (tmp_path / name).write_text("print(1)\n")
+    res = run_cli("init", "--script", name, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "\u202e" not in res.stderr and "\x1b" not in res.stderr
+    assert "script a\ufffdtxt.py" in res.stderr

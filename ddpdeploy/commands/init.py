@@ -12,6 +12,7 @@ import typer
 
 from ddpdeploy.errors import UserError
 from ddpdeploy.paths import DEFAULT_FILE, SCHEMA_FILE
+from ddpdeploy.text import plain
 
 # The modeline yaml-language-server (VS Code's YAML extension, Neovim's yamlls, …) reads; the
 # path is relative to the spec file, so completion and validation work offline.
@@ -215,7 +216,10 @@ def init(
     # Not an error: the spec may come first; smoke and build refuse the run until it is there.
     missing = script is not None and not Path(script).is_file()
     yet = f"; {script} is not a file in this folder yet" if missing else ""
-    typer.echo(f"wrote {path}{chose} (and {schema_path} for editor completion){yet}", err=True)
+    # Names as typed may hold escapes or bidi overrides (U+202E): shown plain.
+    typer.echo(
+        plain(f"wrote {path}{chose} (and {schema_path} for editor completion){yet}"), err=True
+    )
 
 
 def _mode(path: Path, what: str) -> int | None:
