@@ -278,9 +278,38 @@ def test_a_kill_due_when_no_worker_is_left_says_so(monkeypatch, at, message):
     from ddpdeploy.errors import OperationError
     from ddpdeploy.report import Quiet
     from ddpdeploy.smoke import runner
-    from ddpdeploy.smoke.backend import Line, Node, NoWorker, RunBackend
 
     monkeypatch.setattr(runner, "TICK_S", 0.05)
+    options = runner.RunOptions(world_size=1, kill_at=runner.KillAt.parse(at))
+    with pytest.raises(OperationError) as err:
+        dict(runner.smoke(_workers_gone(), Quiet(), options))
+    assert str(err.value) == message
+
+
+def test_a_time_past_the_clean_runs_end_is_refused_before_the_kill_run(monkeypatch):
+    # From the same pass: `--kill-at 60s` on a 6 s job ran the whole kill run first.
+    from ddpdeploy.errors import UserError
+    from ddpdeploy.report import Quiet
+    from ddpdeploy.smoke import runner
+
+    monkeypatch.setattr(runner, "TICK_S", 0.05)
+    started: list[bool] = []
+    backend = _workers_gone()
+
+    def start(kill: bool) -> object:
+        started.append(kill)
+        return backend(kill)
+
+    options = runner.RunOptions(world_size=1, kill_at=runner.KillAt.parse("60s"))
+    with pytest.raises(UserError, match=r"^--kill-at: 60 s is not before the clean run's end \("):
+        dict(runner.smoke(start, Quiet(), options))  # type: ignore[arg-type]
+    assert started == [False]  # no kill run
+
+
+def _workers_gone() -> type:
+    """A one-node job that joins a group, prints a checkpoint event, ends after 0.6 s, and
+    whose worker is never there to be killed."""
+    from ddpdeploy.smoke.backend import Line, Node, NoWorker, RunBackend
 
     class Gone(RunBackend):
         def __init__(self, kill: bool) -> None:
@@ -305,10 +334,7 @@ def test_a_kill_due_when_no_worker_is_left_says_so(monkeypatch, at, message):
         def stop(self) -> None:
             pass
 
-    options = runner.RunOptions(world_size=1, kill_at=runner.KillAt.parse(at))
-    with pytest.raises(OperationError) as err:
-        dict(runner.smoke(Gone, Quiet(), options))
-    assert str(err.value) == message
+    return Gone
 
 
 @pytest.mark.parametrize(

@@ -672,6 +672,12 @@ def smoke(
         # A step kill is placed on step events; without them the kill run would end with
         # nothing killed, however early the step.
         raise UserError(_no_step_events(kill_at))
+    if kill_at.seconds is not None and kill_at.seconds >= clean.wall:
+        # The kill run would run to its end as well, with nothing killed.
+        raise UserError(
+            f"--kill-at: {kill_at} is not before the clean run's end ({clean.wall:.1f} s), so no "
+            "worker would be killed; choose an earlier time"
+        )
     if kill_at.step is not None and clean.steps is not None and kill_at.step >= clean.steps:
         # Known only now (the trainer's default steps, a script's own): no run would kill.
         raise UserError(
