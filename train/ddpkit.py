@@ -598,9 +598,10 @@ def _save(state: Any, n: int, store: CheckpointStore) -> str:
     failure = "" if error is None else _one_line(error)
     if _distributed():
         _every_rank_in_save(arrival, n, path)
-        told = _broadcast_text(json.dumps([failure, path]), _collective_device())
-        with contextlib.suppress(ValueError):  # cut at 4096 bytes: keep this rank's guess
-            failure, path = json.loads(told)
+        failure = _broadcast_text(failure, _collective_device())
+        if not failure:  # the name rank 0 committed: <16 hex> for a step again
+            told = _broadcast_text(os.path.basename(path), _collective_device())
+            path = os.path.join(store.dir, told)
     if failure:
         raise CheckpointError(f"checkpoint {path} was not written: rank 0: {failure}") from error
     return path
@@ -1024,11 +1025,13 @@ class CheckpointStore:
                     raise
                 side = None
                 # Committed. The step's other payloads (the one replaced, one a killed
-                # commit left) are named by no sidecar now.
-                with contextlib.suppress(OSError):  # a leftover costs disk, not the save
+                # commit left) are named by no sidecar now; a leftover costs disk, not the
+                # save (a folder of that name, an unlistable folder).
+                with contextlib.suppress(OSError):
                     for n in self._payload_files(step):
                         if n != os.path.basename(final):
-                            _unlink_quietly(os.path.join(self.dir, n))
+                            with contextlib.suppress(OSError):
+                                _unlink_quietly(os.path.join(self.dir, n))
         except BaseException:
             # Nothing else removes a fresh temp file (see remove_stale_temp_files); a renamed
             # one is gone, nothing to remove.

@@ -276,6 +276,13 @@ def test_a_folder_at_the_payloads_usual_name_is_left_and_the_save_stands(
     assert re.fullmatch(r"ckpt-step-000000001\.[0-9a-f]{16}\.pt", Path(path).name)
     assert (ck / "ckpt-step-000000001.pt" / "kept").read_text() == "someone's"
     assert kit.load_latest()["step"] == 1
+    # A folder the sweep of the step's old payloads cannot delete stops none after it.
+    (ck / "ckpt-step-000000001.0000000000000000.pt").mkdir()
+    (ck / "ckpt-step-000000001.ffffffffffffffff.pt").write_bytes(b"a killed commit's")
+    again = kit.save({"step": 1}, 1)
+    assert sorted(p.name for p in ck.glob("ckpt-step-000000001.*.pt")) == sorted(
+        ["ckpt-step-000000001.0000000000000000.pt", Path(again).name]
+    )
 
 
 def test_a_checkpoint_copied_under_another_step_is_skipped(
