@@ -330,6 +330,7 @@ def test_an_earlier_runs_pod_held_by_a_finalizer_is_shown_with_the_new_job():
                 {
                     "apiVersion": "kubeflow.org/v1",
                     "kind": "PyTorchJob",
+                    "name": "j",
                     "uid": "old",
                     "controller": True,
                 }
@@ -354,10 +355,11 @@ def test_an_earlier_runs_pod_still_stopping_is_why_the_new_pods_are_missing():
     from ddpdeploy.cluster.watch import job_pods
 
     new = {**job(("Created", "")), "metadata": {"name": "j", "uid": "new"}}
+    new["spec"] = {"pytorchReplicaSpecs": {"Master": {"replicas": 1}, "Worker": {"replicas": 1}}}
 
     def old_pod(name: str, phase: str) -> dict:
-        owner = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "uid": "old",
-                 "controller": True}  # fmt: skip
+        owner = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "j",
+                 "uid": "old", "controller": True}  # fmt: skip
         return {
             "metadata": {"name": name, "labels": ours("j"), "ownerReferences": [owner],
                          "deletionTimestamp": "2026-12-02T09:40:00Z",
@@ -380,7 +382,18 @@ def test_an_earlier_runs_pod_still_stopping_is_why_the_new_pods_are_missing():
     mine["metadata"]["ownerReferences"] = [{"kind": "PyTorchJob", "uid": "new", "controller": True}]
     state = job_state(new, [mine, olds[1]])
     assert state.state == "Running"
-    assert state.reason.startswith("1/1 pods running; pod j-worker-0 of an earlier run")
+    assert state.reason == (
+        "1/2 pods running; pod j-worker-0 of an earlier run of this job is still stopping "
+        "(grace period, until 2026-12-02T09:40:00Z at the latest); the new pods start when it "
+        "is gone"
+    )
+    # An old pod whose name the job no longer needs (it was scaled down) holds up nothing
+    # (cluster2 F1: "the new pods start when they are gone" of a job whose pods all ran).
+    extra = old_pod("j-worker-7", "Running")
+    worker = pod(name="j-worker-0", phase="Running")
+    worker["metadata"]["ownerReferences"] = mine["metadata"]["ownerReferences"]
+    state = job_state(new, [mine, worker, extra])
+    assert (state.state, state.reason) == ("Running", "2/2 pods running")
 
 
 def test_a_pod_the_operator_could_not_make_counts_against_the_jobs_size() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from fakekube import FakeKube
 
+from ddpdeploy.cluster.find import holds_its_name
 from ddpdeploy.cluster.podlogs import (
     Followed,
     Run,
@@ -114,7 +115,7 @@ def pod_run(replica: str, index: int, uid: str, restarts: int = 0, state: str = 
     pod["metadata"]["uid"] = uid
     pod["metadata"]["labels"].update(labels or {})
     if owner is not None:
-        ref = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "uid": owner}
+        ref = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "j", "uid": owner}
         pod["metadata"]["ownerReferences"] = [{**ref, "controller": True}]
     (status,) = pod["status"]["containerStatuses"]
     status["state"] = {state: {}}
@@ -139,6 +140,29 @@ def test_made_for_needs_our_labels_and_the_jobs_uid():
     assert not made_for(pod_run("worker", 0, "u", labels=OURS, owner="other-uid"), JOB)
     other = {**OURS, "app.kubernetes.io/instance": "k"}
     assert not made_for(pod_run("worker", 0, "u", labels=other, owner="job-uid"), JOB)
+    # The job's uid under another name (cluster2 D1): the reference is not to this job.
+    renamed = pod_run("worker", 0, "u", labels=OURS, owner="job-uid")
+    renamed["metadata"]["ownerReferences"][0]["name"] = "other"
+    assert not made_for(renamed, JOB)
+
+
+def test_only_an_earlier_run_of_the_job_holds_its_name():
+    # Found by the cluster2 pass: status counted another job's deleting pod (and one with
+    # no controller) as an earlier run's, "2/2 pods running" of a 1-node job.
+    def deleting(owner: str | None, name: str = "j") -> dict:
+        pod = pod_run("worker", 5, "u", labels=OURS, owner=owner)
+        pod["metadata"]["deletionTimestamp"] = "2026-12-07T10:00:00Z"
+        if owner is not None:
+            pod["metadata"]["ownerReferences"][0]["name"] = name
+        return pod
+
+    assert holds_its_name(deleting("old-uid"), JOB)
+    assert not holds_its_name(deleting("job-uid"), JOB)  # this run's own, being deleted
+    assert not holds_its_name(deleting("their-uid", name="theirs"), JOB)
+    assert not holds_its_name(deleting(None), JOB)
+    alive = deleting("old-uid")
+    del alive["metadata"]["deletionTimestamp"]
+    assert not holds_its_name(alive, JOB)
 
 
 def _owned(pod: dict, *owners: dict) -> dict:
@@ -153,6 +177,9 @@ def test_a_trainjobs_pod_is_its_jobset_jobs():
     assert made_for(_owned(pod_run("worker", 0, "u", labels=OURS), child), train)
     for wrong in (
         {**child, "name": "k-node-0"},  # another job's
+        {**child, "name": "j-evil"},  # no Job of its JobSet (cluster2 D2)
+        {**child, "name": "j-"},
+        {**child, "name": "j-node-0x"},
         {**child, "kind": "ReplicaSet", "apiVersion": "apps/v1"},  # not a Job's
         {**child, "controller": False},  # an owner, not its controller
     ):

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ from ddpdeploy.obj import Obj
 from ddpdeploy.render.pod import MANAGED_BY
 from ddpdeploy.spec import spec_with
 from ddpdeploy.targets import DEFAULT_TARGET, JOB_KINDS, TARGETS, Layout
+from ddpdeploy.targets.trainjob.objects import REPLICATED_JOB
 from ddpdeploy.text import show
 
 if TYPE_CHECKING:
@@ -71,42 +73,61 @@ def labelled_ours(obj: Obj) -> bool:
 
 def made_for(pod: Obj, job: Obj) -> bool:
     """Whether ``pod`` is one of ``job``'s, the one rule every reader of a job's pods
-    (`status`, `logs`, `logs -f`, a wait) keeps: its labels say ddpdeploy made it for this
-    job (the controllers copy them from our pod template), and a controller of the job's
-    kind that it names is this job (by uid). A look-alike that the target's pod selector
-    matches (another job's pod, one made by hand) is never read."""
-
-    meta = pod.get("metadata") or {}
+    (`status`, `logs`, `logs -f`, a wait, `collect`) keeps: its labels say ddpdeploy made it
+    for this job (the controllers copy them from our pod template), and its one controller
+    is this job (kind, name and uid). A look-alike that the target's pod selector matches
+    (another job's pod, one made by hand) is never read."""
     if not _labelled_for(pod, job):
         return False
-    # Every pod a controller made names it; one made by hand (with our labels) names none.
-    controllers = [
-        o for o in meta.get("ownerReferences") or [] if isinstance(o, dict) and o.get("controller")
-    ]
-    if len(controllers) != 1:
+    owner = _controller(pod)
+    if owner is None:
         return False
-    (owner,) = controllers
-    job_meta = job.get("metadata") or {}
-    if (owner.get("apiVersion"), owner.get("kind")) == (job.get("apiVersion"), job.get("kind")):
-        return bool(owner.get("uid") == job_meta.get("uid"))
-    # A TrainJob's pods are its JobSet's Jobs' (<name>-node-0), a level down: by name.
-    name = str(owner.get("name") or "")
-    return (
-        job.get("kind") == "TrainJob"
-        and (owner.get("apiVersion"), owner.get("kind")) == ("batch/v1", "Job")
-        and name.startswith(f"{job_meta.get('name')}-")
-    )
+    if _of_jobs_kind(owner, job):
+        job_meta = job.get("metadata") or {}
+        return (owner.get("name"), owner.get("uid")) == (job_meta.get("name"), job_meta.get("uid"))
+    return _trainjobs_job(owner, job)
 
 
 def holds_its_name(pod: Obj, job: Obj) -> bool:
-    """Whether ``pod`` is an earlier run's pod of ``job``'s name (our labels for it, another
-    uid), deleted but not gone: kept by finalizers, or still stopping in its grace period
-    (`down` then `resume`). It holds the name the job's own pod needs, which is why that pod
-    cannot start. A wait and `status` show it with the job's pods."""
-    meta = pod.get("metadata") or {}
-    if not meta.get("deletionTimestamp"):
+    """Whether ``pod`` is an earlier run's pod of ``job``'s name, deleted but not gone: kept
+    by finalizers, or still stopping in its grace period (`down` then `resume`). Our labels
+    for the job, and its one controller an object of the job's kind and name with another
+    uid (for a TrainJob: its JobSet's Job, as for ``made_for``). It holds the name the
+    job's own pod needs, which is why that pod cannot start. A wait and `status` show it
+    with the job's pods; another job's pod being deleted is not one."""
+    if not (pod.get("metadata") or {}).get("deletionTimestamp") or not _labelled_for(pod, job):
         return False
-    return _labelled_for(pod, job)
+    owner = _controller(pod)
+    if owner is None:
+        return False
+    if _of_jobs_kind(owner, job):
+        job_meta = job.get("metadata") or {}
+        return owner.get("name") == job_meta.get("name") and owner.get("uid") != job_meta.get("uid")
+    return _trainjobs_job(owner, job)
+
+
+def _controller(pod: Obj) -> dict[str, Any] | None:
+    """The pod's one controller reference; None for none or several (the apiserver allows
+    at most one; a pod made by hand names none)."""
+    refs = (pod.get("metadata") or {}).get("ownerReferences") or []
+    controllers = [o for o in refs if isinstance(o, dict) and o.get("controller")]
+    return controllers[0] if len(controllers) == 1 else None
+
+
+def _of_jobs_kind(owner: dict[str, Any], job: Obj) -> bool:
+    return (owner.get("apiVersion"), owner.get("kind")) == (job.get("apiVersion"), job.get("kind"))
+
+
+def _trainjobs_job(owner: dict[str, Any], job: Obj) -> bool:
+    """A TrainJob's pods are its JobSet's Jobs' (<name>-node-0), a level down: by that name
+    (the Job's uid is the JobSet's to know), so `<name>-other` is not one."""
+    name = str(owner.get("name") or "")
+    job_name = re.escape(str((job.get("metadata") or {}).get("name")))
+    return (
+        job.get("kind") == "TrainJob"
+        and (owner.get("apiVersion"), owner.get("kind")) == ("batch/v1", "Job")
+        and re.fullmatch(rf"{job_name}-{REPLICATED_JOB}-\d+", name) is not None
+    )
 
 
 def _labelled_for(pod: Obj, job: Obj) -> bool:

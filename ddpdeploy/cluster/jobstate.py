@@ -267,12 +267,17 @@ def job_state(job: Obj | None, pods: list[Obj]) -> JobState:
     pods = [p for p in pods if id(p) not in earlier]
     running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
     if _condition(job, "Running") or running:
-        note = _last_failure(pods) + (f"; {_stopping(old)}" if old else "")
         missing = _missing(job, layout, pods)
-        if missing:
+        # An old pod explains a missing one only by holding its name (a job of a fixed size
+        # says which names it needs; an elastic one does not, so any old pod may).
+        fixed = layout.elastic_range(job) is None
+        held = [p for p in old if not fixed or (p.get("metadata") or {}).get("name") in missing]
+        note = _last_failure(pods) + (f"; {_stopping(held)}" if held else "")
+        unheld = [m for m in missing if m not in {p["metadata"]["name"] for p in held}]
+        if unheld:
             # A name the operator cannot take (someone else's pod holds it) leaves the job a
             # node short for good: counted against the job's size, and named.
-            note += f"; no pod {', '.join(missing[:4])}{' …' if len(missing) > 4 else ''} yet"
+            note += f"; no pod {', '.join(unheld[:4])}{' …' if len(unheld) > 4 else ''} yet"
         of = len(pods) + len(missing)
         return JobState("Running", f"{len(running)}/{of} pods running{note}", done=False)
     if _condition(job, "Suspended"):

@@ -20,6 +20,7 @@ from typing import BinaryIO
 from ddpdeploy import fs
 from ddpdeploy.adapters.kube import Forbidden, KubeApi
 from ddpdeploy.cluster.capacity import fitted_resources, limit_range_breaches
+from ddpdeploy.cluster.find import made_for
 from ddpdeploy.cluster.labels import selector
 from ddpdeploy.collect.source import FILE, FOLDER, SPECIAL, SYMLINK, Unreadable, plain_name, shown
 from ddpdeploy.errors import OperationError, UserError
@@ -208,11 +209,16 @@ class PodSource:
 
 
 def _running_pod(kube: KubeApi, spec: JobSpec) -> str | None:
-    """A pod of the job whose training container runs now: exec needs the container, not
-    just a Running pod (one between two restarts of its container answers 'container not
-    running'), and a pod being deleted is about to lose it."""
+    """A pod of the job (``made_for``: a look-alike with our labels, whose name may sort
+    first, is never exec'd into) whose training container runs now: exec needs the
+    container, not just a Running pod (one between two restarts of its container answers
+    'container not running'), and a pod being deleted is about to lose it."""
     layout = layout_of(spec.target)
+    job = kube.get(layout.api_version, layout.kind, spec.name, spec.namespace)
+    if job is None:
+        return None
     pods = kube.list("v1", "Pod", spec.namespace, labels=selector(layout.pod_selector(spec.name)))
+    pods = [p for p in pods if made_for(p, job)]
 
     def runs(pod: Obj) -> bool:
         status = pod.get("status") or {}

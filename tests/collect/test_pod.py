@@ -19,6 +19,7 @@ from checkov_scan import allowlist, checkov_path
 from fakekube import FakeKube
 from reports import Recorded
 
+from ddpdeploy.cluster.labels import ours
 from ddpdeploy.collect.checkpoint import collect, payload_name
 from ddpdeploy.collect.debug import MAX_DEBUG
 from ddpdeploy.collect.plain import SUMS
@@ -298,23 +299,59 @@ def _pod(name: str, phase: str, state: dict, deleting: bool = False) -> dict:
     }
 
 
+def _job_of(kube: FakeKube, spec: JobSpec) -> dict:
+    """The job object of ``spec`` on the fake cluster, as `up` makes it."""
+    layout = layout_of(spec.target)
+    meta = {"name": spec.name, "namespace": spec.namespace, "labels": ours(spec.name)}
+    return kube.add({"apiVersion": layout.api_version, "kind": layout.kind, "metadata": meta})
+
+
+def _made_by(job: dict, pod: dict, target: str = "pytorchjob") -> dict:
+    """``pod`` as the operator makes it for ``job``: the job's labels and its controller."""
+    layout = layout_of(target)
+    name = job["metadata"]["name"]
+    pod["metadata"]["namespace"] = job["metadata"]["namespace"]
+    pod["metadata"]["labels"] = {**layout.pod_selector(name), **ours(name)}
+    owner = {k: job[k] for k in ("apiVersion", "kind")}
+    owner |= {"name": name, "uid": job["metadata"]["uid"], "controller": True}
+    pod["metadata"]["ownerReferences"] = [owner]
+    return pod
+
+
 def test_a_running_pod_between_two_container_restarts_is_not_read_through():
     spec = JobSpec.model_validate({"name": "j", "image": "t:1", "checkpoint": {"size": "1Gi"}})
-    labels = layout_of(spec.target).pod_selector("j")  # as the operator labels them
     kube = FakeKube()
+    job = _job_of(kube, spec)
     waiting = {"waiting": {"reason": "CrashLoopBackOff"}}
     running = {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
     for pod in (
         _pod("j-worker-0", "Running", waiting),  # its container between two restarts
         _pod("j-worker-1", "Running", running, deleting=True),  # about to lose it
     ):
-        pod["metadata"]["labels"] = labels
-        kube.add(pod)
+        kube.add(_made_by(job, pod))
     assert _running_pod(kube, spec) is None  # a helper pod, then
-    ok = _pod("j-worker-2", "Running", running)
-    ok["metadata"]["labels"] = labels
-    kube.add(ok)
+    kube.add(_made_by(job, _pod("j-worker-2", "Running", running)))
     assert _running_pod(kube, spec) == "j-worker-2"
+
+
+def test_a_look_alike_pod_is_never_read_through():
+    # From the cluster2 pass: the pod to exec into was the lowest name the label selector
+    # matched, so a pod made by hand with the job's labels (j-aaa sorts first) was read.
+    spec = JobSpec.model_validate({"name": "j", "image": "t:1", "checkpoint": {"size": "1Gi"}})
+    kube = FakeKube()
+    job = _job_of(kube, spec)
+    running = {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
+    by_hand = _made_by(job, _pod("j-aaa", "Running", running))
+    del by_hand["metadata"]["ownerReferences"]
+    theirs = _made_by(job, _pod("j-aab", "Running", running))
+    theirs["metadata"]["ownerReferences"][0]["uid"] = "another-jobs"
+    for pod in (by_hand, theirs):
+        kube.add(pod)
+    assert _running_pod(kube, spec) is None
+    kube.add(_made_by(job, _pod("j-worker-0", "Running", running)))
+    assert _running_pod(kube, spec) == "j-worker-0"
+    kube.objects.pop(("PyTorchJob", "default", "j"))  # after `down`: no job, no job pod
+    assert _running_pod(kube, spec) is None
 
 
 def test_a_job_pods_container_gone_before_the_first_read_leaves_it_to_the_helper():
@@ -617,9 +654,7 @@ def test_an_interrupt_while_reading_the_jobs_pod_says_what_was_done(signum, name
 
     spec = JobSpec.model_validate(CKPT_JOB)
     kube = FakeKube()
-    pod = _pod("j-worker-0", "Running", {"running": {}})
-    pod["metadata"] |= {"namespace": "ns", "labels": layout_of(spec.target).pod_selector("j")}
-    kube.add(pod)
+    kube.add(_made_by(_job_of(kube, spec), _pod("j-worker-0", "Running", {"running": {}})))
     with pytest.raises(OperationError) as err, pod_source(kube, spec, 5) as src:
         assert src.pod == "j-worker-0"
         raise Interrupted(signum)
