@@ -94,14 +94,14 @@ CHECKPOINT_DIR_ENV = "DDPDEPLOY_CHECKPOINT_DIR"
 DEFAULT_KEEP = 3
 # The one spelling of a checkpoint's name, as ddpdeploy's collect reads it too: the step
 # zero-padded to 9 digits; at most 18, so a step always fits an int64 tensor.
-_SIDECAR = re.compile(r"^ckpt-step-(\d{9,18})\.json$", re.ASCII)
+_SIDECAR = re.compile(r"^ckpt-step-(\d{9,18})\.json\Z", re.ASCII)  # \Z: $ takes a final \n
 # A payload: ckpt-step-{N:09d}.pt, or ckpt-step-{N:09d}.<16 hex>.pt for a step saved again
 # while the first name was committed (the sidecar's `file` says which; CheckpointStore.write).
-_PAYLOAD = re.compile(r"^ckpt-step-(\d{9,18})(?:\.[0-9a-f]{16})?\.pt$", re.ASCII)
+_PAYLOAD = re.compile(r"^ckpt-step-(\d{9,18})(?:\.[0-9a-f]{16})?\.pt\Z", re.ASCII)
 MAX_STEP = 10**18 - 1
 # What _write_temp's mkstemp names (8 characters of its alphabet): only those are ours to
 # delete; a user's .tmp-notes.json in the folder is not.
-_TEMP_NAME = re.compile(r"^\.tmp-[a-z0-9_]{8}\.(pt|json)$", re.ASCII)
+_TEMP_NAME = re.compile(r"^\.tmp-[a-z0-9_]{8}\.(pt|json)\Z", re.ASCII)
 MAX_SIDECAR = 1 << 20  # a sidecar is ~600 bytes; anything this big is not one
 # A temp file untouched this long is a dead writer's. A live writer moves its file's mtime
 # with every write(), and one still saving (a replaced pod in its SIGTERM grace, 30 s by
@@ -1028,10 +1028,16 @@ class CheckpointStore:
                 # commit left) are named by no sidecar now; a leftover costs disk, not the
                 # save (a folder of that name, an unlistable folder).
                 with contextlib.suppress(OSError):
+                    stuck = []
                     for n in self._payload_files(step):
                         if n != os.path.basename(final):
-                            with contextlib.suppress(OSError):
+                            try:
                                 _unlink_quietly(os.path.join(self.dir, n))
+                            except OSError as e:
+                                stuck.append(f"{n} ({e.strerror or e})")
+                    if stuck:
+                        warn(f"checkpoint {final} is written, but the step's older payload "
+                             f"could not be deleted: {_first_of(stuck, 4)}")  # fmt: skip
         except BaseException:
             # Nothing else removes a fresh temp file (see remove_stale_temp_files); a renamed
             # one is gone, nothing to remove.
@@ -1083,14 +1089,15 @@ class CheckpointStore:
                 continue
             # Sidecar first: once it is gone no payload of the step is a candidate.
             names = [self._name(step, ".json"), *self._payload_files(step)]
-            for p in (os.path.join(self.dir, n) for n in names):
+            for i, p in enumerate(os.path.join(self.dir, n) for n in names):
                 try:
                     os.unlink(p)
                 except FileNotFoundError:
                     pass
                 except OSError as e:  # immutable, another user's in a sticky folder
                     warn(f"retention could not delete {p} (keep={self.keep}): {e}")
-                    break  # a payload whose sidecar stays is still a candidate: keep both
+                    if i == 0:  # a payload whose sidecar stays is still a candidate: keep all
+                        break
                 _verified.pop(os.path.abspath(p), None)
 
     def _own(self, step: int) -> bool:
@@ -1157,8 +1164,9 @@ class CheckpointStore:
             return f"its sidecar says step {str(sidecar.get('step'))[:20]!r}, its name {step}"
         path = self.payload_of(step, sidecar)
         if path is None:
-            named = str(sidecar.get("file"))[:80]
-            return f"its sidecar names payload {named!r}, which is no payload name of step {step}"
+            file = sidecar.get("file")
+            named = "null" if file is None else repr(str(file)[:80])
+            return f"its sidecar names payload {named}, which is no payload name of step {step}"
         try:
             with _open_regular(path) as (f, st):
                 # Hashed in chunks, then loaded from the same open file: one bytes copy of

@@ -60,8 +60,9 @@ MAX_SIDECAR = 1 << 20  # the trainer's are ~300 bytes; anything this big is not 
 
 
 # The trainer's names: step zero-padded to 9 digits; 18 digits keeps int() cheap.
-_SIDECAR = re.compile(r"^ckpt-step-(\d{9,18})\.json$", re.ASCII)
-_PAYLOAD = re.compile(r"^ckpt-step-(\d{9,18})(?:\.[0-9a-f]{16})?\.pt$", re.ASCII)
+# \Z, not $: `$` also matches before a final newline ("ckpt-step-000000005.pt\n").
+_SIDECAR = re.compile(r"^ckpt-step-(\d{9,18})\.json\Z", re.ASCII)
+_PAYLOAD = re.compile(r"^ckpt-step-(\d{9,18})(?:\.[0-9a-f]{16})?\.pt\Z", re.ASCII)
 
 
 def payload_name(step: int) -> str:
@@ -283,26 +284,49 @@ def _try_checkpoint(
     source: Source, step: int, out: Destination, progress: Callable[[int], None]
 ) -> tuple[str | None, str]:
     """Copy checkpoint ``step`` into ``out``, the payload under the name its sidecar gives:
-    (None, that name) when done, else (why it was skipped, the name)."""
-    payload = payload_name(step)
+    (None, that name) when done, else (why it was skipped, the name). A payload that
+    vanished or changed while its sidecar was replaced (a re-save of the step commits a
+    new pair and deletes the old payload) is read again through the new sidecar."""
     try:
         raw = _read_small(source, sidecar_name(step))
     except Unreadable as exc:
-        return f"sidecar {exc}", payload
+        return f"sidecar {exc}", payload_name(step)
+    problem, payload, copying = _try_sidecar(source, step, raw, out, progress)
+    if problem is not None and copying:
+        try:
+            again = _read_small(source, sidecar_name(step))
+        except Unreadable:
+            again = raw
+        if again != raw:
+            problem, payload, _ = _try_sidecar(source, step, again, out, progress)
+    return problem, payload
+
+
+def _try_sidecar(
+    source: Source, step: int, raw: bytes, out: Destination, progress: Callable[[int], None]
+) -> tuple[str | None, str, bool]:
+    """``_try_checkpoint`` with the sidecar read: (why not or None, the payload's name,
+    whether it came as far as copying the payload)."""
+    payload = payload_name(step)
     try:
         meta = Sidecar.model_validate_json(raw)
     except ValidationError as exc:
-        return f"sidecar is not valid: {_first_error(exc)}", payload
+        return f"sidecar is not valid: {_first_error(exc)}", payload, False
     if meta.step != step:
-        return f"sidecar says step {meta.step}, its name step {step}", payload
-    if meta.file is not None:
-        if not is_payload_of(meta.file, step):
+        return f"sidecar says step {meta.step}, its name step {step}", payload, False
+    if "file" in meta.model_fields_set:  # absent: a sidecar from before `file` was written
+        if meta.file is None or not is_payload_of(meta.file, step):
+            named = "null" if meta.file is None else f"'{shown(meta.file)}'"
             return (
-                f"sidecar names payload '{shown(meta.file)}', which is no payload name of "
-                f"step {step} ({payload}, or with 16 hex digits before .pt)"
-            ), payload
+                (
+                    f"sidecar names payload {named}, which is no payload name of step {step} "
+                    f"({payload}, or with 16 hex digits before .pt)"
+                ),
+                payload,
+                False,
+            )
         payload = meta.file
-    return _copy_checkpoint(source, step, payload, meta, raw, out, progress), payload
+    return _copy_checkpoint(source, step, payload, meta, raw, out, progress), payload, True
 
 
 def _copy_checkpoint(
@@ -323,9 +347,9 @@ def _copy_checkpoint(
     try:
         out.write(payload, verified_copy(source, payload, meta.sha256, progress))
     except Unreadable as exc:
-        return f"payload {payload} {exc}"
+        return f"payload {shown(payload)} {exc}"
     except Mismatch as exc:
-        return f"payload {payload} {exc} (corrupt or still being written)"
+        return f"payload {shown(payload)} {exc} (corrupt or still being written)"
     out.write(sidecar_name(step), raw)
     if record is not None:
         out.write(RUN_RECORD, record)

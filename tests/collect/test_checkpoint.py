@@ -36,6 +36,8 @@ HOSTILE_SIDECARS: dict[str, Any] = {
     "file-short-hex": {"file": "ckpt-step-000000002.0123.pt"},
     "file-upper-hex": {"file": "ckpt-step-000000002.0123456789ABCDEF.pt"},
     "file-sidecar": {"file": sidecar_name(2)},
+    "file-null": {"file": None},  # ddpkit refuses it too (ddpkit4 F3)
+    "file-newline": {"file": payload_name(2) + "\n"},  # `$` took it (ddpkit4 F4)
     "step-string": {"step": "2"},
     "step-bool": {"step": True},
     "step-other": {"step": 7},
@@ -220,3 +222,30 @@ def test_collects_the_newest_then_skips_a_corrupt_one(run_dir, tmp_path):
     assert missing.returncode == 2 and "--step: no checkpoint at step 99" in missing.stderr
     other = run_cli("collect", "nope", "--to", str(tmp_path / "f"), "--from", "local", cwd=run_dir)
     assert other.returncode == 2 and "no checkpoint folder" in other.stderr
+
+
+def test_a_step_saved_again_while_it_is_copied_is_read_through_its_new_sidecar(
+    src, tmp_path, monkeypatch
+):
+    # Found by the ddpkit4 pass: a re-save of the newest step between collect's read of
+    # its sidecar and its payload deleted that payload, and collect fell back to an older
+    # step (exit 0). A stand-in for the race: the copy of the old payload re-saves first.
+    from ddpdeploy.collect import checkpoint
+
+    put_trainer_checkpoint(src, 2)
+    real = checkpoint.verified_copy
+    raced = []
+
+    def resave_first(source, name, sha, progress, *rest):
+        if not raced:
+            raced.append(name)
+            payload = put_trainer_checkpoint(src, 2, meta={"file": RESAVED.replace("20", "02", 1)})
+            (src / payload_name(2)).rename(src / RESAVED.replace("20", "02", 1))
+            assert payload
+        return real(source, name, sha, progress, *rest)
+
+    monkeypatch.setattr(checkpoint, "verified_copy", resave_first)
+    got, warnings = run(src, tmp_path / "out")
+    assert (got.step, warnings) == (2, []), warnings
+    assert got.files[0] == RESAVED.replace("20", "02", 1)
+    check_collected(tmp_path / "out", 2)

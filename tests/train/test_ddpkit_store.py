@@ -1181,3 +1181,44 @@ def test_a_directory_that_is_no_folder_name_is_named(kit: ModuleType, directory:
         kit.save({"step": 1}, 1, directory=directory)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"^directory= must name a folder as text"):
         kit.load_latest(directory=directory)  # type: ignore[arg-type]
+
+
+# ---- the ddpkit4 pass: the sidecar-last commit's own hostile paths -----------------------
+def test_an_undeletable_old_payload_is_named_and_stops_no_other_delete(
+    kit: ModuleType, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # The sweep after a commit stopped at the first name it could not delete (no line), and
+    # retention, once the sidecar was gone, left every later payload of the step behind.
+    ck = tmp_path / "ck"
+    kit.save({"step": 4}, 4, keep=1)
+    kit.save({"step": 5}, 5, keep=1)
+    blocker = ck / "ckpt-step-000000005.0000000000000000.pt"
+    blocker.mkdir()
+    for v in range(3):
+        kit.save({"step": 5, "v": v}, 5, keep=1)
+    assert len(payload_names(ck, 5)) == 2  # the committed one and the folder
+    assert (
+        "the step's older payload could not be deleted: ckpt-step-000000005.0000000000000000.pt"
+        in capfd.readouterr().err
+    )
+    kit.save({"step": 6}, 6, keep=1)
+    assert payload_names(ck, 5) == [blocker.name]  # only what cannot be deleted
+    assert not (ck / "ckpt-step-000000005.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("file", "said"),
+    [(None, "null"), ("ckpt-step-000000005.pt\n", "'ckpt-step-000000005.pt\\n'")],
+)
+def test_a_sidecar_file_of_null_or_with_a_newline_is_refused(
+    kit: ModuleType, tmp_path: Path, capfd: pytest.CaptureFixture[str], file: object, said: str
+) -> None:
+    # `$` matched before a final newline, and null read as no `file` in collect only.
+    ck = tmp_path / "ck"
+    kit.save({"step": 4}, 4)
+    payload = torch_bytes({"step": 5}, tmp_path)
+    plant(ck, 5, payload, {**valid_sidecar(5, payload), "file": file})
+    (ck / "ckpt-step-000000005.pt\n").write_bytes(payload)
+    assert kit.load_latest() == {"step": 4}
+    err = capfd.readouterr().err
+    assert f"its sidecar names payload {said}, which is no payload name of step 5" in err
