@@ -1021,7 +1021,11 @@ class CheckpointStore:
                 try:
                     os.replace(side, self.sidecar_path(step))
                 except BaseException:
-                    _unlink_quietly(final)  # no sidecar names it: nothing else would remove it
+                    # No sidecar names it (nothing else would remove it), unless the rename
+                    # was done: a signal's exception (Ctrl-C, a SIGTERM handler's exit) is
+                    # raised as the call returns, after the commit.
+                    if not self._names(step, final):
+                        _unlink_quietly(final)
                     raise
                 side = None
                 # Committed. The step's other payloads (the one replaced, one a killed
@@ -1060,6 +1064,11 @@ class CheckpointStore:
         fields = {"step": step, "path": final, "host": meta.get("host"), "rank": meta.get("rank")}
         emit({"event": "checkpoint", **fields})  # the writer is rank 0 by construction
         return final
+
+    def _names(self, step: int, path: str) -> bool:
+        """Whether the sidecar of ``step`` names ``path`` now (it is committed)."""
+        sidecar, _ = self._sidecar(step)
+        return sidecar is not None and self.payload_of(step, sidecar) == path
 
     def _fresh_payload_path(self, step: int) -> str:
         """Where the next payload of ``step`` goes: ckpt-step-{N:09d}.pt unless a file holds that

@@ -1222,3 +1222,28 @@ def test_a_sidecar_file_of_null_or_with_a_newline_is_refused(
     assert kit.load_latest() == {"step": 4}
     err = capfd.readouterr().err
     assert f"its sidecar names payload {said}, which is no payload name of step 5" in err
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
+def test_a_signal_raised_as_the_sidecar_rename_returns_keeps_the_commit(
+    kit: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exc: type[BaseException]
+) -> None:
+    # Found by the ddpkit4 pass: Ctrl-C (or a SIGTERM handler's sys.exit) during the
+    # sidecar's rename is raised as os.replace returns, after the commit, and the error path
+    # deleted the payload the new sidecar names: both step 5s were lost. A stand-in raises
+    # right after the real rename, where Python runs the signal's handler.
+    ck = tmp_path / "ck"
+    kit.save({"step": 4}, 4)
+    kit.save({"step": 5, "v": "old"}, 5)
+    real = os.replace
+
+    def interrupted_after(src: str, dst: str) -> None:
+        real(src, dst)
+        if dst.endswith(".json"):
+            raise exc()
+
+    with monkeypatch.context() as m, pytest.raises(exc):
+        m.setattr(os, "replace", interrupted_after)
+        kit.save({"step": 5, "v": "new"}, 5)
+    assert importlib.reload(kit).load_latest() == {"step": 5, "v": "new"}
+    assert (ck / named_payload(ck, 5)).is_file()
