@@ -603,7 +603,10 @@ def _save(state: Any, n: int, store: CheckpointStore) -> str:
             told = _broadcast_text(os.path.basename(path), _collective_device())
             path = os.path.join(store.dir, told)
     if failure:
-        raise CheckpointError(f"checkpoint {path} was not written: rank 0: {failure}") from error
+        # The step, not a file: the payload of that name may be the old pair's, still whole.
+        raise CheckpointError(
+            f"checkpoint of step {n} in {store.dir} was not written: rank 0: {failure}"
+        ) from error
     return path
 
 

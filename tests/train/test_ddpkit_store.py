@@ -575,7 +575,8 @@ def test_a_state_weights_only_refuses_is_refused_when_saved_not_at_the_restart(
         kit.save({"args": argparse.Namespace(lr=0.1), "w": torch.ones(2)}, 1)
     said = str(caught.value)
     assert "\n" not in said and said.endswith(
-        "ckpt-step-000000001.pt was not written: rank 0: TypeError: torch.load(weights_only="
+        f"checkpoint of step 1 in {tmp_path / 'ck'} was not written: rank 0: TypeError: "
+        "torch.load(weights_only="
         "True) would refuse it on resume: it holds argparse.Namespace; save only tensors, "
         "numbers, strings and dicts or lists of them (vars(args) for an argparse.Namespace), "
         "or pass weights_only=False to save and to load_latest if you trust the folder"
