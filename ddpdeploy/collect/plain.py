@@ -142,7 +142,13 @@ def _skip(text: str, named: bool, warn: Callable[[str], None]) -> None:
     warn(f"skipping {text}")
 
 
+# ddpkit's lock on the folder (train/ddpkit.py's LOCK_NAME): no data of the run.
+_DDPKIT_LOCK = ".ddpkit.lock"
+
+
 def _not_collectable(name: str) -> str | None:
+    if name == _DDPKIT_LOCK:
+        return "ddpkit's lock file of the folder, not data of the run"
     if name.startswith(".") or name.endswith(_TEMP_SUFFIXES):
         return "a temp-file name (a writer may not be done with it)"
     if name == SUMS:

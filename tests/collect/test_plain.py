@@ -124,3 +124,17 @@ def test_plain_files_say_which_format(tmp_path):
     assert "\x1b" not in out.stderr
     check = subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=tmp_path / "out")
     assert check.returncode == 0
+
+
+def test_ddpkits_lock_file_is_named_as_such_not_as_a_temp_file(tmp_path):
+    # From the ddpkit4 pass: it was skipped as "a temp-file name (a writer may not be done
+    # with it)", which it is not.
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / ".ddpkit.lock").write_text("")
+    (src / "snapshot.pt").write_bytes(b"weights")
+    got, warnings = run(src, tmp_path / "out")
+    assert got.files == ["snapshot.pt"]
+    assert warnings == [
+        f"skipping .ddpkit.lock in {src}: ddpkit's lock file of the folder, not data of the run"
+    ]
