@@ -15,6 +15,7 @@ def main() -> None:
     ddpkit.save({"step": 1}, 1)
     if ddpkit.rank() == 0:
         print("saved", flush=True)
+    ddpkit.finish()  # torch 2.13's gloo may abort in the interpreter's teardown
 
 
 if __name__ == "__main__":
