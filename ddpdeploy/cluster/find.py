@@ -77,15 +77,10 @@ def made_for(pod: Obj, job: Obj) -> bool:
     for this job (the controllers copy them from our pod template), and its one controller
     is this job (kind, name and uid). A look-alike that the target's pod selector matches
     (another job's pod, one made by hand) is never read."""
-    if not _labelled_for(pod, job):
-        return False
-    owner = _controller(pod)
-    if owner is None:
-        return False
-    if _of_jobs_kind(owner, job):
-        job_meta = job.get("metadata") or {}
-        return (owner.get("name"), owner.get("uid")) == (job_meta.get("name"), job_meta.get("uid"))
-    return _trainjobs_job(owner, job)
+    owner = _labelled_controller(pod, job)
+    return owner is not None and (
+        _trainjobs_job(owner, job) or (_names_job(owner, job) and owner.get("uid") == _uid(job))
+    )
 
 
 def holds_its_name(pod: Obj, job: Obj) -> bool:
@@ -95,27 +90,32 @@ def holds_its_name(pod: Obj, job: Obj) -> bool:
     uid (for a TrainJob: its JobSet's Job, as for ``made_for``). It holds the name the
     job's own pod needs, which is why that pod cannot start. A wait and `status` show it
     with the job's pods; another job's pod being deleted is not one."""
-    if not (pod.get("metadata") or {}).get("deletionTimestamp") or not _labelled_for(pod, job):
+    if not (pod.get("metadata") or {}).get("deletionTimestamp"):
         return False
-    owner = _controller(pod)
-    if owner is None:
-        return False
-    if _of_jobs_kind(owner, job):
-        job_meta = job.get("metadata") or {}
-        return owner.get("name") == job_meta.get("name") and owner.get("uid") != job_meta.get("uid")
-    return _trainjobs_job(owner, job)
+    owner = _labelled_controller(pod, job)
+    return owner is not None and (
+        _trainjobs_job(owner, job) or (_names_job(owner, job) and owner.get("uid") != _uid(job))
+    )
 
 
-def _controller(pod: Obj) -> dict[str, Any] | None:
-    """The pod's one controller reference; None for none or several (the apiserver allows
-    at most one; a pod made by hand names none)."""
+def _labelled_controller(pod: Obj, job: Obj) -> dict[str, Any] | None:
+    """The pod's one controller reference when our labels for ``job`` are on it; None for
+    none or several (the apiserver allows at most one; a pod made by hand names none)."""
+    if not _labelled_for(pod, job):
+        return None
     refs = (pod.get("metadata") or {}).get("ownerReferences") or []
     controllers = [o for o in refs if isinstance(o, dict) and o.get("controller")]
     return controllers[0] if len(controllers) == 1 else None
 
 
-def _of_jobs_kind(owner: dict[str, Any], job: Obj) -> bool:
-    return (owner.get("apiVersion"), owner.get("kind")) == (job.get("apiVersion"), job.get("kind"))
+def _uid(job: Obj) -> Any:
+    return (job.get("metadata") or {}).get("uid")
+
+
+def _names_job(owner: dict[str, Any], job: Obj) -> bool:
+    """The reference is to an object of the job's kind and name (its uid aside)."""
+    ref = (owner.get("apiVersion"), owner.get("kind"), owner.get("name"))
+    return ref == (job.get("apiVersion"), job.get("kind"), (job.get("metadata") or {}).get("name"))
 
 
 def _trainjobs_job(owner: dict[str, Any], job: Obj) -> bool:
