@@ -947,9 +947,12 @@ class CheckpointStore:
     def committed_payload(self, step: int) -> str:
         """The payload that the sidecar of ``step`` names now (ckpt-step-{N:09d}.pt when it
         names none), for messages."""
+        return self._named_payload(step) or self.payload_path(step)
+
+    def _named_payload(self, step: int) -> str | None:
+        """The payload that the sidecar of ``step`` names now; None when it names none."""
         sidecar, _ = self._sidecar(step)
-        named = None if sidecar is None else self.payload_of(step, sidecar)
-        return named or self.payload_path(step)
+        return None if sidecar is None else self.payload_of(step, sidecar)
 
     def _is_payload_of(self, name: str, step: int) -> bool:
         m = _PAYLOAD.match(name)
@@ -1027,7 +1030,7 @@ class CheckpointStore:
                     # No sidecar names it (nothing else would remove it), unless the rename
                     # was done: a signal's exception (Ctrl-C, a SIGTERM handler's exit) is
                     # raised as the call returns, after the commit.
-                    if not self._names(step, final):
+                    if self._named_payload(step) != final:
                         _unlink_quietly(final)
                     raise
                 side = None
@@ -1067,11 +1070,6 @@ class CheckpointStore:
         fields = {"step": step, "path": final, "host": meta.get("host"), "rank": meta.get("rank")}
         emit({"event": "checkpoint", **fields})  # the writer is rank 0 by construction
         return final
-
-    def _names(self, step: int, path: str) -> bool:
-        """Whether the sidecar of ``step`` names ``path`` now (it is committed)."""
-        sidecar, _ = self._sidecar(step)
-        return sidecar is not None and self.payload_of(step, sidecar) == path
 
     def _fresh_payload_path(self, step: int) -> str:
         """Where the next payload of ``step`` goes: ckpt-step-{N:09d}.pt unless a file holds that
