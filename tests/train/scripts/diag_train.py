@@ -41,7 +41,7 @@ def main() -> None:
         ddpkit.step_done(step)
     ddpkit.end_steps()
     ddpkit.log("done", step=steps, run=ddpkit.run_record())
-    torch.distributed.destroy_process_group()
+    ddpkit.finish()  # torch 2.13's gloo may abort in the interpreter's teardown
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ def main() -> None:
         h.update(k.encode())
         h.update(bytes(v.detach().contiguous().view(torch.uint8).flatten().tolist()))
     ddpkit.log("done", step=steps, weights_sha256=h.hexdigest())
-    torch.distributed.destroy_process_group()
+    ddpkit.finish()  # torch 2.13's gloo may abort in the interpreter's teardown
 
 
 if __name__ == "__main__":

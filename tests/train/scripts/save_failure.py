@@ -29,7 +29,7 @@ def main() -> None:
     total = torch.tensor([rank + 1.0])
     torch.distributed.all_reduce(total)
     say(f"rank {rank} finished, sum {total.item():g}")
-    torch.distributed.destroy_process_group()
+    ddpkit.finish()  # torch 2.13's gloo may abort in the interpreter's teardown
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ def main() -> None:
     total = torch.tensor([rank + 1.0])
     torch.distributed.all_reduce(total)  # the ranks' collectives are still in step
     say(f"rank {rank} finished, sum {total.item():g}")
-    torch.distributed.destroy_process_group()
+    ddpkit.finish()  # torch 2.13's gloo may abort in the interpreter's teardown
 
 
 if __name__ == "__main__":
