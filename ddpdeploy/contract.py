@@ -205,6 +205,9 @@ class LaunchContract:
     nproc_per_node: int
     port: int
     base_env: dict[str, str] = field(default_factory=dict)  # ours and the user's, every node
+    # ddpdeploy's own for one run (a smoke run's restarts, folder): over the target's and the
+    # platform's env too, which carry the spec's PET_MAX_RESTARTS a --kill-at baseline unsets.
+    run_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def nodes(self) -> list[Node]:
@@ -226,7 +229,7 @@ class LaunchContract:
 
     def pod_env(self) -> dict[str, str]:
         """The literal env rendered into the pod (field_env aside)."""
-        return {**self.base_env, **self.layout.pod_env(self, self.rdzv_host)}
+        return {**self.base_env, **self.layout.pod_env(self, self.rdzv_host), **self.run_env}
 
     def entry_argv(
         self, trainer_path: str | None = None, checkpoint_dir: str | None = None
@@ -281,7 +284,7 @@ class LaunchContract:
         host_of = host_of or {}
         rdzv = host_of.get(self.rdzv_host, self.rdzv_host)
         env = {**self.base_env, **self.layout.pod_env(self, rdzv)}
-        env |= self.layout.platform_env(self, node, rdzv)
+        env |= self.layout.platform_env(self, node, rdzv) | self.run_env
         # Ours: in base_env with the cluster's name, mapped here.
         env["DDPDEPLOY_RDZV_HOST"] = rdzv
         for name, path in self.field_env.items():
@@ -315,9 +318,9 @@ def launch_contract(
     """The single decision of how ``spec`` is launched on ``layout`` (its target's; see
     ``targets.launch_contract``). ``port`` replaces the target's rendezvous port (local runs
     take a free one). ``run_env`` is env ddpdeploy itself adds for one run (e.g. a smoke
-    run's, whose local checkpoint folder replaces the mount path): set after the spec's env
-    on every node, not checked as user env is. ``record``: what ddpdeploy knows of the run
-    beyond the spec (``RunRecord``), in every node's env with the spec's sha256."""
+    run's, whose local checkpoint folder replaces the mount path): set after the spec's and
+    the target's env on every node, not checked as user env is. ``record``: what ddpdeploy
+    knows of the run beyond the spec (``RunRecord``), in every node's env with the spec's sha256."""
     base_env = {
         # Bounded wait for peers' DNS, in seconds (the rendezvous join timeout).
         "DDPDEPLOY_DNS_WAIT": str(spec.rendezvous.join_timeout),
@@ -340,11 +343,11 @@ def launch_contract(
         # threads on a 1-CPU request. The spec's env overrides it.
         base_env["OMP_NUM_THREADS"] = str(threads)
     base_env.update(spec.env)
-    base_env.update(run_env or {})
     return LaunchContract(
         spec=spec,
         layout=layout,
         nproc_per_node=spec.procs_per_node,
         port=port or layout.port(spec),
         base_env=base_env,
+        run_env=dict(run_env or {}),
     )

@@ -24,9 +24,10 @@ from ddpdeploy.smoke.launch import (
     cpu_spec,
     local_nodes,
     nodes_of,
+    run_restarts,
     with_steps,
 )
-from ddpdeploy.smoke.runner import KillAt, Outcome, Ranks, same_weights
+from ddpdeploy.smoke.runner import KillAt, Outcome, Ranks, RunOptions, same_weights
 from ddpdeploy.spec import JobSpec, spec_with
 from ddpdeploy.streams import ChunkReader, LineSplitter
 from ddpdeploy.targets import launch_contract
@@ -53,6 +54,16 @@ def test_local_nodes_run_this_interpreters_torchrun():
         assert "PET_MAX_RESTARTS" not in node.env
     restarting = local_nodes(JobSpec.model_validate({"nodes": 2}), 29400, "/t.py", max_restarts=1)
     assert all(n.env["PET_MAX_RESTARTS"] == "1" for n in restarting)
+
+
+def test_a_kill_at_clean_run_gets_no_restarts_even_where_the_spec_sets_some():
+    # The baseline must not hide a crash behind a restart (fifth outside-scripts pass).
+    spec = JobSpec.model_validate({"nodes": 2, "rendezvous": {"maxRestarts": 3}})
+    assert spec.rendezvous.max_restarts == 3
+    for kill, want in ((False, "0"), (True, "3")):
+        nodes = local_nodes(spec, 29400, "/t.py", max_restarts=run_restarts(3, kill))
+        assert all(n.env["PET_MAX_RESTARTS"] == want for n in nodes), kill
+    assert run_restarts(None, False) is None  # no --kill-at: the spec's own, untouched
 
 
 def test_cpu_budget_lets_the_readme_job_run_on_two_cores():
@@ -141,8 +152,8 @@ def test_local_nodes_get_the_run_env_through_the_contract():
     assert [n.rank for n in nodes] == [0, 1]
     # The contract itself: run-only env after the spec's, nothing else changed.
     contract = launch_contract(spec, run_env={"A": "2", "B": "3"})
-    assert contract.base_env["A"] == "2" and contract.base_env["B"] == "3"
-    assert "B" not in launch_contract(spec).base_env
+    assert contract.pod_env()["A"] == "2" and contract.pod_env()["B"] == "3"
+    assert "B" not in launch_contract(spec).pod_env()
 
 
 def test_nodes_of_take_the_static_rank_or_none_under_c10d():
@@ -529,7 +540,7 @@ def test_a_checkpoint_kill_no_run_could_place_ends_after_the_clean_run_saying_wh
         "--kill-at checkpoint: the job ended without a checkpoint smoke could see (no "
         "`checkpoint` event; smoke --docker does not watch the checkpoint volume, only the "
         "events), so nothing was killed; save with ddpkit.save (it prints the event), or kill "
-        "at a time (--kill-at 20s) or a step, or run --local, which watches its checkpoint "
+        "at a time (--kill-at 1s) or a step, or run --local, which watches its checkpoint "
         "folder"
     )
 
@@ -614,3 +625,11 @@ def test_an_abort_in_torchs_teardown_after_the_script_ended_is_named():
     crashed = ["Traceback (most recent call last):", "  RuntimeError: x", tail[-1]]
     assert teardown_abort(crashed, -6) is None  # a crash, not the teardown
     assert teardown_abort([*tail, "more output"], -6) is None
+
+
+# Found by the fifth outside-scripts pass: every hint said `--kill-at 20s`, which a clean run
+# shorter than 20 s then refused ("not before the clean run's end").
+@pytest.mark.parametrize(("wall", "hint"), [(None, "--kill-at 20s"), (14.9, "--kill-at 7s"),
+                                            (1.5, "--kill-at 1s")])  # fmt: skip
+def test_a_kill_time_hint_falls_inside_the_clean_run_once_it_ran(wall, hint):
+    assert RunOptions(world_size=1, clean_wall=wall).time_hint() == hint

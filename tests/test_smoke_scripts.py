@@ -260,7 +260,7 @@ def test_a_time_kill_strikes_once_the_time_has_come_and_a_worker_is_there(monkey
             "checkpoint",
             "--kill-at checkpoint: when the first checkpoint was seen (checkpoint step 1), node "
             "j-worker-0 had no worker left to kill (the job ends right after it), so nothing was "
-            "killed; kill at an earlier time (--kill-at 20s) or step, or let the job train on "
+            "killed; kill at an earlier time (--kill-at 1s) or step, or let the job train on "
             "past its first checkpoint",
         ),
         (
@@ -422,12 +422,42 @@ def test_a_step_kill_of_a_script_without_step_events_says_why_after_one_run(tmp_
     ws = workspace(tmp_path, "nodes: 1\nprocs: 1\ncommand: {script: plain.py}\n")
     res = smoke(ws, marker, "--kill-at", "1")
     assert res.returncode == 2, res.stderr
-    assert res.stderr.rstrip().splitlines()[-1] == (
-        "error: --kill-at: step 1: the job prints no step events (its own step lines are not "
-        'read), so no step kill can be placed; call ddpkit.log("step", step=step) on every '
-        "rank, or kill at a time (--kill-at 20s) or at checkpoint"
+    last = res.stderr.rstrip().splitlines()[-1]
+    assert re.fullmatch(
+        re.escape(
+            "error: --kill-at: step 1: the job prints no step events (its own step lines are "
+            'not read), so no step kill can be placed; call ddpkit.log("step", step=step) on '
+            "every rank, or kill at a time (--kill-at "
+        )
+        + r"(\d+)s\) or at checkpoint",
+        last,
     ), res.stderr
+    wall = float(re.search(r"finished, (\d+) s", res.stderr)[1])  # type: ignore[index]
+    hint = int(re.search(r"--kill-at (\d+)s\)", last)[1])  # type: ignore[index]
+    assert 1 <= hint <= max(1, wall), res.stderr  # inside the clean run: not refused
     assert "kill at step 1" not in res.stderr  # no second run was started
+    assert leftovers(marker) == []
+
+
+# Found by the fifth outside-scripts pass: the clean run of --kill-at ran with the kill run's
+# torchrun restart, so a rank that failed in it was restarted; the run was called "clean",
+# its wall time set the kill's limit, and the command ended green. Plain smoke said exit 1.
+@pytest.mark.slow
+def test_a_clean_run_that_fails_fails_the_kill_at_command_without_a_restart(
+    tmp_path, marker, monkeypatch
+):
+    monkeypatch.setenv("FLAKY_MARK", str(tmp_path / "failed-once"))
+    ws = workspace(tmp_path, "nodes: 1\nprocs: 2\ncommand: {script: fails_on_its_first_run.py}\n")
+    res = smoke(ws, marker, "--kill-at", "1s")
+    assert res.returncode == 1, res.stderr
+    error = res.stderr[res.stderr.index("error: ") :]
+    assert error.startswith(
+        "error: --kill-at: the clean run failed, before any kill (it runs with no restarts): "
+        "node ddp-train-worker-0 (global rank 1) exited with code 1;"
+    ), error
+    assert "rank 1 fails on its first run" in error, error
+    assert res.stderr.count("step 3") == 0, res.stderr  # not restarted: no step past the crash
+    assert "kill at 1 s" not in res.stderr  # no kill run was started
     assert leftovers(marker) == []
 
 

@@ -357,7 +357,7 @@ def _local_target(
     ran on from the bar's line on a terminal)."""
     from ddpdeploy.fs import own_folder
     from ddpdeploy.paths import OWN_DIR, trainer_script
-    from ddpdeploy.smoke import workspace
+    from ddpdeploy.smoke import launch, workspace
     from ddpdeploy.smoke.launch import hold_env, local_nodes
     from ddpdeploy.smoke.local import LocalRun, fresh_folder
 
@@ -374,7 +374,9 @@ def _local_target(
             checkpoint_dir = str(folder)
         hold = hold_env(chaos) if kill else None
         trainer = str(trainer_script())
-        nodes = local_nodes(spec, _free_port(), trainer, checkpoint_dir, restarts, hold)
+        nodes = local_nodes(
+            spec, _free_port(), trainer, checkpoint_dir, launch.run_restarts(restarts, kill), hold
+        )
         return LocalRun(nodes, Path.cwd())
 
     return start
@@ -403,7 +405,12 @@ def _docker_target(
         image, record = built.reference, built.record()
     hold = launch.hold_env(chaos, launch.CONTAINER_RELEASE)
     jobs = {
-        kill: compose_plan(spec, image, launch.run_env(restarts, hold=hold if kill else {}), record)
+        kill: compose_plan(
+            spec,
+            image,
+            launch.run_env(launch.run_restarts(restarts, kill), hold=hold if kill else {}),
+            record,
+        )
         for kill in (False, True)
     }
 

@@ -109,6 +109,13 @@ def chaos_spec(spec: JobSpec, kill_at: KillAt) -> tuple[JobSpec, int]:
     return spec, restarts or 1
 
 
+def run_restarts(restarts: int | None, kill: bool) -> int | None:
+    """A run's torchrun restarts: a --kill-at run's (``restarts``) for the kill run only.
+    Its clean runs get none: they are the baseline, and a rank that failed there and was
+    restarted would pass for a clean run (a crash and a resume, compared as uninterrupted)."""
+    return restarts if kill or restarts is None else 0
+
+
 # ddpkit's chaos hold (train/ddpkit.py reads the same names): every rank waits at the step
 # until the runner appends a byte to the release file, so a --kill-at STEP kill lands
 # there (see `hold_env`).

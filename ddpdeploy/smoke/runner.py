@@ -15,7 +15,7 @@ import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from math import inf
 from pathlib import Path
 
@@ -572,6 +572,14 @@ class RunOptions:
     # The spec field naming the user's code ("command.script", "command.module"); None for
     # the built-in trainer.
     own_code: str | None = None
+    # The clean run's wall time, once it ran: a time the hints suggest must fall inside it.
+    clean_wall: float | None = None
+
+    def time_hint(self) -> str:
+        """A --kill-at time to suggest: half the clean run, once known (a time at or past its
+        end is refused)."""
+        wall = self.clean_wall
+        return "--kill-at 20s" if wall is None else f"--kill-at {max(1, int(wall / 2))}s"
 
 
 def run_once(
@@ -599,11 +607,11 @@ def run_once(
     return outcome
 
 
-def _no_step_events(at: KillAt) -> str:
+def _no_step_events(at: KillAt, options: RunOptions) -> str:
     return (
         f"--kill-at: {at}: the job prints no step events (its own step lines are not read), "
         'so no step kill can be placed; call ddpkit.log("step", step=step) on every rank, '
-        "or kill at a time (--kill-at 20s) or at checkpoint"
+        f"or kill at a time ({options.time_hint()}) or at checkpoint"
     )
 
 
@@ -616,8 +624,8 @@ def _not_killed(at: KillAt, options: RunOptions, missed: tuple[str, str] | None 
             return (
                 f"--kill-at checkpoint: when the first checkpoint was seen ({when}), node "
                 f"{node} had no worker left to kill (the job ends right after it), so nothing "
-                "was killed; kill at an earlier time (--kill-at 20s) or step, or let the job "
-                "train on past its first checkpoint"
+                f"was killed; kill at an earlier time ({options.time_hint()}) or step, or let "
+                "the job train on past its first checkpoint"
             )
         return (
             f"--kill-at {at}: at {when} node {node} had no worker left to kill (they had "
@@ -634,7 +642,7 @@ def _not_killed(at: KillAt, options: RunOptions, missed: tuple[str, str] | None 
             "--kill-at checkpoint: the job ended without a checkpoint smoke could see (no "
             "`checkpoint` event; smoke --docker does not watch the checkpoint volume, only the "
             "events), so nothing was killed; save with ddpkit.save (it prints the event), or "
-            "kill at a time (--kill-at 20s) or a step, or run --local, which watches its "
+            f"kill at a time ({options.time_hint()}) or a step, or run --local, which watches its "
             "checkpoint folder"
         )
     where = (
@@ -646,7 +654,7 @@ def _not_killed(at: KillAt, options: RunOptions, missed: tuple[str, str] | None 
         "--kill-at checkpoint: the job ended without a checkpoint smoke could see (no "
         f"`checkpoint` event, {where}), so nothing was killed; save under "
         "$DDPDEPLOY_CHECKPOINT_DIR (a file written elsewhere, e.g. in the workspace, is not "
-        "watched), or kill at a time (--kill-at 20s) or a step"
+        f"watched), or kill at a time ({options.time_hint()}) or a step"
     )
 
 
@@ -663,15 +671,16 @@ def smoke(
     if kill_at is None:
         yield "run", run_once(start, report, "job", options)
         return
-    clean = run_once(start, report, "clean run", options)
+    clean = _clean_run(start, report, "clean run", options)
     yield "clean", clean
+    options = replace(options, clean_wall=clean.wall)
     if kill_at.checkpoint and not clean.saw_checkpoint:
         # The kill run would watch for the same and end with nothing killed.
         raise OperationError(_not_killed(kill_at, options))
     if kill_at.step is not None and clean.steps is None:
         # A step kill is placed on step events; without them the kill run would end with
         # nothing killed, however early the step.
-        raise UserError(_no_step_events(kill_at))
+        raise UserError(_no_step_events(kill_at, options))
     if kill_at.seconds is not None and kill_at.seconds >= clean.wall:
         # The kill run would run to its end as well, with nothing killed.
         raise UserError(
@@ -688,7 +697,21 @@ def smoke(
     yield "kill", chaos
     if same_weights(chaos, clean) is False:
         # An inexact resume, or a job whose runs differ anyway: a second clean run tells.
-        yield "again", run_once(start, report, "clean run again", options)
+        yield "again", _clean_run(start, report, "clean run again", options)
+
+
+def _clean_run(
+    start: Callable[[bool], RunBackend], report: Report, label: str, options: RunOptions
+) -> Outcome:
+    """A --kill-at baseline run (no restarts: `launch.run_restarts`); its failure is said to
+    be the baseline's, not the kill's."""
+    try:
+        return run_once(start, report, label, options)
+    except OperationError as exc:
+        raise OperationError(
+            f"--kill-at: the {label} failed, before any kill (it runs with no restarts): {exc}",
+            exc.exit_code,
+        ) from None
 
 
 def same_weights(chaos: Outcome, clean: Outcome) -> bool | None:
