@@ -1,5 +1,5 @@
-"""`python -m ddpdeploy` and the `ddpdeploy` console script: SIGINT and SIGTERM are turned
-into one line before anything heavy is imported (typer alone takes a while to import, and
+"""`python -m ddpdeploy` and the `ddpdeploy` console script: SIGINT, SIGTERM and SIGHUP are
+turned into one line before anything heavy is imported (typer alone takes a while to import, and
 Ctrl-C meanwhile was a traceback), then the CLI runs."""
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ def _early(signum: int, _frame: FrameType | None) -> None:
     os._exit(128 + signum)
 
 
-for _sig in (signal.SIGINT, signal.SIGTERM):
-    signal.signal(_sig, _early)
+for _sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    if _sig != signal.SIGHUP or signal.getsignal(_sig) != signal.SIG_IGN:  # nohup's stays
+        signal.signal(_sig, _early)
 
 from ddpdeploy.signals import aborted, catch_signals, finished  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The one interrupt mechanism: SIGINT and SIGTERM become `Interrupted` (a KeyboardInterrupt
+"""The one interrupt mechanism: SIGINT, SIGTERM and SIGHUP become `Interrupted` (a KeyboardInterrupt
 that knows its signal), sections that must not stop half-way hold them off, and an
 interrupted command ends with one line saying what was and was not done."""
 
@@ -16,11 +16,16 @@ from typing import Any
 
 from ddpdeploy.errors import OperationError
 
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# SIGHUP too (the terminal closed, the ssh session dropped): by default it killed the
+# command with nothing said and left a smoke run's agents, in their own session, training
+# on. Not where it came ignored (`nohup`): that asks for the command to outlive the terminal.
+_SIGNALS = (signal.SIGINT, signal.SIGTERM) + (
+    (signal.SIGHUP,) if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN else ()
+)
 
 
 class Interrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM arrived; its exit code is the shell's 128 + signal number."""
+    """SIGINT, SIGTERM or SIGHUP arrived; its exit code is the shell's 128 + signal number."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)

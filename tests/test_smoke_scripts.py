@@ -160,6 +160,37 @@ def test_sigterm_cleans_up_like_ctrl_c(tmp_path, marker):
     assert leftovers(marker) == []
 
 
+# Found by the fifth outside-scripts pass: SIGHUP (the terminal closed, ssh dropped) killed
+# smoke with nothing said and left its agents, in their own session, training on.
+@pytest.mark.slow
+def test_sighup_cleans_up_like_ctrl_c_unless_it_came_ignored(tmp_path, marker):
+    def nohup() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    for ignored in (True, False):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ddpdeploy", "smoke", "--local", "--nodes", "2",
+             "--steps", "100000"],
+            cwd=tmp_path, env={**os.environ, "DDPDEPLOY_TEST_MARKER": marker},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=nohup if ignored else None,
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(workers(marker)) < 2:
+            time.sleep(0.5)
+        assert len(workers(marker)) == 2, "the workers never started"
+        proc.send_signal(signal.SIGHUP)
+        if ignored:  # nohup asked for the run to outlive the terminal: it trains on
+            time.sleep(2)
+            assert proc.poll() is None and len(workers(marker)) == 2
+            proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+        name = "SIGTERM" if ignored else "SIGHUP"
+        assert proc.returncode == 128 + signal.Signals[name], err
+        assert err.rstrip().splitlines()[-1].startswith(f"error: interrupted ({name})"), err
+        assert leftovers(marker) == []
+
+
 @pytest.mark.slow
 def test_sigterm_through_timeout_command(tmp_path, marker):
     if shutil.which("timeout") is None:
