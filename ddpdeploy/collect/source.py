@@ -133,11 +133,38 @@ def read_chunks(
 
 
 def read_digest(source: Source, name: str) -> tuple[int, str]:
-    digest, size = hashlib.sha256(), 0
+    """(size, sha256) of a plain file; Unreadable when it is a zip archive (torch.save's
+    format) cut short: a script saving in place that is mid-write, or died mid-write, gives
+    the same bytes on both reads, which alone cannot tell."""
+    digest, size, head, tail = hashlib.sha256(), 0, b"", b""
     for chunk in read_chunks(source, name):
         digest.update(chunk)
         size += len(chunk)
+        head = head or chunk[: len(_ZIP_START)]
+        tail = (tail + chunk[-_ZIP_END_MAX:])[-_ZIP_END_MAX:]
+    if head == _ZIP_START and not _zip_ends(tail):
+        raise Unreadable(
+            "a zip archive (torch.save's format) without its end record: cut short, or still "
+            "being written (save to a temp name and os.replace it into place)"
+        )
     return size, digest.hexdigest()
+
+
+_ZIP_START = b"PK\x03\x04"
+_ZIP_END = b"PK\x05\x06"  # the end-of-central-directory record: 22 bytes + its comment
+_ZIP_END_MAX = 22 + 0xFFFF
+
+
+def _zip_ends(tail: bytes) -> bool:
+    """Whether ``tail``, a file's last bytes, ends with a zip end record (and its comment)."""
+    at = tail.rfind(_ZIP_END)
+    while at >= 0:
+        if len(tail) - at >= 22 and at + 22 + int.from_bytes(
+            tail[at + 20 : at + 22], "little"
+        ) == len(tail):
+            return True
+        at = tail.rfind(_ZIP_END, 0, at)
+    return False
 
 
 def verified_copy(

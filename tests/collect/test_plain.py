@@ -138,3 +138,36 @@ def test_ddpkits_lock_file_is_named_as_such_not_as_a_temp_file(tmp_path):
     assert warnings == [
         f"skipping .ddpkit.lock in {src}: ddpkit's lock file of the folder, not data of the run"
     ]
+
+
+def _zip_file(path, comment: bytes = b"") -> bytes:
+    """A zip archive, the format torch.save writes (a real torch file: the e2e tier's)."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", os.urandom(200_000))
+        z.comment = comment
+    return path.read_bytes()
+
+
+def test_a_torch_file_cut_short_is_not_vouched_for(tmp_path):
+    # Found by the fifth outside-scripts pass: a script that torch.save()s onto its one file
+    # and pauses mid-write (or died mid-write) gave the same bytes on both reads, and collect
+    # wrote the half file with an "OK" sha256 beside it, exit 0.
+    src = tmp_path / "src"
+    src.mkdir()
+    whole = _zip_file(src / "snapshot.pt")
+    _zip_file(src / "with-comment.pt", comment=b"PK\x05\x06 in a comment" + b"x" * 300)
+    (src / "half.pt").write_bytes(whole[: len(whole) // 2])
+    (src / "no-end.pt").write_bytes(whole[:-1])  # the end record's last byte missing
+    got, warnings = run(src, tmp_path / "out")
+    assert got.files == ["snapshot.pt", "with-comment.pt"], warnings
+    cut = "a zip archive (torch.save's format) without its end record: cut short, or still being"
+    assert sorted(w.split(" in ")[0] for w in warnings) == [
+        "skipping half.pt",
+        "skipping no-end.pt",
+    ]
+    assert all(cut in w for w in warnings), warnings
+    with pytest.raises(OperationError, match="--file: half.pt in .*: a zip archive"):
+        run(src, tmp_path / "named", files=["half.pt"])
+    assert not (tmp_path / "named").exists()
