@@ -27,7 +27,7 @@ from ddpdeploy.smoke.launch import (
     run_restarts,
     with_steps,
 )
-from ddpdeploy.smoke.runner import KillAt, Outcome, Ranks, RunOptions, same_weights
+from ddpdeploy.smoke.runner import KillAt, Outcome, Ranks, RunOptions, same_weights, smoke
 from ddpdeploy.spec import JobSpec, spec_with
 from ddpdeploy.streams import ChunkReader, LineSplitter
 from ddpdeploy.targets import launch_contract
@@ -243,6 +243,45 @@ def test_ranks_and_kill_at_options():
     for bad in ("0", "0s", "soon", "-3"):
         with pytest.raises(UserError, match="--kill-at"):
             KillAt.parse(bad)
+
+
+# Found by the fifth outside-scripts pass: `0s` was "not a time" (it is one, of 0), a step of
+# 5000 digits raised int()'s ValueError (a traceback), and 10**23 seconds ran a whole clean
+# run before it was refused (`1e+23 s`).
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        ("0", "--kill-at: '0': a step must be more than 0"),
+        ("0.0s", "--kill-at: '0.0s': a time must be more than 0"),
+        ("1" * 5000, "--kill-at: a step of at most 9 digits, not 5000"),
+        ("9" * 24 + "s", "--kill-at: a time of at most 9 digits, not 24"),
+        ("2.5", "--kill-at: '2.5' is not a step (8), a time (20s) or `checkpoint`"),
+    ],
+)
+def test_a_kill_at_out_of_range_says_which_range(text, line):
+    with pytest.raises(UserError) as err:
+        KillAt.parse(text)
+    assert str(err.value) == line
+    assert KillAt.parse("0010s") == KillAt(seconds=10.0) and KillAt.parse("007") == KillAt(step=7)
+
+
+def test_a_kill_time_past_the_timeout_is_refused_before_any_run():
+    from ddpdeploy.report import Quiet
+
+    started: list[bool] = []
+
+    def start(kill: bool) -> object:
+        started.append(kill)
+        raise AssertionError("no run may start")
+
+    options = RunOptions(world_size=1, kill_at=KillAt(seconds=900.0), timeout=900)
+    with pytest.raises(UserError) as err:
+        next(smoke(start, Quiet(), options))  # type: ignore[arg-type]
+    assert started == []
+    assert str(err.value) == (
+        "--kill-at: 900 s is not before --timeout (900 s), which ends the run first; choose "
+        "an earlier time or raise --timeout"
+    )
 
 
 @pytest.mark.parametrize("flag", ["--ranks", "--kill-at"])

@@ -104,11 +104,16 @@ class KillAt:
         text = text.strip()
         if text == "checkpoint":
             return cls(checkpoint=True)
-        if re.fullmatch(r"\d+", text, re.ASCII) and int(text) >= 1:
-            return cls(step=int(text))
-        if (match := re.fullmatch(r"(\d+(?:\.\d+)?)s", text, re.ASCII)) and float(match[1]) > 0:
-            return cls(seconds=float(match[1]))
-        raise UserError(f"--kill-at: {text!r} is not a step (8), a time (20s) or `checkpoint`")
+        number = re.fullmatch(r"(\d+(?:\.\d+)?)(s?)", text, re.ASCII)
+        if number is None or (not number[2] and "." in number[1]):
+            raise UserError(f"--kill-at: {text!r} is not a step (8), a time (20s) or `checkpoint`")
+        what = "a time" if number[2] else "a step"
+        whole = number[1].split(".")[0].lstrip("0")
+        if len(whole) > 9:  # int() of thousands of digits raised; float() gave `inf s`
+            raise UserError(f"--kill-at: {what} of at most 9 digits, not {len(whole)}")
+        if float(number[1]) <= 0:
+            raise UserError(f"--kill-at: {text!r}: {what} must be more than 0")
+        return cls(seconds=float(number[1])) if number[2] else cls(step=int(number[1]))
 
     def __str__(self) -> str:
         if self.step is not None:
@@ -671,6 +676,11 @@ def smoke(
     if kill_at is None:
         yield "run", run_once(start, report, "job", options)
         return
+    if kill_at.seconds is not None and kill_at.seconds >= options.timeout:
+        raise UserError(
+            f"--kill-at: {kill_at} is not before --timeout ({options.timeout:g} s), which ends "
+            "the run first; choose an earlier time or raise --timeout"
+        )
     clean = _clean_run(start, report, "clean run", options)
     yield "clean", clean
     options = replace(options, clean_wall=clean.wall)
