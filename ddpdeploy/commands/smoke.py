@@ -104,6 +104,8 @@ def smoke(
     from ddpdeploy.smoke.local import WorkspaceRuns
 
     shown, chaos = _checked_flags(local, docker, ranks, kill_at, resume)
+    if chaos is not None:
+        chaos.check(timeout)  # before the job is announced
     if not docker and (keep_volume or base_image is not None):
         flag = "--keep-volume" if keep_volume else "--base-image"
         raise UserError(f"{flag}: only with --docker (a --local run uses no image or volume)")

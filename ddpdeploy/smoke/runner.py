@@ -115,6 +115,14 @@ class KillAt:
             raise UserError(f"--kill-at: {text!r}: {what} must be more than 0")
         return cls(seconds=float(number[1])) if number[2] else cls(step=int(number[1]))
 
+    def check(self, timeout: float) -> None:
+        """A time at or past ``timeout`` is refused before any run: the run ends first."""
+        if self.seconds is not None and self.seconds >= timeout:
+            raise UserError(
+                f"--kill-at: {self} is not before --timeout ({timeout:g} s), which ends the run "
+                "first; choose an earlier time or raise --timeout"
+            )
+
     def __str__(self) -> str:
         if self.step is not None:
             return f"step {self.step}"
@@ -676,11 +684,7 @@ def smoke(
     if kill_at is None:
         yield "run", run_once(start, report, "job", options)
         return
-    if kill_at.seconds is not None and kill_at.seconds >= options.timeout:
-        raise UserError(
-            f"--kill-at: {kill_at} is not before --timeout ({options.timeout:g} s), which ends "
-            "the run first; choose an earlier time or raise --timeout"
-        )
+    kill_at.check(options.timeout)
     clean = _clean_run(start, report, "clean run", options)
     yield "clean", clean
     options = replace(options, clean_wall=clean.wall)
