@@ -297,7 +297,8 @@ def test_a_time_kill_strikes_once_the_time_has_come_and_a_worker_is_there(monkey
         (
             "0.2s",
             "--kill-at 0.2 s: at 0 s node j-worker-0 had no worker left to kill (they had "
-            "finished; torchrun was still ending), so nothing was killed; choose an earlier point",
+            "finished; torchrun was still ending), so nothing was killed; choose an earlier point "
+            "(--kill-at 1s)",
         ),
     ],
 )

@@ -643,7 +643,7 @@ def _not_killed(at: KillAt, options: RunOptions, missed: tuple[str, str] | None 
         return (
             f"--kill-at {at}: at {when} node {node} had no worker left to kill (they had "
             "finished; torchrun was still ending), so nothing was killed; choose an earlier "
-            "point"
+            f"point ({options.time_hint()})"
         )
     if not at.checkpoint:
         return (
