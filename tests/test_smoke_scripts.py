@@ -221,8 +221,8 @@ def test_kill_at_checkpoint_for_a_script_without_events(tmp_path, marker):
     res = smoke(ws, marker, "--kill-at", "checkpoint")
     assert res.returncode == 0, res.stderr[-3000:]
     assert re.search(
-        r"^killed +local rank 0 \(pid \d+\) of ddp-train-worker-\d at (checkpoint step \d+|a new "
-        r"file in the checkpoint folder) \(asked: the first checkpoint\)$",
+        r"^killed +local rank 0 \(pid \d+\) of ddp-train-worker-\d at (checkpoint step \d+|"
+        r"snapshot\.pt, new in the checkpoint folder at \d+ s) \(asked: the first checkpoint\)$",
         res.stdout,
         re.M,
     ), res.stdout

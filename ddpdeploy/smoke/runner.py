@@ -328,8 +328,11 @@ class _Run:
             return
         if kill.at_.seconds is not None and elapsed >= kill.at_.seconds:
             self.strike(f"{elapsed:.0f} s")  # none started yet: the next tick tries again
-        elif kill.at_.checkpoint and self._checkpoint_files() - self.known_files:
-            self.strike("a new file in the checkpoint folder")
+        elif kill.at_.checkpoint and (new := self._checkpoint_files() - self.known_files):
+            # Named, with when it was seen: a script rewriting one file may save again before
+            # the kill lands, so the resume can be from a later save than the first.
+            more = f" and {len(new) - 1} more" if len(new) > 1 else ""
+            self.strike(f"{plain(min(new))}{more}, new in the checkpoint folder at {elapsed:.0f} s")
 
     def _checkpoint_files(self) -> frozenset[str]:
         if self.checkpoint_dir is None:
