@@ -1138,7 +1138,9 @@ class CheckpointStore:
         """(the sidecar of ``step``, None), or (None, why it is none)."""
         try:
             raw, _ = _read_regular(self.sidecar_path(step), MAX_SIDECAR)
-            sidecar = json.loads(raw)
+            # Strict UTF-8, a BOM refused, as collect's reader takes it: json.loads on bytes
+            # also took a BOM and UTF-16, and the two readers then chose different steps.
+            sidecar = json.loads(raw.decode("utf-8"))
         except (OSError, ValueError, RecursionError) as e:  # decode errors: ValueError
             return None, f"unreadable sidecar ({e})"
         if not isinstance(sidecar, dict) or not isinstance(sidecar.get("sha256"), str):
@@ -1170,7 +1172,10 @@ class CheckpointStore:
         """``read`` of ``step`` with its sidecar already read (``why``: why there is none)."""
         if sidecar is None:
             return why or "no sidecar"
-        if sidecar.get("step") != step:  # a copy under another name: as collect refuses it
+        # An int equal to the name's step (5.0 and true compared equal to 5 and 1): a copy
+        # under another name, or a hand-made sidecar, is refused as collect refuses it.
+        found = sidecar.get("step")
+        if type(found) is not int or found != step:
             return f"its sidecar says step {str(sidecar.get('step'))[:20]!r}, its name {step}"
         path = self.payload_of(step, sidecar)
         if path is None:

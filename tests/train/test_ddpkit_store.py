@@ -1248,3 +1248,38 @@ def test_a_signal_raised_as_the_sidecar_rename_returns_keeps_the_commit(
         kit.save({"step": 5, "v": "new"}, 5)
     assert importlib.reload(kit).load_latest() == {"step": 5, "v": "new"}
     assert (ck / named_payload(ck, 5)).is_file()
+
+
+# ---- the ddpkit5 pass ---------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kind", "said"),
+    [
+        ("step-float", "its sidecar says step '5.0', its name 5"),
+        ("step-true", "its sidecar says step 'True', its name 1"),
+        ("bom", "unreadable sidecar (Unexpected UTF-8 BOM"),
+        ("utf16", "unreadable sidecar ('utf-8' codec can't decode"),
+    ],
+)
+def test_ddpkit_and_collect_refuse_the_same_sidecars(
+    kit: ModuleType, tmp_path: Path, capfd: pytest.CaptureFixture[str], kind: str, said: str
+) -> None:
+    # Found by the ddpkit5 pass (K5): "step": 5.0 (5.0 == 5) and a UTF-8 BOM (json.loads on
+    # bytes strips it) were loaded by ddpkit and refused by collect: the two readers took
+    # different steps of one folder. One rule now: an int step, strict UTF-8 JSON, no BOM.
+    from ddpdeploy.collect.checkpoint import collect
+    from ddpdeploy.collect.source import LocalSource
+
+    ck = tmp_path / "ck"
+    old, new = (0, 1) if kind == "step-true" else (4, 5)  # true == 1
+    kit.save({"step": old}, old)
+    kit.save({"step": new}, new)
+    side = ck / f"ckpt-step-{new:09d}.json"
+    doc = json.loads(side.read_text())
+    if kind.startswith("step-"):
+        doc["step"] = 5.0 if kind == "step-float" else True
+    raw = json.dumps(doc).encode()
+    side.write_bytes({"bom": b"\xef\xbb\xbf" + raw, "utf16": json.dumps(doc).encode("utf-16")}
+                     .get(kind, raw))  # fmt: skip
+    assert kit.load_latest() == {"step": old}
+    assert said in capfd.readouterr().err
+    assert collect(LocalSource(ck), tmp_path / "out").step == old
