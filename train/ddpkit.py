@@ -120,11 +120,18 @@ T = TypeVar("T")
 def _exit_on_env(name: str, value: str, wanted: str) -> NoReturn:
     """One line naming the variable and what it must hold, exit 2: a bare ValueError from
     int() named neither (torchrun and ddpdeploy set these; a hand-set one can be wrong)."""
-    print(
-        f"ddpkit: error: {name}={value!r} is not {wanted}; fix or unset it",
-        file=sys.stderr,
-        flush=True,
-    )
+    _exit_2(f"ddpkit: error: {name}={value!r} is not {wanted}; fix or unset it")
+
+
+def _exit_2(line: str) -> NoReturn:
+    """``line`` on stderr, exit 2. With a process group up, the way ``finish()`` ends (the
+    group destroyed, atexit run, no interpreter teardown): a plain SystemExit tore down a
+    live gloo group, which torch 2.13 aborted now and then (SIGABRT, "terminate called
+    without an active exception") in place of the exit 2 (ddpkit5 K6)."""
+    sys.stderr.write(line + "\n")  # one write: the ranks' lines in a shared file stay whole
+    sys.stderr.flush()
+    if dist.is_available() and dist.is_initialized():
+        finish(2)
     raise SystemExit(2)
 
 
@@ -502,13 +509,10 @@ def checkpoint_dir(directory: str | os.PathLike[str] | None = None) -> str:
     found = os.environ.get(CHECKPOINT_DIR_ENV)
     if not found:
         state = "is not set" if found is None else "is set but empty"
-        print(
+        _exit_2(
             f"ddpkit: error: {CHECKPOINT_DIR_ENV} {state}; give the job a checkpoint "
-            "volume (checkpoint: in ddpdeploy.yaml) or pass directory= to ddpkit",
-            file=sys.stderr,
-            flush=True,
+            "volume (checkpoint: in ddpdeploy.yaml) or pass directory= to ddpkit"
         )
-        raise SystemExit(2)
     if found != found.strip():
         _exit_on_env(
             CHECKPOINT_DIR_ENV, found, "a usable folder name (it starts or ends with whitespace)"

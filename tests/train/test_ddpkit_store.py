@@ -1283,3 +1283,29 @@ def test_ddpkit_and_collect_refuse_the_same_sidecars(
     assert kit.load_latest() == {"step": old}
     assert said in capfd.readouterr().err
     assert collect(LocalSource(ck), tmp_path / "out").step == old
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bad", ["lock", "unset"])
+def test_a_bad_checkpoint_env_after_the_group_is_up_exits_2_on_every_rank(
+    tmp_path: Path, bad: str
+) -> None:
+    # Found by the ddpkit5 pass (K6): the exit 2 was a plain SystemExit, and in about half
+    # the runs torch 2.13 aborted one rank in the teardown of the live gloo group (exit -6,
+    # "terminate called without an active exception") after its line.
+    env = {"PYTHONPATH": str(TRAIN_DIR)}
+    if bad == "lock":
+        env.update(DDPDEPLOY_CHECKPOINT_DIR=str(tmp_path / "ck"), DDPDEPLOY_CHECKPOINT_LOCK_S="abc")
+        line = (
+            "ddpkit: error: DDPDEPLOY_CHECKPOINT_LOCK_S='abc' is not a finite number of at "
+            "least 0; fix or unset it"
+        )
+    else:  # base_env leaves DDPDEPLOY_CHECKPOINT_DIR out
+        line = "ddpkit: error: DDPDEPLOY_CHECKPOINT_DIR is not set; give the job a checkpoint"
+    with Launcher(tmp_path) as L:
+        p = L.torchrun([], script=SCRIPTS / "bad_env_after_init.py", env=env)
+        assert p.wait(90) != 0, p.tail()
+    assert p.stderr.count(line) == 2, p.tail()
+    assert "terminate called" not in p.stderr and "SIGABRT" not in p.stderr, p.tail()
+    assert len(re.findall(r"exitcode\s*: 2 \(pid", p.stderr)) == 2, p.tail()
+    assert "not reached" not in p.stdout
