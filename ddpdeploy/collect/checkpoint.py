@@ -271,13 +271,38 @@ def _collect_checkpoint(
                 f"--step: no checkpoint at step {step} in {source.where} (have: {have})"
             )
         steps = [step]
-    for candidate in steps:
+    failed: set[int] = set()
+    relists = 0
+    queue = list(steps)
+    while queue:
+        candidate = queue.pop(0)
         problem, payload = _try_checkpoint(source, candidate, out, progress)
         if problem is None:
             return Collected(candidate, [payload, sidecar_name(candidate)], source.where)
-        more = "; trying the next newest" if candidate != steps[-1] else ""
+        failed.add(candidate)
+        listed = _listed_steps(source) if step is None and relists < RELISTS else [candidate]
+        if candidate not in listed:
+            # Its sidecar is gone: a newer save's retention deleted the step while this
+            # collect read it (a run saving with keep=1). The old listing holds only older
+            # steps, also deleted by now; the folder's listing now holds the one that
+            # replaced it.
+            relists += 1
+            queue = [s for s in listed if s not in failed]
+            more = "; listing the folder again" if queue else ""
+        else:
+            more = "; trying the next newest" if queue else ""
         warn(f"checkpoint at step {candidate} in {source.where}: {problem}{more}")
     raise NoCheckpoint(f"no intact checkpoint in {source.where}")
+
+
+# How often one collect lists the folder again after a candidate vanished: each time a save
+# landed during the copy; a run saving faster than the copy is read is never caught up with.
+RELISTS = 5
+
+
+def _listed_steps(source: Source) -> list[int]:
+    entries = source.entries()
+    return steps_newest_first([n for n, kind in entries.items() if kind == FILE])
 
 
 def _try_checkpoint(

@@ -19,7 +19,7 @@ from ddpdeploy.collect.checkpoint import Sidecar, collect, payload_name, run_rec
 from ddpdeploy.collect.source import LocalSource
 from ddpdeploy.errors import OperationError, UserError
 
-from .folders import check_collected, listing, put_trainer_checkpoint, run
+from .folders import SwapOnOpen, check_collected, listing, put_trainer_checkpoint, run
 
 
 def tree(root: Path) -> set[str]:
@@ -249,3 +249,27 @@ def test_a_step_saved_again_while_it_is_copied_is_read_through_its_new_sidecar(
     assert (got.step, warnings) == (2, []), warnings
     assert got.files[0] == RESAVED.replace("20", "02", 1)
     check_collected(tmp_path / "out", 2)
+
+
+def test_a_step_deleted_by_a_newer_save_while_it_is_copied_gives_the_newer_one(src, tmp_path):
+    # Found by the ddpkit5 pass (K1): a save (keep=1) committed between collect's listing
+    # and its open of the newest payload; the step's sidecar was gone with it, collect went
+    # on with the old listing (older steps, also gone) and said "no intact checkpoint",
+    # exit 1, while step 3 lay whole in the folder. A stand-in for that save: the open of
+    # step 2's payload commits step 3 and deletes steps 1 and 2 first.
+    put_trainer_checkpoint(src, 2)
+
+    def newer_save() -> None:
+        put_trainer_checkpoint(src, 3)
+        for step in (1, 2):
+            (src / sidecar_name(step)).unlink()
+            (src / payload_name(step)).unlink()
+
+    said = Recorded()
+    got = collect(SwapOnOpen(src, payload_name(2), newer_save), tmp_path / "out", report=said)
+    assert got.step == 3
+    assert said.warnings == [
+        "checkpoint at step 2 in swap: payload ckpt-step-000000002.pt vanished (no such file); "
+        "listing the folder again"
+    ]
+    check_collected(tmp_path / "out", 3)
