@@ -756,7 +756,11 @@ def latest_verified(
     if many:
         steps = _broadcast_ints(steps, device)
     unloadable: tuple[str, str] | None = None  # the newest that verifies but does not load
-    for step in steps:
+    tried: set[int] = set()
+    relists = 0
+    while steps:
+        step = steps.pop(0)
+        tried.add(step)
         path = store.committed_payload(step)
         try:
             got = store.read(step, load)  # (value, sidecar), or why not
@@ -784,10 +788,13 @@ def latest_verified(
             0 if isinstance(got, _Refused) else 2 if isinstance(got, _Unloadable)
             else 1 if isinstance(got, str) else 3
         )  # fmt: skip
+        # Its sidecar gone: a newer save's retention (a replaced pod's last save, keep=1)
+        # deleted the step after the listing, which holds only older ones; 0 when gone.
+        kept = int(verdict == 3 or os.path.lexists(store.sidecar_path(step)))
         if many:
-            flag = torch.tensor([verdict], device=device)
+            flag = torch.tensor([verdict, kept], device=device)
             dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-            verdict = int(flag.item())
+            verdict, kept = (int(x) for x in flag.tolist())
         if verdict == 0:
             why = got if isinstance(got, _Refused) else f"checkpoint {path}: refused on rank 0"
             if many:
@@ -803,6 +810,13 @@ def latest_verified(
         why = got if isinstance(got, str) else "not loaded on every rank"
         if verdict == 2 and unloadable is None:
             unloadable = (path, why)
+        if not kept and relists < _RELISTS:  # list again: the step that replaced it
+            relists += 1
+            steps = _relisted(store, tried, device)
+            if is_main:
+                line = f"ddpkit: checkpoint {path} vanished ({why}); listing {store.dir} again"
+                print(line, file=sys.stderr, flush=True)
+            continue
         if is_main:
             line = f"ddpkit: skipping checkpoint {path}: {why}; trying the one before"
             print(line, file=sys.stderr, flush=True)
@@ -820,6 +834,20 @@ def latest_verified(
         )
     _resumed.update(resumed=False, resume_path=None, resume_step=0)
     return None
+
+
+# How often one load_latest lists the folder again after a listed step vanished: once per
+# save that lands while it reads; a writer saving faster than that is not caught up with.
+_RELISTS = 5
+
+
+def _relisted(store: CheckpointStore, tried: set[int], device: Any) -> list[int]:
+    """Rank 0's fresh listing of the committed steps not ``tried``, on every rank."""
+    steps: list[int] = []
+    if rank() == 0:
+        with contextlib.suppress(OSError):  # it was listable a moment ago: then none
+            steps = [s for s in store.list_steps() if s not in tried]
+    return _broadcast_ints(steps, device) if _distributed() else steps
 
 
 class _Refused(str):

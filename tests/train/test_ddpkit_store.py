@@ -1309,3 +1309,33 @@ def test_a_bad_checkpoint_env_after_the_group_is_up_exits_2_on_every_rank(
     assert "terminate called" not in p.stderr and "SIGABRT" not in p.stderr, p.tail()
     assert len(re.findall(r"exitcode\s*: 2 \(pid", p.stderr)) == 2, p.tail()
     assert "not reached" not in p.stdout
+
+
+def test_a_step_deleted_by_a_newer_save_while_load_latest_reads_gives_the_newer_one(
+    kit: ModuleType,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    # Found by the ddpkit5 pass (K4): the replaced pod's last save (keep=1) committed step 4
+    # between load_latest's listing and its read of step 3, and deleted step 3; the listing
+    # held nothing older, so load_latest returned None: a fresh start beside an intact
+    # step 4. A stand-in for that save, as for the re-save above: it runs as 3 is opened.
+    ck = tmp_path / "ck"
+    for step in (1, 2, 3):
+        kit.save({"step": step}, step, keep=1)
+    opened = kit._open_regular
+    raced = []
+
+    def newer_save_first(path, *args, **kwargs):
+        if path.endswith("ckpt-step-000000003.pt") and not raced:
+            raced.append(1)
+            kit.save({"step": 4}, 4, keep=1)
+        return opened(path, *args, **kwargs)
+
+    monkeypatch.setattr(kit, "_open_regular", newer_save_first)
+    assert kit.load_latest() == {"step": 4}
+    assert raced and steps_in(ck) == {"pt": [4], "json": [4]}
+    err = capfd.readouterr().err
+    assert f"ddpkit: checkpoint {ck}/ckpt-step-000000003.pt vanished (unreadable sidecar" in err
+    assert f"listing {ck} again" in err and "skipping" not in err
