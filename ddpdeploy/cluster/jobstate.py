@@ -36,7 +36,7 @@ _PRESSURE = re.compile(
 class PodView:
     name: str
     replica: str
-    index: int
+    index: int | None  # None: the pod's index label or annotation is no plain number
     phase: str
     restarts: int
     detail: str  # why it is not running, or ""

@@ -89,9 +89,14 @@ def _restarts(pod: Obj) -> int:
 def node_numbers(layout: Layout, pods: list[Obj]) -> dict[str, int]:
     """pod name -> node number, from the pod's place in the target's layout: its index,
     after the replicas before its own (PyTorchJob: master-0 is node 0, worker-i node i+1);
-    a replica's count is its highest index seen + 1. Pods being deleted are left out."""
-    live = [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
-    places = {(p.get("metadata") or {}).get("name", ""): layout.pod_place(p) for p in live}
+    a replica's count is its highest index seen + 1. Pods being deleted, and pods with no
+    index (one that reads as no plain number), are left out."""
+    places: dict[str, tuple[str, int]] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        replica, index = layout.pod_place(pod)
+        if not meta.get("deletionTimestamp") and index is not None:
+            places[str(meta.get("name", ""))] = (replica, index)
     size: dict[str, int] = {}
     for replica, index in places.values():
         size[replica] = max(size.get(replica, 0), index + 1)

@@ -90,7 +90,10 @@ def say(text: str) -> None:
 def _views(snap: Snapshot) -> list[PodView]:
     job, pods, _ = snap
     layout = layout_of_job(job)
-    return sorted((pod_view(p, layout) for p in pods), key=lambda v: (v.replica, v.index, v.name))
+    return sorted(
+        (pod_view(p, layout) for p in pods),
+        key=lambda v: (v.replica, v.index is None, v.index or 0, v.name),
+    )
 
 
 def _title(name: str, snap: Snapshot) -> Text:

@@ -10,6 +10,7 @@ Pure: spec in, names and dicts out; live jobs are read from plain dicts.
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -124,13 +125,14 @@ class Layout(ABC):
         empty for a target without replicas."""
         return {}
 
-    def pod_place(self, pod: Obj) -> tuple[str, int]:
-        """(replica, index) of one of the job's pods: its completion index by default."""
+    def pod_place(self, pod: Obj) -> tuple[str, int | None]:
+        """(replica, index) of one of the job's pods: its completion index by default; None
+        for an index that is missing or not a plain number (see ``parse_index``)."""
         meta = pod.get("metadata") or {}
         index = (meta.get("labels") or {}).get(COMPLETION_INDEX_KEY) or (
             meta.get("annotations") or {}
         ).get(COMPLETION_INDEX_KEY)
-        return "node", _index(index)
+        return "node", parse_index(index)
 
     def companions(self, job_name: str) -> list[tuple[str, str, str]]:
         """(apiVersion, kind, name) of objects we render beside the job that deleting the
@@ -168,8 +170,15 @@ def env_values(env: Any) -> dict[str, str]:
     }
 
 
-def _index(value: Any) -> int:
-    return int(value) if str(value).isdigit() else 0
+# A pod's index as its controller writes it: ASCII digits, no leading zero, bounded. An
+# annotation is free text (str.isdigit takes "²" and "٣", int() then raises or reads 3, and
+# refuses over 4300 digits), so anything else is no index rather than a crash or a node.
+_INDEX = re.compile(r"0|[1-9][0-9]{0,8}", re.ASCII)
+
+
+def parse_index(value: Any) -> int | None:
+    """A pod's replica or completion index from its label or annotation; None for none."""
+    return int(value) if isinstance(value, str) and _INDEX.fullmatch(value) else None
 
 
 def gpus_of(pod_specs: list[Obj]) -> int:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from ddpdeploy.contract import LaunchContract, Node
 from ddpdeploy.obj import Obj
 from ddpdeploy.rules import TARGET_RULES
-from ddpdeploy.targets.base import Layout, gpus_of
+from ddpdeploy.targets.base import Layout, gpus_of, parse_index
 from ddpdeploy.targets.pytorchjob.objects import pytorchjob
 
 if TYPE_CHECKING:
@@ -80,13 +80,12 @@ class PyTorchJob(Layout):
             for kind, spec in specs.items()
         }
 
-    def pod_place(self, pod: Obj) -> tuple[str, int]:
+    def pod_place(self, pod: Obj) -> tuple[str, int | None]:
         labels = (pod.get("metadata") or {}).get("labels") or {}
         replica = labels.get(REPLICA_TYPE_LABEL, "").lower()
         if not replica:
             return super().pod_place(pod)
-        index = labels.get(REPLICA_INDEX_LABEL) or "0"
-        return replica, int(index) if str(index).isdigit() else 0
+        return replica, parse_index(labels.get(REPLICA_INDEX_LABEL) or "0")
 
     def replicas(self, spec: JobSpec) -> dict[str, int]:
         if spec.c10d:

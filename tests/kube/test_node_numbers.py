@@ -1,0 +1,82 @@
+"""Which pod is which node, against a real kube-apiserver with the kubelet stand-in: a
+TrainJob's pods as its JobSet's Job makes them (and look-alikes that are not), indexes that
+are no plain number, a job a node short, and a PyTorchJob's node numbers while a pod is
+missing (cluster3 F1, F6, F10, F12)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from actors import container_status, res, set_pod_status
+
+IMAGE = "registry.invalid/train:v1"
+INDEX = "batch.kubernetes.io/job-completion-index"
+
+pytestmark = pytest.mark.slow  # an apiserver, a kubelet stand-in, CLI subprocesses
+
+
+@pytest.fixture
+def trainjob(kube_cli, namespace):
+    def make(nodes: int) -> None:
+        args = ["up", "--image", IMAGE, "--name", "j", "-n", namespace, "--target", "trainjob"]
+        out = kube_cli(*args, "--nodes", str(nodes), "--no-wait")
+        assert out.returncode == 0, out.stderr
+
+    return make
+
+
+def tj_pod(
+    admin,
+    namespace: str,
+    kubelet,
+    name: str,
+    log: str,
+    *,
+    job: str = "j-node-0",
+    label: str | None = None,
+    annotation: str | None = None,
+) -> None:
+    """A Running pod with our labels for TrainJob j whose controller is batch/v1 Job
+    ``job`` (as a JobSet's Job makes them), its completion index in a label and/or the
+    annotation (clusters before 1.28 set only the annotation), logging ``log``."""
+    labels = {
+        "app.kubernetes.io/managed-by": "ddpdeploy",
+        "app.kubernetes.io/instance": "j",
+        "jobset.sigs.k8s.io/jobset-name": "j",
+        **({INDEX: label} if label is not None else {}),
+    }
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": job, "uid": f"u-{job}"}
+    meta = {"name": name, "labels": labels, "ownerReferences": [{**owner, "controller": True}]}
+    if annotation is not None:
+        meta["annotations"] = {INDEX: annotation}
+    body = {
+        "metadata": meta,
+        "spec": {"containers": [{"name": "node", "image": IMAGE}], "nodeName": kubelet.node_name},
+    }
+    res(admin, "v1", "Pod").create(namespace=namespace, body=body)
+    state = container_status(IMAGE, {"running": {"startedAt": "2026-01-01T00:00:00Z"}})
+    state["name"] = "node"
+    set_pod_status(admin, namespace, name, {"phase": "Running", "containerStatuses": [state]})
+    kubelet.set_log(name, log, container="node")
+
+
+@pytest.mark.parametrize("index", ["\u00b2", "1" * 5000, "\u0663", "01"])
+def test_an_index_that_is_no_plain_number_is_no_index(
+    kube_cli, admin, namespace, kubelet, trainjob, index
+):
+    # F12: `²` made int() raise, 5000 digits passed the int() limit, `٣` read as node 3.
+    trainjob(2)
+    tj_pod(admin, namespace, kubelet, "j-node-0-0-aaaaa", "[rank0]:pod a", annotation="0")
+    tj_pod(admin, namespace, kubelet, "j-node-0-1-bbbbb", "[rank0]:pod b", annotation=index)
+    status = kube_cli("status", "j", "-n", namespace, "-o", "json")
+    assert status.returncode == 0, status.stderr
+    pods = {p["name"]: p["index"] for p in json.loads(status.stdout)["pods"]}
+    assert pods == {"j-node-0-0-aaaaa": 0, "j-node-0-1-bbbbb": None}
+    assert kube_cli("status", "j", "-n", namespace).returncode == 0
+    logs = kube_cli("logs", "j", "-n", namespace)
+    assert logs.returncode == 0, logs.stderr
+    assert logs.stdout == "[rank0 node0] pod a\n"
+    node1 = kube_cli("logs", "j", "--node", "1", "-n", namespace)
+    assert node1.returncode == 2 and "Traceback" not in node1.stderr
+    assert "no pod for node 1" in node1.stderr
