@@ -36,16 +36,34 @@ def operator_pod(replica: str, index: int, restarts: int = 0) -> dict:
     return {"metadata": {"name": f"j-{replica}-{index}", "labels": labels}, "status": status}
 
 
+def pytorchjob(**replicas: int) -> dict:
+    specs = {kind.capitalize(): {"replicas": n} for kind, n in replicas.items()}
+    return {"kind": "PyTorchJob", "spec": {"pytorchReplicaSpecs": specs}}
+
+
+STATIC = pytorchjob(master=1, worker=2)
+
+
 def test_pytorchjob_master_is_node0_and_worker_i_node_i_plus_1():
     pods = [operator_pod("worker", 1), operator_pod("master", 0), operator_pod("worker", 0)]
-    assert node_numbers(TARGETS["pytorchjob"], pods) == {
+    assert node_numbers(TARGETS["pytorchjob"], STATIC, pods) == {
         "j-master-0": 0, "j-worker-0": 1, "j-worker-1": 2,
     }  # fmt: skip
     # A worker being replaced does not move the others.
     gone = [operator_pod("master", 0), operator_pod("worker", 1)]
-    assert node_numbers(TARGETS["pytorchjob"], gone) == {"j-master-0": 0, "j-worker-1": 2}
+    assert node_numbers(TARGETS["pytorchjob"], STATIC, gone) == {"j-master-0": 0, "j-worker-1": 2}
+    # Nor does the master (cluster3 F10: sized by the pods seen, worker-0 became node 0).
+    no_master = [operator_pod("worker", 0), operator_pod("worker", 1)]
+    assert node_numbers(TARGETS["pytorchjob"], STATIC, no_master) == {
+        "j-worker-0": 1, "j-worker-1": 2,
+    }  # fmt: skip
     elastic = [operator_pod("worker", 1), operator_pod("worker", 0)]
-    assert node_numbers(TARGETS["pytorchjob"], elastic) == {"j-worker-0": 0, "j-worker-1": 1}
+    assert node_numbers(TARGETS["pytorchjob"], pytorchjob(worker=2), elastic) == {
+        "j-worker-0": 0, "j-worker-1": 1,
+    }  # fmt: skip
+    # A master beyond the job's one would take worker-0's number: left out.
+    extra = [operator_pod("master", 1), operator_pod("worker", 0)]
+    assert node_numbers(TARGETS["pytorchjob"], STATIC, extra) == {"j-worker-0": 1}
 
 
 def test_indexed_pods_are_their_completion_index():
@@ -54,20 +72,27 @@ def test_indexed_pods_are_their_completion_index():
             "batch.kubernetes.io/job-completion-index": str(i)}}}
         for i in (2, 0, 1)
     ]  # fmt: skip
-    assert node_numbers(TARGETS["trainjob"], pods) == {"j-2-x": 2, "j-0-x": 0, "j-1-x": 1}
+    assert node_numbers(TARGETS["trainjob"], {"kind": "TrainJob"}, pods) == {
+        "j-2-x": 2,
+        "j-0-x": 0,
+        "j-1-x": 1,
+    }
+
+
+ONE_WORKER = pytorchjob(master=1, worker=1)
 
 
 def test_sources_previous_first_and_node_filter():
     pods = [operator_pod("worker", 0, restarts=2), operator_pod("master", 0)]
-    got = sources(TARGETS["pytorchjob"], pods, Select())
+    got = sources(TARGETS["pytorchjob"], ONE_WORKER, pods, Select())
     assert got == [
         Source("j-worker-0", 1, previous=True), Source("j-master-0", 0), Source("j-worker-0", 1)
     ]  # fmt: skip
-    assert sources(TARGETS["pytorchjob"], pods, Select(nodes=frozenset({0}))) == [
+    assert sources(TARGETS["pytorchjob"], ONE_WORKER, pods, Select(nodes=frozenset({0}))) == [
         Source("j-master-0", 0)
     ]
     with pytest.raises(UserError, match="--node: the job has no pod for node 4; it has nodes 0-1"):
-        sources(TARGETS["pytorchjob"], pods, Select(nodes=frozenset({4})))
+        sources(TARGETS["pytorchjob"], ONE_WORKER, pods, Select(nodes=frozenset({4})))
 
 
 def test_attribute_reads_stamp_rank_and_keeps_the_rest():

@@ -86,37 +86,60 @@ def _restarts(pod: Obj) -> int:
     return sum(int(st.get("restartCount") or 0) for st in statuses)
 
 
-def node_numbers(layout: Layout, pods: list[Obj]) -> dict[str, int]:
-    """pod name -> node number, from the pod's place in the target's layout: its index,
-    after the replicas before its own (PyTorchJob: master-0 is node 0, worker-i node i+1);
-    a replica's count is its highest index seen + 1. Pods being deleted, and pods with no
-    index (one that reads as no plain number), are left out."""
+def _places(
+    layout: Layout, job: Obj, pods: list[Obj]
+) -> tuple[dict[str, tuple[str, int]], dict[str, int], dict[str, int]]:
+    """(pod name -> (replica, index), replica -> size, replica -> its first node number)
+    for the live pods with an index. A replica's size is the job's own count of it, as
+    `status` counts the pods it asks for; one the job does not count takes its highest
+    index seen + 1."""
     places: dict[str, tuple[str, int]] = {}
     for pod in pods:
         meta = pod.get("metadata") or {}
         replica, index = layout.pod_place(pod)
         if not meta.get("deletionTimestamp") and index is not None:
             places[str(meta.get("name", ""))] = (replica, index)
-    size: dict[str, int] = {}
+    counted = layout.replica_counts(job)
+    size = dict(counted)
     for replica, index in places.values():
-        size[replica] = max(size.get(replica, 0), index + 1)
+        if replica not in counted:
+            size[replica] = max(size.get(replica, 0), index + 1)
     order = [r for r in layout.replica_names if r in size] + sorted(
         r for r in size if r not in layout.replica_names
     )
     offset = {r: sum(size[q] for q in order[: order.index(r)]) for r in order}
-    return {name: offset[replica] + index for name, (replica, index) in places.items()}
+    return places, size, offset
 
 
-def sources(layout: Layout, pods: list[Obj], select: Select) -> list[Source]:
+def node_numbers(layout: Layout, job: Obj, pods: list[Obj]) -> dict[str, int]:
+    """pod name -> node number, from the pod's place in the target's layout: its index,
+    after the replicas before its own (PyTorchJob: master-0 is node 0, worker-i node i+1),
+    each sized by the job's own replica counts, so a pod's number never depends on which
+    other pods exist now. Left out: pods being deleted, pods with no index, and a pod
+    beyond its replica's count that another replica follows (it would take that one's
+    numbers)."""
+    places, size, offset = _places(layout, job, pods)
+    last = next(reversed(offset), None)  # the replica no other follows
+    return {
+        name: offset[replica] + index
+        for name, (replica, index) in places.items()
+        if index < size[replica] or replica == last
+    }
+
+
+def sources(layout: Layout, job: Obj, pods: list[Obj], select: Select) -> list[Source]:
     """The containers to read, previous runs first, each in node order."""
-    numbers = node_numbers(layout, pods)
+    numbers = node_numbers(layout, job, pods)
     chosen = [p for p in pods if (p.get("metadata") or {}).get("name") in numbers]
     if select.nodes is not None:
+        _, size, _ = _places(layout, job, pods)
+        nodes = max(sum(size.values()), max(numbers.values(), default=-1) + 1)
         missing = sorted(select.nodes - set(numbers.values()))
         if missing:
+            yet = " yet" if missing[0] < nodes else ""
             raise UserError(
-                f"--node: the job has no pod for node {missing[0]}; it has nodes "
-                f"0-{max(numbers.values(), default=-1)} (`ddpdeploy status` lists its pods)"
+                f"--node: the job has no pod for node {missing[0]}{yet}; it has nodes "
+                f"0-{nodes - 1} (`ddpdeploy status` lists its pods)"
             )
         chosen = [p for p in chosen if numbers[p["metadata"]["name"]] in select.nodes]
     chosen.sort(key=lambda p: numbers[p["metadata"]["name"]])
@@ -289,7 +312,7 @@ def next_runs(
     a pod replaced (a new uid), a new pod of the job. A pod whose stream is still open
     waits for it to end (a container's exit ends it), so no line is read twice."""
     container = layout.container
-    numbers = node_numbers(layout, pods)
+    numbers = node_numbers(layout, job, pods)
     out: list[tuple[Source, Run, str]] = []
     for pod in sorted(pods, key=lambda p: numbers.get(p["metadata"]["name"], -1)):
         name = pod["metadata"]["name"]

@@ -180,7 +180,7 @@ def _merged(found: Found, name: str, follow: bool, select: Select) -> None:
     job, pods, _ = snapshot_of(found)
     assert job is not None  # found is required
     check_ranks(job, select)
-    todo = sources(found.layout, pods, select)
+    todo = sources(found.layout, job, pods, select)
     if not todo:
         raise OperationError(f"{job['kind']} {found.namespace}/{name} has no pods yet")
     unread: list[str] = []

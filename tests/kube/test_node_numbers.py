@@ -8,7 +8,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from actors import container_status, res, set_pod_status
+from actors import (
+    container_status,
+    create_pods,
+    delete_pod_now,
+    get_job,
+    res,
+    set_pod_status,
+    set_running,
+)
 
 IMAGE = "registry.invalid/train:v1"
 INDEX = "batch.kubernetes.io/job-completion-index"
@@ -80,3 +88,30 @@ def test_an_index_that_is_no_plain_number_is_no_index(
     node1 = kube_cli("logs", "j", "--node", "1", "-n", namespace)
     assert node1.returncode == 2 and "Traceback" not in node1.stderr
     assert "no pod for node 1" in node1.stderr
+
+
+def test_a_pytorchjobs_node_numbers_do_not_move_while_its_master_is_missing(
+    kube_cli, admin, namespace, kubelet, tmp_path
+):
+    # F10: with master-0 gone (a crash, an eviction), every worker moved down one node:
+    # `--node 1` read worker-1 instead of worker-0.
+    spec = tmp_path / "s.yaml"
+    spec.write_text("rendezvous: {mode: static}\n")
+    args = ["up", "-f", str(spec), "--image", IMAGE, "--name", "j", "-n", namespace]
+    assert kube_cli(*args, "--nodes", "3", "--no-wait").returncode == 0
+    pods = create_pods(admin, get_job(admin, namespace, "j"), node=kubelet.node_name)
+    assert pods == ["j-master-0", "j-worker-0", "j-worker-1"]
+    for pod in pods:
+        set_running(admin, namespace, pod, IMAGE)
+        kubelet.set_log(pod, f"[rank0]:I am pod {pod}")
+    delete_pod_now(admin, namespace, "j-master-0")
+    node1 = kube_cli("logs", "j", "--node", "1", "-n", namespace)
+    assert node1.stdout == "[rank0 node1] I am pod j-worker-0\n", node1.stderr
+    merged = kube_cli("logs", "j", "-n", namespace)
+    assert sorted(merged.stdout.splitlines()) == [
+        "[rank0 node1] I am pod j-worker-0",
+        "[rank0 node2] I am pod j-worker-1",
+    ]
+    node0 = kube_cli("logs", "j", "--node", "0", "-n", namespace)
+    assert node0.returncode == 2
+    assert "no pod for node 0 yet; it has nodes 0-2" in node0.stderr
