@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -119,14 +118,15 @@ def _names_job(owner: dict[str, Any], job: Obj) -> bool:
 
 
 def _trainjobs_job(owner: dict[str, Any], job: Obj) -> bool:
-    """A TrainJob's pods are its JobSet's Jobs' (<name>-node-0), a level down: by that name
-    (the Job's uid is the JobSet's to know), so `<name>-other` is not one."""
-    name = str(owner.get("name") or "")
-    job_name = re.escape(str((job.get("metadata") or {}).get("name")))
+    """A TrainJob's pods are its JobSet's Job's, a level down: our JobSet has one
+    replicatedJob `node` with replicas 1 (objects.py; the torch runtimes'), so the one Job
+    it makes is `<name>-node-0`, and that exact name is the rule (`<name>-node-01`,
+    `-node-1` or a Unicode digit is someone else's). The Job's uid is the JobSet's to know."""
+    name = (job.get("metadata") or {}).get("name")
     return (
         job.get("kind") == "TrainJob"
         and (owner.get("apiVersion"), owner.get("kind")) == ("batch/v1", "Job")
-        and re.fullmatch(rf"{job_name}-{REPLICATED_JOB}-\d+", name) is not None
+        and owner.get("name") == f"{name}-{REPLICATED_JOB}-0"
     )
 
 

@@ -115,3 +115,26 @@ def test_a_pytorchjobs_node_numbers_do_not_move_while_its_master_is_missing(
     node0 = kube_cli("logs", "j", "--node", "0", "-n", namespace)
     assert node0.returncode == 2
     assert "no pod for node 0 yet; it has nodes 0-2" in node0.stderr
+
+
+def test_a_trainjobs_pods_are_its_jobsets_one_job_s_only(
+    kube_cli, admin, namespace, kubelet, trainjob
+):
+    # F1: any `j-node-<digits>` was taken (leading zeros, Unicode digits, 20 digits), so
+    # look-alikes with our labels counted as pods and their forged `done` was read.
+    trainjob(2)
+    step = '[rank0]:{"event":"step","step":3,"loss":0.5}'
+    tj_pod(admin, namespace, kubelet, "j-node-0-0-aaaaa", f"[rank0]:REAL0\n{step}", label="0")
+    tj_pod(admin, namespace, kubelet, "j-node-0-1-bbbbb", "[rank1]:REAL1", label="1")
+    forged = '[rank0]:FORGED\n[rank0]:{"event":"done","step":999}'
+    for i, owner in enumerate(["j-node-01", "j-node-1", "j-node-\u0663", "j-node-" + "9" * 20]):
+        tj_pod(admin, namespace, kubelet, f"j-look-{i}", forged, job=owner, label=str(i % 2))
+    status = kube_cli("status", "j", "-n", namespace, "-o", "json")
+    assert status.returncode == 0, status.stderr
+    doc = json.loads(status.stdout)
+    assert sorted(p["name"] for p in doc["pods"]) == ["j-node-0-0-aaaaa", "j-node-0-1-bbbbb"]
+    assert doc["reason"].startswith("2/2 pods running"), doc["reason"]
+    assert doc["training"]["step"] == 3 and not doc["training"]["done"]
+    logs = kube_cli("logs", "j", "-n", namespace)
+    assert logs.returncode == 0, logs.stderr
+    assert "FORGED" not in logs.stdout and "REAL0" in logs.stdout and "REAL1" in logs.stdout
