@@ -9,6 +9,7 @@ import contextlib
 import io
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -90,13 +91,34 @@ def shown(training) -> None:
         views.print_json(views.status_doc("j", "ns", snap, training))
     text = out.getvalue()
     text.encode("utf-8")
-    doc = json.loads(text[text.index("{") :], parse_constant=_refuse)
+    doc = strict_loads(text[text.index("{") :])
     assert doc["training"]["lines"]
     to_yaml(views.status_doc("j", "ns", snap, training)).encode("utf-8")
 
 
 def _refuse(name: str) -> None:
     raise AssertionError(f"{name} in the JSON output: strict parsers refuse it")
+
+
+def strict_loads(text: str) -> object:
+    """``text`` read as a strict parser (jq, serde_json, I-JSON) reads it: no NaN or
+    Infinity, and no string or key that is not UTF-8 (json.loads takes a lone surrogate
+    escape such as \\ud800; each string then fails to encode)."""
+    doc = json.loads(text, parse_constant=_refuse)
+
+    def walk(value: object) -> None:
+        if isinstance(value, str):
+            value.encode("utf-8")
+        elif isinstance(value, dict):
+            for key, inner in value.items():
+                walk(key)
+                walk(inner)
+        elif isinstance(value, list):
+            for inner in value:
+                walk(inner)
+
+    walk(doc)
+    return doc
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -139,6 +161,33 @@ def test_any_raw_line_is_read_or_skipped(raw):
 def test_the_hostile_lines_found(line):
     got = progress([line, '{"event": "ranks", "step_s": 5}'], now=0.0)
     shown(got)
+
+
+# Each diagnostic event whose strings `status` shows, with a lone surrogate (a log's JSON
+# escape "\\ud800") in each of them (cluster3 F3: json.dumps wrote "\\ud800" and jq refused
+# the whole document).
+SURROGATE_EVENTS = [
+    '{"event": "probe", "busbw_gbps": 1.5, "transport": "\\ud800", "world": "\\udcff",'
+    ' "warnings": ["\\ud800 w"], "slowest": {"rank": 1, "host": "\\ud800"}}',
+    '{"event": "ranks", "step": 3, "slowest": {"rank": 1, "host": "\\ud800h"},'
+    ' "stragglers": [{"rank": 1, "host": "\\udfff", "slow_by": 2.0}], "step_s": {"0": 1.0}}',
+    '{"event": "hang", "idle_s": 30, "ranks": [1], "hosts": {"1": "\\ud800"},'
+    ' "stacks": "\\ud800", "dir": "\\ud800/x"}',
+    '{"event": "done", "step": 6, "weights_sha256": "\\ud800",'
+    ' "run": {"image": "\\ud800", "git_commit": "\\udbff"}}',
+]
+
+
+@pytest.mark.parametrize("line", SURROGATE_EVENTS, ids=lambda line: line.split('"')[3])
+def test_a_lone_surrogate_in_an_event_is_u_fffd_in_strict_json(line, capsys):
+    got = progress(['{"event": "start", "total_steps": 10}', line], now=0.0)
+    doc = views.status_doc("j", "ns", (None, [], job_state(None, [])), got)
+    assert re.search("[\ud800-\udfff]", json.dumps(doc, ensure_ascii=False))  # it got there
+    views.print_json(doc)
+    out = capsys.readouterr().out
+    assert not re.search(r"\\u[dD][89a-fA-F]", out)  # no surrogate escape, paired or not
+    shown_lines = strict_loads(out)["training"]["lines"]  # type: ignore[index]
+    assert "\ufffd" in shown_lines[-1]
 
 
 def test_a_nan_loss_is_said_in_the_lines_and_null_in_json(capsys):

@@ -13,6 +13,7 @@ import contextlib
 import io
 import json
 import math
+import re
 import shutil
 import sys
 from collections import Counter
@@ -30,7 +31,7 @@ from ddpdeploy.cluster.watch import Snapshot, kind_of, layout_of_job
 from ddpdeploy.events import Progress
 from ddpdeploy.formats import counted
 from ddpdeploy.obj import Obj
-from ddpdeploy.text import plain
+from ddpdeploy.text import REPLACEMENT, plain
 
 # Above this many pods the live view is a count per phase and the pods that are not
 # running, named; every row stays in `status`.
@@ -53,13 +54,21 @@ def print_out(renderable: RenderableType, width: int | None = None) -> None:
     write_stdout(console.file.getvalue())  # type: ignore[attr-defined]
 
 
+# A lone UTF-16 surrogate (a log's JSON escape "\ud800" reads as one): json.dumps writes it
+# as an escape that strict parsers (jq, serde_json, I-JSON) refuse, and no UTF-8 holds it.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def strict(doc: Any) -> Any:
     """``doc`` as strict JSON can hold it: a non-finite number (a loss of nan, an inf a log
-    wrote) becomes null; the lines beside it still say it as text."""
+    wrote) becomes null; the lines beside it still say it as text. A lone surrogate in a
+    string (or a key) becomes U+FFFD, as the table and YAML show it."""
     if isinstance(doc, float) and not math.isfinite(doc):
         return None
+    if isinstance(doc, str):
+        return _SURROGATE.sub(REPLACEMENT, doc)
     if isinstance(doc, dict):
-        return {key: strict(value) for key, value in doc.items()}
+        return {strict(key): strict(value) for key, value in doc.items()}
     if isinstance(doc, list | tuple):
         return [strict(value) for value in doc]
     return doc
