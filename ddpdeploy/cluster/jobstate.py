@@ -9,7 +9,9 @@ are) is the target's (ddpdeploy.targets).
 
 from __future__ import annotations
 
+import contextlib
 import re
+import signal
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,6 +85,16 @@ def crash_line(message: str) -> str | None:
     own = [(r, t) for line in lines for r, t in split_ranks(line) if r is not None]
     said = {rank: own_text(text).strip() for rank, text in own if own_text(text).strip()}
     failed = sorted(summary_failures("", lines), key=lambda f: not f.root)
+    if failed and failed[0].root:
+        # torchrun named the root cause: it is the cause even when it printed nothing (a
+        # SIGSEGV); another rank's line is only the consequence ("Connection closed by peer").
+        root = failed[0]
+        if root.rank in said:
+            return f"rank {root.rank}: {said[root.rank]}"
+        return (
+            f"rank {root.rank} (root cause) exited with {_exit(root.code)} and printed "
+            "nothing in the log's last 2 KB"
+        )
     for failure in failed:
         if failure.rank in said:
             return f"rank {failure.rank}: {said[failure.rank]}"
@@ -92,6 +104,15 @@ def crash_line(message: str) -> str | None:
     # A rank's line with nothing of its own ("[rank1]:") is no line to show.
     rest = [line.strip() for line in lines if line.strip() and split_ranks(line)[0][0] is None]
     return rest[-1] if rest else None
+
+
+def _exit(code: int) -> str:
+    """A worker's exit as torchrun's summary gives it: a negative code is a signal."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"{signal.Signals(-code).name} ({code})"
+        return f"signal {-code}"
+    return f"exit code {code}"
 
 
 def _restarted(count: int) -> str:

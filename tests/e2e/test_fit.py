@@ -300,6 +300,35 @@ def test_a_crash_line_gives_a_partial_lines_next_rank_its_own_line() -> None:
     assert crash_line(message + summary) == "rank 3: loading"
 
 
+ROOT_CAUSE_SIGSEGV = (
+    "Traceback (most recent call last):\n"
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+    "Failures:\n  <NO_OTHER_FAILURES>\n"
+    "Root Cause (first observed failure):\n[0]:\n  time      : 2026-01-01_00:00:00\n"
+    "  rank      : 1 (local_rank: 1)\n  exitcode  : -11 (pid: 9)\n"
+    "  traceback : Signal 11 (SIGSEGV) received by PID 9\n"
+)
+
+
+def test_a_silent_root_cause_is_named_not_another_ranks_line() -> None:
+    from ddpdeploy.cluster.jobstate import crash_line, job_state
+
+    # Found by the cluster3 pass (F2): rank 1 segfaulted without a line; rank 0's
+    # "Connection closed by peer" (its consequence) was shown as the cause.
+    message = "[rank0]:[rank0]: RuntimeError: Connection closed by peer\n" + ROOT_CAUSE_SIGSEGV
+    silent = (
+        "rank 1 (root cause) exited with SIGSEGV (-11) and printed nothing in the log's last 2 KB"
+    )
+    assert crash_line(message) == silent
+    state = job_state(PYTORCHJOB, [crashing(message)])
+    assert state.reason.endswith("last exit code 1 (Error): " + silent)
+    assert "Connection closed" not in state.reason
+    exited = message.replace("-11 (pid", "3 (pid")
+    assert crash_line(exited) == silent.replace("SIGSEGV (-11)", "exit code 3")
+    # The root cause's own line, when it has one, is still the line shown.
+    assert crash_line("[rank1]:[rank1]: ValueError: x\n" + message) == "rank 1: ValueError: x"
+
+
 def test_an_oom_kill_loop_says_so_with_the_limit() -> None:
     from ddpdeploy.cluster.jobstate import job_state
 
