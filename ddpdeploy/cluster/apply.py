@@ -835,6 +835,15 @@ def _wait_deleted(
             )
         time.sleep(min(_POLL, max(0.0, deadline - time.monotonic())))
         got = kube.get(api, kind, name, ns)
+        if got is not None and (got.get("metadata") or {}).get("uid") != meta.get("uid"):
+            # Gone, and another object of the name made meanwhile: not the one waited for,
+            # so no wait or finalizer advice applies to it.
+            why = not_ours(got, name)
+            whose = f"not ours: {why}" if why else "ours: another `up` at the same moment?"
+            raise OperationError(
+                f"{kind} {ns}/{name} was deleted, but a new {kind} {name} was created "
+                f"meanwhile ({whose}); {left}"
+            )
 
 
 # --- the saved spec --------------------------------------------------------------------

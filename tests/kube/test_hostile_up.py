@@ -75,6 +75,54 @@ def test_once_the_old_job_goes_the_new_one_is_created(control_plane, admin, name
     assert new is not None and new["metadata"]["uid"] != old["metadata"]["uid"]
 
 
+# Found by the cluster3 pass (F4): the old job went and someone else's job of that name was
+# made at once; the wait polled the name, ran to --timeout and said the new one "is still
+# being deleted" (remove the finalizers, wait longer) of an object that was not.
+@pytest.mark.parametrize("deleted_first", [True, False], ids=["terminating", "replace-deletes"])
+def test_a_new_object_of_the_name_ends_the_wait_at_once(
+    control_plane, admin, namespace, kube_cli, deleted_first
+):
+    jobs = res(admin, "kubeflow.org/v1", "PyTorchJob")
+    if deleted_first:
+        stuck_terminating(kube_cli, admin, namespace)
+        left = "nothing was changed"
+    else:  # `up --replace` deletes it itself, and then waits for the finalizer
+        assert kube_cli(*up_args(namespace)).returncode == 0
+        jobs.patch(name="j", namespace=namespace, body={"metadata": {"finalizers": [HOLD]}},
+                   content_type=MERGE)  # fmt: skip
+        # (the policy beside it was applied first; taking that back changes nothing)
+        left = "the new job was not created; nothing was changed"
+    proc = start_cli(control_plane.kubeconfig, *up_args(namespace, "--replace", "--timeout", "60s"))
+    lines = Lines(proc)
+    lines.wait_for("waiting for PyTorchJob")
+    # Held still while the name changes hands, so that no poll sees the name free between.
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        release(admin, namespace)
+        while get_job(admin, namespace, "j") is not None:
+            time.sleep(0.05)
+        theirs = {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "PyTorchJob",
+            "metadata": {"name": "j", "namespace": namespace},
+            "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 1, "template": {"spec": {
+                "containers": [{"name": "pytorch", "image": "someone/else"}]}}}}},
+        }  # fmt: skip
+        uid = jobs.create(namespace=namespace, body=theirs).to_dict()["metadata"]["uid"]
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    started = time.monotonic()
+    code, seen = lines.finish(timeout=30)
+    assert time.monotonic() - started < 10, seen  # at once, not after --timeout
+    assert code == 1, seen
+    assert seen[-1] == (
+        f"error: PyTorchJob {namespace}/j was deleted, but a new PyTorchJob j was created "
+        f"meanwhile (not ours: owner: no ddpdeploy labels); {left}"
+    ), seen
+    assert sum(line.startswith("error:") for line in seen) == 1, seen
+    assert get_job(admin, namespace, "j")["metadata"]["uid"] == uid  # theirs, untouched
+
+
 def test_ctrl_c_while_waiting_is_one_line_and_changes_nothing(
     control_plane, admin, namespace, kube_cli
 ):
