@@ -42,7 +42,7 @@ from ddpdeploy.cluster.find import (
     require_ours,
 )
 from ddpdeploy.cluster.find import ref as _ref
-from ddpdeploy.cluster.jobstate import job_state
+from ddpdeploy.cluster.jobstate import held_by, job_state
 from ddpdeploy.cluster.labels import ours_selector
 from ddpdeploy.cluster.saved import SPEC_ANNOTATION, saved_record, saved_spec, with_saved_spec
 from ddpdeploy.contract import RunRecord
@@ -944,8 +944,15 @@ def delete(found: Found, purge: bool, say: Say) -> None:
         if job is None and not gone_with_job and not (purge and claims) and adopted is None:
             raise OperationError(no_job(name, ns) + (no_namespace(kube, ns) or "; nothing deleted"))
         if job is not None and kube.delete(layout.api_version, layout.kind, name, ns):
-            done.append(f"deleted {layout.kind} {ns}/{name}")
-            say(done[-1])
+            got = kube.get(layout.api_version, layout.kind, name, ns)
+            uid = job["metadata"].get("uid")
+            if got is not None and got["metadata"].get("uid") == uid and held_by(got):
+                # Not gone, and it will not go by itself: its pods run on meanwhile.
+                done.append(f"asked to delete {layout.kind} {ns}/{name}")
+                say(f"{layout.kind} {ns}/{name} is being deleted but {held_by(got)}")
+            else:
+                done.append(f"deleted {layout.kind} {ns}/{name}")
+                say(done[-1])
         for api, kind, other in gone_with_job:
             if kube.delete(api, kind, other, ns):
                 done.append(f"deleted {kind} {ns}/{other}")

@@ -267,7 +267,40 @@ def _condition(job: Obj, kind: str) -> Obj | None:
 
 
 def job_state(job: Obj | None, pods: list[Obj]) -> JobState:
-    """The job's state: its terminal conditions first, then any stuck pod, then progress."""
+    """The job's state: its terminal conditions first, then its deletion (a finalizer may
+    hold it for good), then any stuck pod, then progress."""
+    return _deleting(job, _job_state(job, pods))
+
+
+def held_by(job: Obj) -> str:
+    """What keeps a deleted ``job`` (one with a deletionTimestamp): its finalizers, and
+    whose they are to remove; "" when none is left (it goes)."""
+    meta = job.get("metadata") or {}
+    finalizers = [str(f) for f in meta.get("finalizers") or []]
+    if not finalizers:
+        return ""
+    kind, name = str(job.get("kind", "")).lower(), meta.get("name", "?")
+    return (
+        f"held by finalizer(s) {', '.join(finalizers)}: whoever set them must remove them "
+        f"(kubectl patch {kind} {name} -n {meta.get('namespace', '?')} --type merge -p "
+        '\'{"metadata":{"finalizers":null}}\')'
+    )
+
+
+def _deleting(job: Obj | None, state: JobState) -> JobState:
+    """A job being deleted is Terminating, said ahead of its pods' progress (they run on
+    while a finalizer holds it); a job that ended keeps its end."""
+    since = ((job or {}).get("metadata") or {}).get("deletionTimestamp")
+    if not since or state.state in ("Succeeded", "Failed", "NotFound", "Unknown"):
+        return state
+    held = held_by(job or {})
+    now = f"{state.state}: {state.reason}" if state.reason else state.state
+    return JobState(
+        "Terminating", f"being deleted since {since}{f', {held}' if held else ''}; {now}", False
+    )
+
+
+def _job_state(job: Obj | None, pods: list[Obj]) -> JobState:
     if job is None:
         return JobState("NotFound", "the job no longer exists", done=True)
     layout = layout_for_kind(job.get("apiVersion", ""), job.get("kind", ""))
@@ -327,11 +360,12 @@ def conditions_state(job: Obj) -> JobState:
         if isinstance(c, dict) and c.get("status") == "True" and isinstance(c.get("type"), str)
     ]
     if not conds:
-        return JobState("Pending", f"no condition yet; {unread}", done=False)
+        return _deleting(job, JobState("Pending", f"no condition yet; {unread}", done=False))
     last = conds[-1]  # the operators append; the newest is last
     # The operators' messages end in a full stop ("PyTorchJob j is running."): not ".;".
     message = str(last.get("message") or last.get("reason") or "").rstrip(" .")
-    return JobState(last["type"], f"{message}; {unread}" if message else unread, done=False)
+    state = JobState(last["type"], f"{message}; {unread}" if message else unread, done=False)
+    return _deleting(job, state)
 
 
 def _missing(job: Obj, layout: Layout, pods: list[Obj]) -> list[str]:

@@ -123,6 +123,37 @@ def test_a_new_object_of_the_name_ends_the_wait_at_once(
     assert get_job(admin, namespace, "j")["metadata"]["uid"] == uid  # theirs, untouched
 
 
+# Found by the cluster3 pass (F9): `down` of a job a finalizer holds said "deleted" each
+# time it ran, and `status`/`list` kept saying Running.
+def test_down_of_a_held_job_says_so_and_status_and_list_say_terminating(admin, namespace, kube_cli):
+    import json
+
+    assert kube_cli(*up_args(namespace)).returncode == 0
+    jobs = res(admin, "kubeflow.org/v1", "PyTorchJob")
+    jobs.patch(name="j", namespace=namespace, body={"metadata": {"finalizers": [HOLD]}},
+               content_type=MERGE)  # fmt: skip
+    held = (
+        f"PyTorchJob {namespace}/j is being deleted but held by finalizer(s) {HOLD}: whoever "
+        f"set them must remove them (kubectl patch pytorchjob j -n {namespace} --type merge -p "
+        '\'{"metadata":{"finalizers":null}}\')'
+    )
+    for _ in range(2):  # the second `down` finds it Terminating already
+        out = kube_cli("down", "j", "-n", namespace)
+        assert out.returncode == 0, out.stderr
+        assert held in out.stderr.splitlines(), out.stderr
+        assert f"deleted PyTorchJob {namespace}/j" not in out.stderr
+    since = get_job(admin, namespace, "j")["metadata"]["deletionTimestamp"]
+    out = kube_cli("status", "j", "-n", namespace, "-o", "json")
+    doc = json.loads(out.stdout)
+    assert doc["state"] == "Terminating", doc
+    assert doc["reason"].startswith(f"being deleted since {since}, held by finalizer(s) {HOLD}")
+    out = kube_cli("status", "j", "-n", namespace)
+    assert "PyTorchJob j: Terminating — being deleted since" in " ".join(out.stdout.split())
+    out = kube_cli("list", "-n", namespace, "-o", "json")
+    assert [row["state"] for row in json.loads(out.stdout)] == ["Terminating"], out.stdout
+    release(admin, namespace)
+
+
 def test_ctrl_c_while_waiting_is_one_line_and_changes_nothing(
     control_plane, admin, namespace, kube_cli
 ):
