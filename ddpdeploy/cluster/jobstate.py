@@ -156,7 +156,11 @@ def _earlier_run(pod: Obj, job: Obj) -> bool:
     uid = (job.get("metadata") or {}).get("uid")
     for owner in meta.get("ownerReferences") or []:
         if isinstance(owner, dict) and owner.get("controller"):
-            return bool(uid) and owner.get("uid") != uid
+            # Only the job's kind has its uid: a TrainJob's pods are its JobSet's Job's,
+            # whose uid is never the TrainJob's, so theirs tells no run from another.
+            job_ref = (job.get("kind"), (job.get("metadata") or {}).get("name"))
+            same = (owner.get("kind"), owner.get("name")) == job_ref
+            return bool(uid) and same and owner.get("uid") != uid
     return False
 
 
@@ -369,12 +373,16 @@ def conditions_state(job: Obj) -> JobState:
 
 
 def _missing(job: Obj, layout: Layout, pods: list[Obj]) -> list[str]:
-    """The pods a fixed-size job with named replicas (PyTorchJob) asks for that do not
-    exist; none for an elastic range, whose size may lawfully be below its maximum."""
+    """The hostnames of the pods a fixed-size job asks for that do not exist (a PyTorchJob's
+    pod is named so; a TrainJob's is found by its completion index); none for an elastic
+    range, whose size may lawfully be below its maximum."""
     if layout.elastic_range(job) is not None:
         return []
     name = (job.get("metadata") or {}).get("name", "")
     have = {(p.get("metadata") or {}).get("name") for p in pods}
+    if not layout.pods_named_like_hosts:  # a TrainJob's pods: <host>-<random>; by place
+        places = [layout.pod_place(p) for p in pods]
+        have = {layout.node_hostname(name, i, r) for r, i in places if i is not None}
     wanted = [
         layout.node_hostname(name, i, replica)  # a PyTorchJob's pod is named as its host
         for replica, count in layout.replica_counts(job).items()

@@ -268,7 +268,7 @@ def check_named(job: Obj, replica: str | None, index: int | None) -> None:
         return
     where = f"{job['kind']} {job['metadata'].get('namespace')}/{job['metadata']['name']}"
     counts = layout.replica_counts(job)
-    if replica is not None and counts:
+    if replica is not None and counts and layout.replica_names:  # TrainJob: no --replica
         replica = replica.lower()
         if replica not in counts:
             mode = "c10d" if layout.rank0_hostname(job) is None else "static"

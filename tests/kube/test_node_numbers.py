@@ -9,6 +9,7 @@ import json
 
 import pytest
 from actors import (
+    MERGE,
     container_status,
     create_pods,
     delete_pod_now,
@@ -138,3 +139,33 @@ def test_a_trainjobs_pods_are_its_jobsets_one_job_s_only(
     logs = kube_cli("logs", "j", "-n", namespace)
     assert logs.returncode == 0, logs.stderr
     assert "FORGED" not in logs.stdout and "REAL0" in logs.stdout and "REAL1" in logs.stdout
+
+
+def test_a_trainjob_counts_against_its_nodes_and_its_deleting_pod_is_this_runs(
+    kube_cli, admin, namespace, kubelet, trainjob
+):
+    # F6: TrainJob had no replica counts, so a 3-node job with one pod was "1/1 pods
+    # running", and its own pod being deleted counted as an earlier run's (dropped).
+    trainjob(3)
+    tj_pod(admin, namespace, kubelet, "j-node-0-0-abcde", "[rank0]:zero", label="0")
+    status = kube_cli("status", "j", "-n", namespace, "-o", "json")
+    assert status.returncode == 0, status.stderr
+    reason = json.loads(status.stdout)["reason"]
+    assert reason == "1/3 pods running; no pod j-node-0-1, j-node-0-2 yet", reason
+    node2 = kube_cli("logs", "j", "--node", "2", "-n", namespace)
+    assert node2.returncode == 2
+    assert "no pod for node 2 yet; it has nodes 0-2" in node2.stderr, node2.stderr
+    tj_pod(admin, namespace, kubelet, "j-node-0-1-fghij", "[rank1]:one", label="1")
+    pods = res(admin, "v1", "Pod")
+    held = {"metadata": {"finalizers": ["example.com/hold"]}}
+    pods.patch(name="j-node-0-1-fghij", namespace=namespace, body=held, content_type=MERGE)
+    pods.delete(name="j-node-0-1-fghij", namespace=namespace)
+    try:
+        doc = json.loads(kube_cli("status", "j", "-n", namespace, "-o", "json").stdout)
+        assert doc["reason"].startswith("2/3 pods running; no pod j-node-0-2 yet"), doc["reason"]
+        assert "earlier run" not in doc["reason"]
+        detail = {p["name"]: p["detail"] for p in doc["pods"]}
+        assert detail["j-node-0-1-fghij"].startswith("Terminating (finalizers: example.com/hold")
+    finally:
+        unheld = {"metadata": {"finalizers": None}}
+        pods.patch(name="j-node-0-1-fghij", namespace=namespace, body=unheld, content_type=MERGE)

@@ -72,6 +72,10 @@ class TrainJob(Layout):
         trainer = (obj.get("spec") or {}).get("trainer") or {}
         return env_values(trainer.get("env"))
 
+    def replica_counts(self, obj: dict[str, Any]) -> dict[str, int]:
+        # One replica, as pod_place names it: the node Job's pods, one per node.
+        return {"node": self.job_size(obj)[0]}
+
     def job_size(self, obj: dict[str, Any]) -> tuple[int, int]:
         trainer = (obj.get("spec") or {}).get("trainer") or {}
         return int(trainer.get("numNodes") or 1), gpus_of(self.pod_templates(obj))
