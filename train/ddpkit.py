@@ -1034,6 +1034,7 @@ class CheckpointStore:
         place. A kill or a failure at any point leaves the old pair or the new one whole
         (with two renames of the same names, a kill between them lost both)."""
         step = checked_step(meta["step"])
+        until = _lock_deadline()
         os.makedirs(self.dir, exist_ok=True)
         with _without_zip_crc32():
             written, digest = _write_temp(
@@ -1046,7 +1047,7 @@ class CheckpointStore:
                 _check_weights_only(written)
             # Two writers of one step (a replaced pod still in its grace) are one at a time:
             # each picks its payload's name from what is committed when it commits.
-            with _locked(self.dir):
+            with _locked(self.dir, until):
                 final = self._fresh_payload_path(step)
                 sidecar = dict(
                     meta, run_id=_own_run_id(), sha256=digest, file=os.path.basename(final)
@@ -1096,8 +1097,8 @@ class CheckpointStore:
         with contextlib.suppress(OSError):  # unknown: then retention hashes it again
             _verified[os.path.abspath(final)] = (digest, _identity(os.lstat(final)))
         try:
-            self._apply_retention(step)
-        except OSError as e:  # the folder could not be listed
+            self._apply_retention(step, until)
+        except OSError as e:  # the folder could not be listed, or stayed locked
             warn(f"retention skipped after checkpoint {final}: {e}")
         fields = {"step": step, "path": final, "host": meta.get("host"), "rank": meta.get("rank")}
         emit({"event": "checkpoint", **fields})  # the writer is rank 0 by construction
@@ -1114,14 +1115,14 @@ class CheckpointStore:
             if not os.path.lexists(path):
                 return path
 
-    def _apply_retention(self, written: int) -> None:
+    def _apply_retention(self, written: int, until: float | None = None) -> None:
         """Delete this run's checkpoints past its ``keep`` newest, never ``written``: a
         step below ones the run saved before (it resumed from an older checkpoint) must
         not be deleted as it is saved. That one stays beside the ``keep`` newest until the
         run's later saves push it out."""
         # Checked and deleted under the lock: a pair another run commits under the same
         # name between the check and the unlink would be deleted as this run's.
-        with _locked(self.dir):
+        with _locked(self.dir, until):
             self._delete_past_keep(written)
 
     def _delete_past_keep(self, written: int) -> None:
@@ -1384,11 +1385,21 @@ def _check_weights_only(path: str) -> None:
 _unlocked_warned: list[str] = []  # folders whose file system takes no locks, warned once
 
 
+def _lock_deadline() -> float | None:
+    """With a process group: half its timeout from now, the latest that rank 0's save waits
+    for the folder's lock. The other ranks wait for rank 0 in a broadcast under that
+    timeout; a longer wait had them die there in gloo's raw "Timed out waiting … for recv"
+    naming neither the lock nor the fix, instead of all raising rank 0's CheckpointError
+    (ddpkit5 K2). The other half is left for the payload's write and the commit."""
+    return time.monotonic() + _group_timeout[0] / 2 if _distributed() else None
+
+
 @contextlib.contextmanager
-def _locked(directory: str) -> Iterator[None]:
+def _locked(directory: str, until: float | None = None) -> Iterator[None]:
     """Hold ``directory``'s checkpoint lock. OSError when the lock file cannot be opened
-    or the lock stays taken past DDPDEPLOY_CHECKPOINT_LOCK_S; a file system without locks
-    goes without, with one warning."""
+    or the lock stays taken past DDPDEPLOY_CHECKPOINT_LOCK_S, or past ``until`` (a
+    time.monotonic(), see _lock_deadline) when that comes first; a file system without
+    locks goes without, with one warning."""
     path = os.path.join(directory, LOCK_NAME)
     flags = os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     with contextlib.suppress(FileNotFoundError):  # a socket or device: never opened
@@ -1419,7 +1430,10 @@ def _locked(directory: str) -> Iterator[None]:
             with contextlib.suppress(OSError):
                 os.fchmod(fd, 0o644)
         wait = _env_float(LOCK_WAIT_ENV, 300.0)
-        deadline = time.monotonic() + wait
+        start = time.monotonic()
+        deadline = start + wait
+        capped = until is not None and until < deadline
+        deadline = until if until is not None and capped else deadline
         pause = 0.005
         while True:
             try:
@@ -1427,9 +1441,16 @@ def _locked(directory: str) -> Iterator[None]:
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
+                    waited = (
+                        f"{time.monotonic() - start:.0f} s, and rank 0 waits at most half "
+                        f"the process group's timeout ({_group_timeout[0]:g} s) lest the "
+                        "other ranks, waiting for it, time out first"
+                        if capped
+                        else f"{wait:g} s"
+                    )
                     raise OSError(
                         errno.ETIMEDOUT,
-                        f"{path} stayed locked by another process for {wait:g} s "
+                        f"{path} stayed locked by another process for {waited} "
                         "(another save into this folder, or a stuck mount)",
                     ) from None
                 time.sleep(pause)

@@ -1339,3 +1339,34 @@ def test_a_step_deleted_by_a_newer_save_while_load_latest_reads_gives_the_newer_
     err = capfd.readouterr().err
     assert f"ddpkit: checkpoint {ck}/ckpt-step-000000003.pt vanished (unreadable sidecar" in err
     assert f"listing {ck} again" in err and "skipping" not in err
+
+
+@pytest.mark.slow
+def test_a_lock_held_past_half_the_group_timeout_fails_the_save_alike_on_every_rank(
+    tmp_path: Path,
+) -> None:
+    # Found by the ddpkit5 pass (K2): rank 0 waited for the lock up to
+    # DDPDEPLOY_CHECKPOINT_LOCK_S (300 s) while rank 1 waited for it in a broadcast under
+    # the group's timeout: rank 1 died in gloo's raw recv timeout, naming no lock.
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    holder = _hold_lock(ck, 40)
+    env = {"PYTHONPATH": str(TRAIN_DIR), "DDPDEPLOY_CHECKPOINT_DIR": str(ck)}
+    env["DDPDEPLOY_TEST_GROUP_S"] = "8"
+    try:
+        with Launcher(tmp_path) as L:
+            p = L.torchrun([], script=SCRIPTS / "save_with_short_group_timeout.py", env=env)
+            assert p.wait(90) == 0, p.tail()
+    finally:
+        holder.kill()
+        holder.wait()
+    said = sorted(x for x in p.stderr.splitlines() if re.match(r"rank \d ", x))
+    assert len(said) == 2 and said[0][7:] == said[1][7:], p.tail()  # the same on both
+    assert re.match(
+        rf"rank 0 CheckpointError: checkpoint of step 1 in {ck} was not written: rank 0: "
+        rf"TimeoutError: \[Errno 110\] {ck}/\.ddpkit\.lock stayed locked by another process "
+        r"for \d s, and rank 0 waits at most half the process group's timeout \(8 s\)",
+        said[0],
+    ), p.tail()
+    assert "Timed out" not in p.stderr, p.tail()
+    assert sorted(n.name for n in ck.iterdir()) == [".ddpkit.lock"]  # no temp file left
