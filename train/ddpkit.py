@@ -112,6 +112,10 @@ STALE_TEMP_S = 600.0
 # deletes: the kernel drops it with its process, so a killed writer leaves none held.
 LOCK_NAME = ".ddpkit.lock"
 LOCK_WAIT_ENV = "DDPDEPLOY_CHECKPOINT_LOCK_S"  # seconds to wait for it (default 300)
+# Retention renames a step's sidecar to this before it deletes the payloads, and deletes it
+# last: a retention interrupted in between leaves it, and a later one finishes the step (a
+# payload no sidecar names was left for good). No sidecar, payload or temp name.
+_DELETING = re.compile(r"^\.ddpkit-deleting-ckpt-step-(\d{9,18})\.json\Z", re.ASCII)
 _print_lock = threading.Lock()  # a background checkpoint writer logs too
 T = TypeVar("T")
 
@@ -1126,22 +1130,62 @@ class CheckpointStore:
             self._delete_past_keep(written)
 
     def _delete_past_keep(self, written: int) -> None:
+        self._finish_deletions()
         own = [step for step in self.list_steps() if self._own(step)]
         for step in own[self.keep :]:
             if step == written:
                 continue
-            # Sidecar first: once it is gone no payload of the step is a candidate.
-            names = [self._name(step, ".json"), *self._payload_files(step)]
-            for i, p in enumerate(os.path.join(self.dir, n) for n in names):
+            # Sidecar first, renamed to the step's marker: once it is gone no payload of the
+            # step is a candidate, and the marker tells a later retention what to finish.
+            marker = os.path.join(self.dir, self._marker_name(step))
+            try:
+                os.replace(self.sidecar_path(step), marker)
+            except FileNotFoundError:
+                continue
+            except OSError as e:  # immutable, another user's in a sticky folder
+                # a payload whose sidecar stays is still a candidate: keep all
+                warn(
+                    f"retention could not delete {self.sidecar_path(step)} (keep={self.keep}): {e}"
+                )
+                continue
+            for n in self._payload_files(step):
+                p = os.path.join(self.dir, n)
                 try:
-                    os.unlink(p)
+                    _unlink_quietly(p)
+                except OSError as e:
+                    warn(f"retention could not delete {p} (keep={self.keep}): {e}")
+                _verified.pop(os.path.abspath(p), None)
+            _unlink_quietly(marker)
+
+    @classmethod
+    def _marker_name(cls, step: int) -> str:
+        return f".ddpkit-deleting-{cls._name(step, '.json')}"
+
+    def _finish_deletions(self) -> None:
+        """Finish what an interrupted retention left (a Ctrl-C, a SIGTERM handler's exit, a
+        kill between its deletes): each marker's payload, when it is still the one the
+        marker names (its sha256) and no sidecar of the step names it now, then the marker.
+        Under the lock."""
+        for n in sorted(os.listdir(self.dir)):
+            if not (m := _DELETING.match(n)) or n != self._marker_name(int(m.group(1))):
+                continue
+            step, marker = int(m.group(1)), os.path.join(self.dir, n)
+            named, _ = self._sidecar_at(marker)
+            path = None if named is None else self.payload_of(step, named)
+            if path is not None and path != self._named_payload(step):
+                try:
+                    if _sha256_regular(path)[0] == named["sha256"]:  # type: ignore[index]
+                        _unlink_quietly(path)
+                        _verified.pop(os.path.abspath(path), None)
+                    else:
+                        warn(f"retention left {path}: it is not the payload {n} names")
                 except FileNotFoundError:
                     pass
-                except OSError as e:  # immutable, another user's in a sticky folder
-                    warn(f"retention could not delete {p} (keep={self.keep}): {e}")
-                    if i == 0:  # a payload whose sidecar stays is still a candidate: keep all
-                        break
-                _verified.pop(os.path.abspath(p), None)
+                except OSError as e:
+                    warn(f"retention could not delete {path} (keep={self.keep}): {e}")
+                    continue
+            with contextlib.suppress(OSError):
+                _unlink_quietly(marker)
 
     def _own(self, step: int) -> bool:
         """This run's checkpoint: its run_id in the sidecar, its payload's sha256 right."""
@@ -1169,8 +1213,13 @@ class CheckpointStore:
 
     def _sidecar(self, step: int) -> tuple[dict[str, Any] | None, str | None]:
         """(the sidecar of ``step``, None), or (None, why it is none)."""
+        return self._sidecar_at(self.sidecar_path(step))
+
+    @staticmethod
+    def _sidecar_at(path: str) -> tuple[dict[str, Any] | None, str | None]:
+        """(the sidecar at ``path``, None), or (None, why it is none)."""
         try:
-            raw, _ = _read_regular(self.sidecar_path(step), MAX_SIDECAR)
+            raw, _ = _read_regular(path, MAX_SIDECAR)
             # Strict UTF-8, a BOM refused, as collect's reader takes it: json.loads on bytes
             # also took a BOM and UTF-16, and the two readers then chose different steps.
             sidecar = json.loads(raw.decode("utf-8"))

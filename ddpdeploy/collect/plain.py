@@ -5,6 +5,7 @@ names a writer uses while a file is incomplete are left out."""
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Sequence
 
 from ddpdeploy.collect.destination import Destination
@@ -142,13 +143,17 @@ def _skip(text: str, named: bool, warn: Callable[[str], None]) -> None:
     warn(f"skipping {text}")
 
 
-# ddpkit's lock on the folder (train/ddpkit.py's LOCK_NAME): no data of the run.
+# ddpkit's lock on the folder (train/ddpkit.py's LOCK_NAME) and its retention's marker of a
+# step being deleted (train/ddpkit.py's _DELETING): no data of the run.
 _DDPKIT_LOCK = ".ddpkit.lock"
+_DDPKIT_DELETING = re.compile(r"^\.ddpkit-deleting-ckpt-step-\d{9,18}\.json\Z", re.ASCII)
 
 
 def _not_collectable(name: str) -> str | None:
     if name == _DDPKIT_LOCK:
         return "ddpkit's lock file of the folder, not data of the run"
+    if _DDPKIT_DELETING.match(name):
+        return "ddpkit's marker of a checkpoint its retention is deleting, not data of the run"
     if name.startswith(".") or name.endswith(_TEMP_SUFFIXES):
         return "a temp-file name (a writer may not be done with it)"
     if name == SUMS:

@@ -18,7 +18,7 @@ from ddpdeploy.collect.checkpoint import collect
 from ddpdeploy.collect.plain import SUMS
 from ddpdeploy.errors import OperationError, UserError
 
-from .folders import SwapOnOpen, listing, run
+from .folders import SwapOnOpen, listing, put_trainer_checkpoint, run
 
 
 def test_plain_files_are_copied_with_sha256sums(tmp_path):
@@ -171,3 +171,23 @@ def test_a_torch_file_cut_short_is_not_vouched_for(tmp_path):
     with pytest.raises(OperationError, match="--file: half.pt in .*: a zip archive"):
         run(src, tmp_path / "named", files=["half.pt"])
     assert not (tmp_path / "named").exists()
+
+
+def test_ddpkits_retention_marker_is_named_as_such_and_left_alone(tmp_path):
+    # ddpkit5 K3: retention renames a sidecar to this marker before it deletes the step's
+    # payloads; it is ddpkit's, as its lock is: named so in plain mode, unread in a
+    # checkpoint folder.
+    marker = ".ddpkit-deleting-ckpt-step-000000004.json"
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / marker).write_text("{}")
+    (src / "snapshot.pt").write_bytes(b"weights")
+    got, warnings = run(src, tmp_path / "out")
+    assert got.files == ["snapshot.pt"]
+    assert warnings == [
+        f"skipping {marker} in {src}: ddpkit's marker of a checkpoint its retention is "
+        "deleting, not data of the run"
+    ]
+    put_trainer_checkpoint(src, 5)
+    got, warnings = run(src, tmp_path / "out2")
+    assert (got.step, warnings) == (5, [])

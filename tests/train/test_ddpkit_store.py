@@ -1370,3 +1370,47 @@ def test_a_lock_held_past_half_the_group_timeout_fails_the_save_alike_on_every_r
     ), p.tail()
     assert "Timed out" not in p.stderr, p.tail()
     assert sorted(n.name for n in ck.iterdir()) == [".ddpkit.lock"]  # no temp file left
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit])
+def test_an_interrupted_retention_is_finished_by_the_next_one(
+    kit: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exc: type[BaseException]
+) -> None:
+    # Found by the ddpkit5 pass (K3): retention deleted a step's sidecar, then its payload;
+    # interrupted in between (Ctrl-C, a SIGTERM handler's exit, a kill) it left a payload
+    # no sidecar names, which no later save or retention ever looked at: a checkpoint's
+    # worth of disk per interruption. A stand-in raises as the payload's delete begins.
+    ck = tmp_path / "ck"
+    for step in (4, 5):
+        kit.save({"step": step}, step, keep=5)
+    real = os.unlink
+
+    def interrupted(path, *args, **kwargs):
+        if str(path).endswith("ckpt-step-000000005.pt"):
+            raise exc()
+        return real(path, *args, **kwargs)
+
+    with monkeypatch.context() as m, pytest.raises(exc):
+        m.setattr(os, "unlink", interrupted)
+        kit.save({"step": 6}, 6, keep=1)
+    assert (ck / "ckpt-step-000000005.pt").is_file()
+    assert not (ck / "ckpt-step-000000005.json").exists()
+    kit.save({"step": 7}, 7, keep=1)
+    assert sorted(p.name for p in ck.iterdir()) == [
+        ".ddpkit.lock", "ckpt-step-000000007.json", "ckpt-step-000000007.pt"
+    ]  # fmt: skip
+    assert kit.load_latest() == {"step": 7}
+
+
+def test_a_marker_whose_payload_was_saved_again_keeps_the_new_payload(
+    kit: ModuleType, tmp_path: Path
+) -> None:
+    # A marker finishes only what it names: a step committed again since (its sidecar
+    # names its payload) keeps it, and a payload of other contents stays.
+    ck = tmp_path / "ck"
+    kit.save({"step": 5}, 5)
+    marker = ck / ".ddpkit-deleting-ckpt-step-000000005.json"
+    marker.write_bytes((ck / "ckpt-step-000000005.json").read_bytes())
+    kit.save({"step": 6}, 6)
+    assert not marker.exists() and kit.load_latest() == {"step": 6}
+    assert (ck / "ckpt-step-000000005.pt").is_file()  # committed: its sidecar names it
