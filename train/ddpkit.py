@@ -1059,7 +1059,14 @@ class CheckpointStore:
                 side, _ = _write_temp(
                     self.sidecar_path(step), lambda f: f.write(json.dumps(sidecar).encode())
                 )
-                os.replace(written, final)
+                try:
+                    os.replace(written, final)
+                except BaseException:
+                    # A signal's exception raised as the rename returns: the payload is at
+                    # `final`, a name picked under this lock, and no sidecar will name it.
+                    if not os.path.lexists(written):
+                        _unlink_quietly(final)
+                    raise
                 payload = None
                 try:
                     os.replace(side, self.sidecar_path(step))

@@ -1414,3 +1414,25 @@ def test_a_marker_whose_payload_was_saved_again_keeps_the_new_payload(
     kit.save({"step": 6}, 6)
     assert not marker.exists() and kit.load_latest() == {"step": 6}
     assert (ck / "ckpt-step-000000005.pt").is_file()  # committed: its sidecar names it
+
+
+def test_a_signal_raised_as_the_payloads_rename_returns_leaves_no_payload(
+    kit: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found re-running the ddpkit5 pass's interruption sweep: Ctrl-C as the payload's
+    # rename returned left it under its final name with no sidecar, for good.
+    ck = tmp_path / "ck"
+    kit.save({"step": 5}, 5)
+    real = os.replace
+
+    def interrupted_after(src: str, dst: str) -> None:
+        real(src, dst)
+        if dst.endswith(".pt"):
+            raise KeyboardInterrupt
+
+    with monkeypatch.context() as m, pytest.raises(KeyboardInterrupt):
+        m.setattr(os, "replace", interrupted_after)
+        kit.save({"step": 6}, 6)
+    assert sorted(p.name for p in ck.iterdir()) == [
+        ".ddpkit.lock", "ckpt-step-000000005.json", "ckpt-step-000000005.pt"
+    ]  # fmt: skip
