@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import re
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -270,10 +271,19 @@ def _condition(job: Obj, kind: str) -> Obj | None:
     return None
 
 
-def job_state(job: Obj | None, pods: list[Obj]) -> JobState:
+def job_state(job: Obj | None, pods: list[Obj], taken: Mapping[str, str] | None = None) -> JobState:
     """The job's state: its terminal conditions first, then its deletion (a finalizer may
-    hold it for good), then any stuck pod, then progress."""
-    return _deleting(job, _job_state(job, pods))
+    hold it for good), then any stuck pod, then progress. ``taken``: a missing pod's name
+    -> the line that says which other pod holds it (``absent_names``: which to look up)."""
+    return _deleting(job, _job_state(job, pods, taken or {}))
+
+
+def absent_names(job: Obj, pods: list[Obj]) -> list[str]:
+    """The pod names a fixed-size job needs that none of ``pods`` (all the job's, an
+    earlier run's too) has: what a caller may look up by name (a pod the job's label
+    selector or ownership rule does not take holds it)."""
+    layout = layout_for_kind(job.get("apiVersion", ""), job.get("kind", ""))
+    return [] if layout is None else _missing(job, layout, pods)
 
 
 def held_by(job: Obj) -> str:
@@ -304,7 +314,7 @@ def _deleting(job: Obj | None, state: JobState) -> JobState:
     )
 
 
-def _job_state(job: Obj | None, pods: list[Obj]) -> JobState:
+def _job_state(job: Obj | None, pods: list[Obj], taken: Mapping[str, str]) -> JobState:
     if job is None:
         return JobState("NotFound", "the job no longer exists", done=True)
     layout = layout_for_kind(job.get("apiVersion", ""), job.get("kind", ""))
@@ -332,6 +342,10 @@ def _job_state(job: Obj | None, pods: list[Obj]) -> JobState:
         held = [p for p in old if not fixed or (p.get("metadata") or {}).get("name") in missing]
         note = _last_failure(pods) + (f"; {_stopping(held)}" if held else "")
         unheld = [m for m in missing if m not in {p["metadata"]["name"] for p in held}]
+        for name in (m for m in unheld if m in taken):
+            # Another pod holds the name: "yet" would promise what cannot happen.
+            note += f"; {taken[name]}"
+        unheld = [m for m in unheld if m not in taken]
         if unheld:
             # A name the operator cannot take (someone else's pod holds it) leaves the job a
             # node short for good: counted against the job's size, and named.

@@ -17,8 +17,8 @@ from typing import Any
 
 from ddpdeploy.adapters.kube import KubeApi
 from ddpdeploy.cluster.find import Found, find_job, holds_its_name, labelled_ours, made_for
-from ddpdeploy.cluster.jobstate import JobState, job_state, logs_show_rank0
-from ddpdeploy.cluster.labels import selector
+from ddpdeploy.cluster.jobstate import JobState, absent_names, job_state, logs_show_rank0
+from ddpdeploy.cluster.labels import INSTANCE_LABEL, selector
 from ddpdeploy.contract import CONTAINER_NAME
 from ddpdeploy.errors import LogUnavailable, OperationError, UserError
 from ddpdeploy.events import probe_line, split_timestamp
@@ -67,7 +67,42 @@ def job_pods(job: Obj | None, pods: list[Obj]) -> list[Obj]:
 def snapshot_of(found: Found) -> Snapshot:
     pods = pods_of(found.kube, found.layout, found.name, found.namespace) if found.job else []
     pods = job_pods(found.job, pods)
-    return found.job, pods, job_state(found.job, pods)
+    taken = _taken(found, pods) if found.job else {}
+    return found.job, pods, job_state(found.job, pods, taken)
+
+
+def _taken(found: Found, pods: list[Obj]) -> dict[str, str]:
+    """Each name the job needs but has no pod of that another pod holds, and what that pod
+    is (someone else's, or the job's own with its labels changed): a few gets, by name."""
+    job = found.job or {}
+    uid = (job.get("metadata") or {}).get("uid")
+    out: dict[str, str] = {}
+    for name in absent_names(job, pods)[:4]:
+        try:
+            got = found.kube.get("v1", "Pod", name, found.namespace)
+        except OperationError:  # no right to get pods (only to list them): said as missing
+            continue
+        if got is None:
+            continue
+        owners = (got.get("metadata") or {}).get("ownerReferences") or []
+        controller = next((o for o in owners if isinstance(o, dict) and o.get("controller")), None)
+        if controller is not None and uid and controller.get("uid") == uid:
+            # The operator counts it (its own labels are there); only ours were changed.
+            out[name] = (
+                f"{name} is this job's own pod but without ddpdeploy's labels (changed by "
+                f"hand?): not read or counted here; label it {INSTANCE_LABEL}={found.name} again"
+            )
+            continue
+        whose = (
+            f"controller {controller.get('kind')} {controller.get('name')}"
+            if controller is not None
+            else "no controller"
+        )
+        out[name] = (
+            f"{name} is taken by a pod that is not this job's ({whose}); the job cannot "
+            "start that node until it is deleted"
+        )
+    return out
 
 
 def snapshot(kube: KubeApi, name: str, namespace: str) -> Snapshot:
