@@ -394,6 +394,26 @@ def test_an_earlier_runs_pod_still_stopping_is_why_the_new_pods_are_missing():
     worker["metadata"]["ownerReferences"] = mine["metadata"]["ownerReferences"]
     state = job_state(new, [mine, worker, extra])
     assert (state.state, state.reason) == ("Running", "2/2 pods running")
+    # Elastic 1:2 at its maximum (cluster3 F11): no new pod waits for j-worker-5's name, so
+    # it is named without "the new pods start when it is gone".
+    elastic = {**new, "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 2}},
+                               "elasticPolicy": {"minReplicas": 1, "maxReplicas": 2}}}  # fmt: skip
+    w0, w1 = (pod(name=f"j-worker-{i}", phase="Running") for i in (0, 1))
+    for p in (w0, w1):
+        p["metadata"]["ownerReferences"] = mine["metadata"]["ownerReferences"]
+    stopping = (
+        "pod j-worker-5 of an earlier run of this job is still stopping (grace period, until "
+        "2026-12-02T09:40:00Z at the latest)"
+    )
+    state = job_state(elastic, [w0, w1, old_pod("j-worker-5", "Running")])
+    assert (state.state, state.reason) == ("Running", f"2/2 pods running; {stopping}")
+    # Below its maximum a name it may still make is waited for; one beyond it is not.
+    state = job_state(elastic, [w0, old_pod("j-worker-1", "Running")])
+    assert state.reason == (
+        f"1/1 pods running; {stopping.replace('5', '1', 1)}; the new pods start when it is gone"
+    )
+    state = job_state(elastic, [w0, old_pod("j-worker-5", "Running")])
+    assert state.reason == f"1/1 pods running; {stopping}"
 
 
 def test_a_pod_the_operator_could_not_make_counts_against_the_jobs_size() -> None:

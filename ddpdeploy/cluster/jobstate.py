@@ -165,17 +165,33 @@ def _earlier_run(pod: Obj, job: Obj) -> bool:
     return False
 
 
-def _stopping(old: list[Obj]) -> str:
-    """Why the new pods are missing: the earlier run's pods still stop (their grace period)."""
+def _stopping(old: list[Obj], waited: bool = True) -> str:
+    """Why the new pods are missing: the earlier run's pods still stop (their grace period);
+    ``waited``: a new pod waits for their names (else they are only named)."""
     names = sorted((p.get("metadata") or {}).get("name", "?") for p in old)
     ends = max(str((p.get("metadata") or {}).get("deletionTimestamp")) for p in old)
     pods = f"pod {names[0]}" if len(names) == 1 else f"pods {', '.join(names)}"
     verb = "is" if len(names) == 1 else "are"
+    then = f"; the new pods start when {'it is' if verb == 'is' else 'they are'} gone"
     return (
         f"{pods} of an earlier run of this job {verb} still stopping (grace period, until "
-        f"{ends} at the latest); the new pods start when {'it is' if verb == 'is' else 'they are'}"
-        " gone"
+        f"{ends} at the latest){then if waited else ''}"
     )
+
+
+def _elastic_needs(job: Obj, layout: Layout, pods: list[Obj], high: int) -> set[str]:
+    """The names an elastic job may still make a pod of: below its maximum, and only while
+    fewer pods than that exist (at its maximum no new pod waits for any name)."""
+    if len(pods) >= high:
+        return set()
+    name = (job.get("metadata") or {}).get("name", "")
+    have = {(p.get("metadata") or {}).get("name") for p in pods}
+    wanted = {
+        layout.node_hostname(name, i, replica)
+        for replica in layout.replica_counts(job) or {"Worker": 0}
+        for i in range(high)
+    }
+    return wanted - have
 
 
 def pod_view(pod: Obj, layout: Layout) -> PodView:
@@ -336,11 +352,15 @@ def _job_state(job: Obj | None, pods: list[Obj], taken: Mapping[str, str]) -> Jo
     running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
     if _condition(job, "Running") or running:
         missing = _missing(job, layout, pods)
-        # An old pod explains a missing one only by holding its name (a job of a fixed size
-        # says which names it needs; an elastic one does not, so any old pod may).
-        fixed = layout.elastic_range(job) is None
-        held = [p for p in old if not fixed or (p.get("metadata") or {}).get("name") in missing]
+        # An old pod explains a missing one only by holding its name: a job of a fixed size
+        # says which names it needs; an elastic one any name below its maximum, while it
+        # has fewer pods than that (cluster3 F11: at its maximum none waits).
+        elastic = layout.elastic_range(job)
+        needs = set(missing) if elastic is None else _elastic_needs(job, layout, pods, elastic[1])
+        held = [p for p in old if (p.get("metadata") or {}).get("name") in needs]
         note = _last_failure(pods) + (f"; {_stopping(held)}" if held else "")
+        if elastic is not None and (idle := [p for p in old if p not in held]):
+            note += f"; {_stopping(idle, waited=False)}"
         unheld = [m for m in missing if m not in {p["metadata"]["name"] for p in held}]
         for name in (m for m in unheld if m in taken):
             # Another pod holds the name: "yet" would promise what cannot happen.
