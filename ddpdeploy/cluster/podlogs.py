@@ -41,7 +41,7 @@ from ddpdeploy.events import (
     split_timestamp,
     worker_lines,
 )
-from ddpdeploy.formats import ago
+from ddpdeploy.formats import ago, counted
 from ddpdeploy.obj import Obj
 from ddpdeploy.targets import Layout
 from ddpdeploy.text import first_of
@@ -193,6 +193,13 @@ def nothing_shown(pods: list[Obj], select: Select, container: str) -> str:
     elif select.ranks is not None:
         ranks = ",".join(map(str, sorted(select.ranks)))
         why = f"no line of rank {ranks}" + (" in that time" if select.since_s else "")
+        if select.tail is not None:
+            # The kubelet cuts each container's log before the rank filter: the rank's lines
+            # may be there, only further back (cluster3 F7).
+            why += (
+                f" in each container's last {counted(select.tail, 'line')} (--tail counts "
+                "every rank's lines; raise it or drop --tail)"
+            )
     elif select.since_s is not None:
         why = "no line in that time"
     else:

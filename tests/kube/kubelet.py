@@ -183,7 +183,7 @@ class Kubelet:
             log = [(t, s) for t, s in log if t >= since]
         if "tailLines" in query:
             tail = int(query["tailLines"])
-            log = log[len(log) - tail :] if tail else []
+            log = log[max(0, len(log) - tail) :] if tail else []
         return log
 
     def follow(

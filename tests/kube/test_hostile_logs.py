@@ -106,3 +106,21 @@ def test_pending_pods_say_why_nothing_is_shown(kube_cli, admin, namespace, kubel
     assert out.stderr.strip().splitlines() == [
         f"no log lines: no container has started yet (pods: {master} Pending, {worker} Pending)"
     ]
+
+
+# Found by the cluster3 pass (F7): rank 0 had lines, only not among each container's last 10
+# (the kubelet's tail comes before the rank filter), and `logs` said "no line of rank 0".
+def test_a_rank_cut_off_by_tail_says_the_tail_did_it(kube_cli, admin, namespace, kubelet, job):
+    master, worker = job
+    for pod in job:
+        set_running(admin, namespace, pod, IMAGE)
+        kubelet.set_log(pod, "[rank0]:r0 line\n" * 5 + "[rank1]:r1 line\n" * 50)
+    out = kube_cli("logs", "j", "-n", namespace, "--rank", "0", "--tail", "10")
+    assert (out.returncode, out.stdout) == (0, ""), out.stderr
+    assert out.stderr == (
+        "no log lines: no line of rank 0 in each container's last 10 lines (--tail counts "
+        f"every rank's lines; raise it or drop --tail) (pods: {master} Running, {worker} Running)\n"
+    )
+    # A tail longer than the log is the whole log (the kubelet's, and now the stand-in's).
+    out = kube_cli("logs", "j", "-n", namespace, "--rank", "0", "--tail", "60")
+    assert out.stdout.count("r0 line") == 10, out.stderr  # 5 on each node
