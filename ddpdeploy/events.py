@@ -549,6 +549,7 @@ class Progress:
     probe: str | None = None
     run: str | None = None  # the run record's short form
     quiet: str | None = None  # with no event: what the pod and its log tell instead
+    window: int | None = None  # only the log's last lines were read, none of them a step
 
     def lines(self) -> list[str]:
         """What `status` shows, one line each; with no event, what is known instead (the
@@ -567,6 +568,11 @@ class Progress:
         return out
 
     def _step_line(self) -> str:
+        if self.step is None and self.window is not None:
+            return (
+                f"training: started; no rank-0 step in the log's last {self.window} lines "
+                "(other ranks' lines fill them; `ddpdeploy logs --rank 0` reads it all)"
+            )
         if self.step is None:
             return "training: started, no step yet"
         total = f"/{self.total_steps}" if self.total_steps is not None else ""

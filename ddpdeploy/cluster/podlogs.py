@@ -470,6 +470,13 @@ def _follow_loop(
 # ---- rank 0's progress, for `status` --------------------------------------------------------
 
 TAIL = 200  # rank 0's latest lines that `status` reads (and, with no `start`, its head)
+# With no rank-0 step among those (the other ranks on its pod printed them all), read this
+# many back once; past that `status` says what it did not look at (cluster3 F5).
+FURTHER = 5000
+
+
+def _stepped(lines: list[str]) -> bool:
+    return any(_kinds(line) & {"step", "done"} for line in lines)
 
 
 def rank0_progress(kube: KubeApi, job: Obj, pods: list[Obj], now: float) -> Progress | str:
@@ -486,8 +493,12 @@ def rank0_progress(kube: KubeApi, job: Obj, pods: list[Obj], now: float) -> Prog
         if pod is None or obj is None:
             return unseen
         container = container_of(job)
+        window: int | None = None  # the lines read, when rank 0's steps may be further back
         try:
             tail = list(kube.logs(pod, namespace, container, tail=TAIL, timestamps=True))
+            if len(tail) >= TAIL and not _stepped(tail):
+                tail = list(kube.logs(pod, namespace, container, tail=FURTHER, timestamps=True))
+                window = FURTHER if len(tail) >= FURTHER and not _stepped(tail) else None
         except LogUnavailable:  # the run is gone: the pod's status tells how it ended
             tail = []
         if not any("start" in _kinds(line) for line in tail):
@@ -504,7 +515,7 @@ def rank0_progress(kube: KubeApi, job: Obj, pods: list[Obj], now: float) -> Prog
             tail = [line for line in head if _kinds(line) & {"start", "probe"}] + tail
     except OperationError as exc:
         return f"training: cannot read rank 0's log: {exc}"
-    got = progress(tail, now)
+    got = replace(progress(tail, now), window=window)
     if got.events:
         return got
     previous: list[str] = []

@@ -152,3 +152,24 @@ def test_a_needed_name_another_pod_holds_is_named_not_yet(kube_cli, admin, names
         "counted here; label it app.kubernetes.io/instance=j again"
     ), reason
     assert "yet" not in reason
+
+
+# Found by the cluster3 pass (F5): rank 1 on rank 0's pod printed 300 lines after rank 0's
+# step 40; status read the last 200 and said "started, no step yet".
+def test_rank0_steps_before_another_ranks_lines_are_read(kube_cli, admin, namespace, kubelet):
+    args = ["up", "--image", IMAGE, "--name", "j", "-n", namespace, "--nodes", "1", "--procs", "2"]
+    assert kube_cli(*args, "--no-wait").returncode == 0
+    (pod,) = create_pods(admin, get_job(admin, namespace, "j"), node=kubelet.node_name)
+    set_running(admin, namespace, pod, IMAGE)
+    steps = "".join(f'[rank0]:{{"event":"step","step":{n},"loss":0.5}}\n' for n in range(1, 41))
+    start = '[rank0]:{"event":"start","total_steps":100}\n' + steps
+    kubelet.set_log(pod, start + "[rank1]:UserWarning: something deprecated\n" * 300)
+    out = kube_cli("status", "j", "-n", namespace)
+    assert training(out)[0].startswith("training: step 40/100"), out.stdout
+    # Further back than status reads: it says what it did not look at, not "no step yet".
+    kubelet.set_log(pod, start + "[rank1]:UserWarning: something deprecated\n" * 6000)
+    out = kube_cli("status", "j", "-n", namespace)
+    assert training(out)[0] == (
+        "training: started; no rank-0 step in the log's last 5000 lines (other ranks' lines "
+        "fill them; `ddpdeploy logs --rank 0` reads it all)"
+    ), out.stdout
