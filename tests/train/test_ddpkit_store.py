@@ -23,7 +23,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fs_helpers import without_dac_override  # noqa: E402
-from trainer_harness import ROOT, Launcher, base_env, free_port  # noqa: E402
+from trainer_harness import ROOT, Launcher, Proc, base_env, free_port  # noqa: E402
 
 TRAIN_DIR = ROOT / "train"
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -963,22 +963,32 @@ def test_a_socket_at_the_lock_path_is_named(kit: ModuleType, tmp_path: Path) -> 
     assert str(info.value).endswith(f"{ck}/.ddpkit.lock is not a regular file; remove it")
 
 
+def _torchrun_while_locked(
+    tmp_path: Path, ck: Path, hold_s: int, script: str, **ddpdeploy_env: str
+) -> Proc:
+    """``script`` under a 2-rank torchrun, to its exit 0, while another process holds the
+    folder's lock for ``hold_s`` seconds; ``ddpdeploy_env``: DDPDEPLOY_<NAME> values."""
+    ck.mkdir()
+    holder = _hold_lock(ck, hold_s)
+    env = {"PYTHONPATH": str(TRAIN_DIR), "DDPDEPLOY_CHECKPOINT_DIR": str(ck)}
+    env |= {f"DDPDEPLOY_{k}": v for k, v in ddpdeploy_env.items()}
+    try:
+        with Launcher(tmp_path) as L:
+            p = L.torchrun([], script=SCRIPTS / script, env=env)
+            assert p.wait(90) == 0, p.tail()
+    finally:
+        holder.kill()
+        holder.wait()
+    return p
+
+
 @pytest.mark.slow
 def test_a_slow_write_on_rank_0_is_not_called_a_missing_save(tmp_path: Path) -> None:
     # Rank 0 arrived in save's meeting only after its write: past DDPDEPLOY_SAVE_WARN_S the
     # other ranks warned "rank(s) 0 did not call save … not under `if rank == 0`".
     ck = tmp_path / "ck"
-    ck.mkdir()
-    holder = _hold_lock(ck, 12)  # past torchrun's start-up, into rank 0's commit
-    env = {"PYTHONPATH": str(TRAIN_DIR), "DDPDEPLOY_CHECKPOINT_DIR": str(ck)}
-    env["DDPDEPLOY_SAVE_WARN_S"] = "1"
-    try:
-        with Launcher(tmp_path) as L:
-            p = L.torchrun([], script=SCRIPTS / "save_with_rank0_slow.py", env=env)
-            assert p.wait(90) == 0, p.tail()
-    finally:
-        holder.kill()
-        holder.wait()
+    # 12 s: past torchrun's start-up, into rank 0's commit
+    p = _torchrun_while_locked(tmp_path, ck, 12, "save_with_rank0_slow.py", SAVE_WARN_S="1")
     assert "did not call save" not in p.stderr, p.tail()
     assert "saved" in p.stdout and steps_in(ck) == {"pt": [1], "json": [1]}
 
@@ -1349,17 +1359,9 @@ def test_a_lock_held_past_half_the_group_timeout_fails_the_save_alike_on_every_r
     # DDPDEPLOY_CHECKPOINT_LOCK_S (300 s) while rank 1 waited for it in a broadcast under
     # the group's timeout: rank 1 died in gloo's raw recv timeout, naming no lock.
     ck = tmp_path / "ck"
-    ck.mkdir()
-    holder = _hold_lock(ck, 40)
-    env = {"PYTHONPATH": str(TRAIN_DIR), "DDPDEPLOY_CHECKPOINT_DIR": str(ck)}
-    env["DDPDEPLOY_TEST_GROUP_S"] = "8"
-    try:
-        with Launcher(tmp_path) as L:
-            p = L.torchrun([], script=SCRIPTS / "save_with_short_group_timeout.py", env=env)
-            assert p.wait(90) == 0, p.tail()
-    finally:
-        holder.kill()
-        holder.wait()
+    p = _torchrun_while_locked(
+        tmp_path, ck, 40, "save_with_short_group_timeout.py", TEST_GROUP_S="8"
+    )
     said = sorted(x for x in p.stderr.splitlines() if re.match(r"rank \d ", x))
     assert len(said) == 2 and said[0][7:] == said[1][7:], p.tail()  # the same on both
     assert re.match(
