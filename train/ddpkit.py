@@ -494,9 +494,10 @@ def _warn_if_counts_can_differ() -> None:
 def checkpoint_dir(directory: str | os.PathLike[str] | None = None) -> str:
     """``directory`` if given (ValueError if empty), else ``$DDPDEPLOY_CHECKPOINT_DIR``;
     exits 2 with one line if neither is set, or the variable is empty (the job has no
-    checkpoint volume). A bad DDPDEPLOY_CHECKPOINT_LOCK_S exits here too, on every rank as
-    it resumes, not at the first commit on rank 0 alone."""
+    checkpoint volume). A bad DDPDEPLOY_CHECKPOINT_LOCK_S or DDPDEPLOY_SAVE_WARN_S exits
+    here too, on every rank as it resumes, not inside the first save."""
     _env_float(LOCK_WAIT_ENV, 300.0)
+    _env_float(SAVE_WARN_ENV, 30.0)
     if directory is not None:
         given = os.fspath(directory) if isinstance(directory, str | os.PathLike) else directory
         if not isinstance(given, str) or "\0" in given:

@@ -1166,22 +1166,24 @@ def test_every_rank_is_told_the_name_rank_0_committed(tmp_path: Path) -> None:
 
 # ---- the ddpkit3 pass's debatable items, settled ----------------------------------------
 @pytest.mark.parametrize("value", ["nan", "-1", "soon"])
-def test_a_bad_lock_wait_is_one_line_as_the_run_resumes(
+@pytest.mark.parametrize("name", ["DDPDEPLOY_CHECKPOINT_LOCK_S", "DDPDEPLOY_SAVE_WARN_S"])
+def test_a_bad_lock_or_save_wait_is_one_line_as_the_run_resumes(
     kit: ModuleType,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capfd: pytest.CaptureFixture[str],
     value: str,
+    name: str,
 ) -> None:
-    # It was read at the first commit only, on rank 0: a typo cost the run up to its first
-    # checkpoint, and the other ranks learnt of it when torchrun tore the group down.
-    monkeypatch.setenv("DDPDEPLOY_CHECKPOINT_LOCK_S", value)
+    # The lock's was read at the first commit only, on rank 0: a typo cost the run up to its
+    # first checkpoint, and the other ranks learnt of it when torchrun tore the group down.
+    # The save wait's likewise, inside the first multi-rank save (the ddpkit5 pass, K8).
+    monkeypatch.setenv(name, value)
     with pytest.raises(SystemExit) as info:
         kit.load_latest()
     assert info.value.code == 2
     assert capfd.readouterr().err == (
-        f"ddpkit: error: DDPDEPLOY_CHECKPOINT_LOCK_S={value!r} is not a finite number of at "
-        "least 0; fix or unset it\n"
+        f"ddpkit: error: {name}={value!r} is not a finite number of at least 0; fix or unset it\n"
     )
     assert not (tmp_path / "ck").exists()
 
