@@ -806,6 +806,20 @@ def latest_verified(
                 why = _broadcast_text(why, device)  # rank 0's, which may be the refusal
             raise CheckpointError(why)
         ok = verdict == 3
+        if ok and many and not _same_save(got, device):
+            # Each rank reads the pair itself: a re-save of the step (a replaced pod in its
+            # grace) committed between two ranks' reads gave them different states.
+            if relists < _RELISTS:
+                relists += 1
+                steps.insert(0, step)
+                if is_main:
+                    line = (
+                        f"ddpkit: checkpoint of step {step} in {store.dir} was saved again "
+                        "while the ranks read it; reading it again"
+                    )
+                    print(line, file=sys.stderr, flush=True)
+                continue
+            ok, got = False, "the ranks read different saves of it (it is being saved again)"
         if ok and not isinstance(got, str):
             value, sidecar = got
             _adopt_run_id(sidecar)
@@ -844,6 +858,16 @@ def latest_verified(
 # How often one load_latest lists the folder again after a listed step vanished: once per
 # save that lands while it reads; a writer saving faster than that is not caught up with.
 _RELISTS = 5
+
+
+def _same_save(got: Any, device: Any) -> bool:
+    """Whether every rank loaded the same save of the step (its sidecar's sha256), on every
+    rank alike: one all_reduce of a part of the digest and its negation."""
+    digest = str(got[1].get("sha256", "")) if isinstance(got, tuple) else ""
+    part = int(digest[:15], 16) if len(digest) >= 15 else -1  # 60 bits: an int64
+    both = torch.tensor([part, -part], dtype=torch.int64, device=device)
+    dist.all_reduce(both, op=dist.ReduceOp.MAX)
+    return int(both[0]) == -int(both[1])
 
 
 def _relisted(store: CheckpointStore, tried: set[int], device: Any) -> list[int]:

@@ -1440,3 +1440,23 @@ def test_a_signal_raised_as_the_payloads_rename_returns_leaves_no_payload(
     assert sorted(p.name for p in ck.iterdir()) == [
         ".ddpkit.lock", "ckpt-step-000000005.json", "ckpt-step-000000005.pt"
     ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_resave_while_the_ranks_load_gives_every_rank_the_same_state(tmp_path: Path) -> None:
+    # Found by the ddpkit5 pass (K7): each rank reads the pair itself, and a re-save of the
+    # step between rank 0's read and rank 1's had rank 0 resume the old state and rank 1 the
+    # new one, both "verified", with no line.
+    ck = tmp_path / "ck"
+    env = {"PYTHONPATH": str(TRAIN_DIR), "DDPDEPLOY_CHECKPOINT_DIR": str(ck)}
+    first = (
+        "import ddpkit, torch; [ddpkit.save({'step': s, 'w': torch.ones(10)}, s) for s in (4, 5)]"
+    )
+    subprocess.run([sys.executable, "-c", first], env={**base_env(), **env}, check=True)
+    with Launcher(tmp_path) as L:
+        p = L.torchrun([], script=SCRIPTS / "resave_while_ranks_load.py", env=env)
+        assert p.wait(120) == 0, p.tail()
+    resumed = sorted(x for x in p.stderr.splitlines() if x.startswith("rank "))
+    assert resumed == ["rank 0 resumed step 5 of 500", "rank 1 resumed step 5 of 500"], p.tail()
+    assert f"ddpkit: checkpoint of step 5 in {ck} was saved again while the ranks read it; " \
+        "reading it again" in p.stderr, p.tail()  # fmt: skip
