@@ -92,10 +92,16 @@ def crash_line(message: str) -> str | None:
         root = failed[0]
         if root.rank in said:
             return f"rank {root.rank}: {said[root.rank]}"
-        return (
+        silent = (
             f"rank {root.rank} (root cause) exited with {_exit(root.code)} and printed "
             "nothing in the log's last 2 KB"
         )
+        if not said:
+            return silent
+        # Another rank's last line, said to be that: its own error when every rank failed
+        # alike (an argparse error), or the consequence of the root cause's exit.
+        last = next(r for r, _ in reversed(own) if r in said)
+        return f"{silent}; the last rank line there is rank {last}'s: {said[last]}"
     for failure in failed:
         if failure.rank in said:
             return f"rank {failure.rank}: {said[failure.rank]}"

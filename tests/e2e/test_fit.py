@@ -319,12 +319,15 @@ def test_a_silent_root_cause_is_named_not_another_ranks_line() -> None:
     silent = (
         "rank 1 (root cause) exited with SIGSEGV (-11) and printed nothing in the log's last 2 KB"
     )
-    assert crash_line(message) == silent
+    # Rank 0's line is shown as what it is, the last rank line there, never as the cause.
+    context = "; the last rank line there is rank 0's: RuntimeError: Connection closed by peer"
+    assert crash_line(message) == silent + context
     state = job_state(PYTORCHJOB, [crashing(message)])
-    assert state.reason.endswith("last exit code 1 (Error): " + silent)
-    assert "Connection closed" not in state.reason
+    assert state.reason.endswith("last exit code 1 (Error): " + silent + context)
+    assert "rank 0: " not in state.reason
     exited = message.replace("-11 (pid", "3 (pid")
-    assert crash_line(exited) == silent.replace("SIGSEGV (-11)", "exit code 3")
+    assert crash_line(exited) == silent.replace("SIGSEGV (-11)", "exit code 3") + context
+    assert crash_line(ROOT_CAUSE_SIGSEGV) == silent  # no rank printed a line
     # The root cause's own line, when it has one, is still the line shown.
     assert crash_line("[rank1]:[rank1]: ValueError: x\n" + message) == "rank 1: ValueError: x"
 
