@@ -164,8 +164,9 @@ def test_sigterm_cleans_up_like_ctrl_c(tmp_path, marker):
 # smoke with nothing said and left its agents, in their own session, training on.
 @pytest.mark.slow
 def test_sighup_cleans_up_like_ctrl_c_unless_it_came_ignored(tmp_path, marker):
-    def nohup() -> None:
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    def disposition(ignored: bool) -> None:
+        # Set either way: a test started under nohup (as CI may be) inherits SIG_IGN.
+        signal.signal(signal.SIGHUP, signal.SIG_IGN if ignored else signal.SIG_DFL)
 
     for ignored in (True, False):
         proc = subprocess.Popen(
@@ -173,7 +174,7 @@ def test_sighup_cleans_up_like_ctrl_c_unless_it_came_ignored(tmp_path, marker):
              "--steps", "100000"],
             cwd=tmp_path, env={**os.environ, "DDPDEPLOY_TEST_MARKER": marker},
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            preexec_fn=nohup if ignored else None,
+            preexec_fn=lambda: disposition(ignored),  # noqa: B023 (called at once)
         )  # fmt: skip
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and len(workers(marker)) < 2:
