@@ -305,7 +305,11 @@ def absent_names(job: Obj, pods: list[Obj]) -> list[str]:
     earlier run's too) has: what a caller may look up by name (a pod the job's label
     selector or ownership rule does not take holds it)."""
     layout = layout_for_kind(job.get("apiVersion", ""), job.get("kind", ""))
-    return [] if layout is None else _missing(job, layout, pods)
+    # Only a target whose pod is named as its host: a TrainJob's pod is <host>-<random>, so
+    # a pod named as the bare host is never one it needs (a StatefulSet's `j-node-0-1`).
+    if layout is None or not layout.pods_named_like_hosts:
+        return []
+    return _missing(job, layout, pods)
 
 
 def held_by(job: Obj) -> str:

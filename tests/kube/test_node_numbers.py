@@ -148,6 +148,12 @@ def test_a_trainjob_counts_against_its_nodes_and_its_deleting_pod_is_this_runs(
     # running", and its own pod being deleted counted as an earlier run's (dropped).
     trainjob(3)
     tj_pod(admin, namespace, kubelet, "j-node-0-0-abcde", "[rank0]:zero", label="0")
+    # A pod named as the bare host of node 1 (a StatefulSet j-node-0's would be): no TrainJob
+    # pod is named so, so it holds no name the job needs (the review of F8 and F6 together).
+    sts = {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "j-node-0", "uid": "u-sts"}
+    bare = {"name": "j-node-0-1", "ownerReferences": [{**sts, "controller": True}]}
+    spec = {"containers": [{"name": "node", "image": IMAGE}]}
+    res(admin, "v1", "Pod").create(namespace=namespace, body={"metadata": bare, "spec": spec})
     status = kube_cli("status", "j", "-n", namespace, "-o", "json")
     assert status.returncode == 0, status.stderr
     reason = json.loads(status.stdout)["reason"]
