@@ -438,6 +438,8 @@ def _init_group(backend: str, **kwargs: Any) -> None:
     if backend == "nccl" and "LOCAL_RANK" in e:
         # before the group binds a device
         torch.cuda.set_device(_env_int("LOCAL_RANK", 0))
+    if isinstance(kwargs.get("timeout"), timedelta):  # the lock wait's cap follows it
+        _group_timeout[:] = [kwargs["timeout"].total_seconds()]
     if "store" in kwargs or "init_method" in kwargs:
         dist.init_process_group(backend, **kwargs)
         return
@@ -1512,9 +1514,9 @@ def _locked(directory: str, until: float | None = None) -> Iterator[None]:
                 os.fchmod(fd, 0o644)
         wait = _env_float(LOCK_WAIT_ENV, 300.0)
         start = time.monotonic()
-        deadline = start + wait
-        capped = until is not None and until < deadline
-        deadline = until if until is not None and capped else deadline
+        deadline, capped = start + wait, False
+        if until is not None and until < deadline:
+            deadline, capped = until, True
         pause = 0.005
         while True:
             try:

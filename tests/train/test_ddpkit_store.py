@@ -1354,16 +1354,19 @@ def test_a_step_deleted_by_a_newer_save_while_load_latest_reads_gives_the_newer_
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("init_method", ["", "env://"])
 def test_a_lock_held_past_half_the_group_timeout_fails_the_save_alike_on_every_rank(
-    tmp_path: Path,
+    tmp_path: Path, init_method: str
 ) -> None:
     # Found by the ddpkit5 pass (K2): rank 0 waited for the lock up to
     # DDPDEPLOY_CHECKPOINT_LOCK_S (300 s) while rank 1 waited for it in a broadcast under
-    # the group's timeout: rank 1 died in gloo's raw recv timeout, naming no lock.
+    # the group's timeout: rank 1 died in gloo's raw recv timeout, naming no lock. With
+    # init_method= the group's timeout went unrecorded (the review after the fix).
     ck = tmp_path / "ck"
     p = _torchrun_while_locked(
-        tmp_path, ck, 40, "save_with_short_group_timeout.py", TEST_GROUP_S="8"
-    )
+        tmp_path, ck, 40, "save_with_short_group_timeout.py", TEST_GROUP_S="8",
+        TEST_INIT_METHOD=init_method,
+    )  # fmt: skip
     said = sorted(x for x in p.stderr.splitlines() if re.match(r"rank \d ", x))
     assert len(said) == 2 and said[0][7:] == said[1][7:], p.tail()  # the same on both
     assert re.match(

@@ -16,7 +16,9 @@ import ddpkit
 
 def main() -> None:
     seconds = int(os.environ["DDPDEPLOY_TEST_GROUP_S"])
-    ddpkit.init_process_group("gloo", probe=False, timeout=timedelta(seconds=seconds))
+    how = os.environ.get("DDPDEPLOY_TEST_INIT_METHOD")  # a script's own init_method=
+    kwargs = {"init_method": how} if how else {}
+    ddpkit.init_process_group("gloo", probe=False, timeout=timedelta(seconds=seconds), **kwargs)
     try:
         ddpkit.save({"step": 1}, 1)
         said = "saved"
