@@ -949,10 +949,11 @@ def delete(found: Found, purge: bool, say: Say) -> None:
             held = bool(job["metadata"].get("finalizers"))
             got = kube.get(layout.api_version, layout.kind, name, ns) if held else None
             uid = job["metadata"].get("uid")
-            if got is not None and got["metadata"].get("uid") == uid and held_by(got):
+            same = got is not None and got["metadata"].get("uid") == uid
+            if same and (holds := held_by(got or {})):
                 # Not gone, and it will not go by itself: its pods run on meanwhile.
                 done.append(f"asked to delete {layout.kind} {ns}/{name}")
-                say(f"{layout.kind} {ns}/{name} is being deleted but {held_by(got)}")
+                say(f"{layout.kind} {ns}/{name} is being deleted but {holds}")
             else:
                 done.append(f"deleted {layout.kind} {ns}/{name}")
                 say(done[-1])

@@ -118,7 +118,12 @@ def node_numbers(layout: Layout, job: Obj, pods: list[Obj]) -> dict[str, int]:
     other pods exist now. Left out: pods being deleted, pods with no index, and a pod
     beyond its replica's count that another replica follows (it would take that one's
     numbers)."""
-    places, size, offset = _places(layout, job, pods)
+    return _numbers(*_places(layout, job, pods))
+
+
+def _numbers(
+    places: dict[str, tuple[str, int]], size: dict[str, int], offset: dict[str, int]
+) -> dict[str, int]:
     last = next(reversed(offset), None)  # the replica no other follows
     return {
         name: offset[replica] + index
@@ -129,10 +134,10 @@ def node_numbers(layout: Layout, job: Obj, pods: list[Obj]) -> dict[str, int]:
 
 def sources(layout: Layout, job: Obj, pods: list[Obj], select: Select) -> list[Source]:
     """The containers to read, previous runs first, each in node order."""
-    numbers = node_numbers(layout, job, pods)
+    places, size, offset = _places(layout, job, pods)
+    numbers = _numbers(places, size, offset)
     chosen = [p for p in pods if (p.get("metadata") or {}).get("name") in numbers]
     if select.nodes is not None:
-        _, size, _ = _places(layout, job, pods)
         nodes = max(sum(size.values()), max(numbers.values(), default=-1) + 1)
         missing = sorted(select.nodes - set(numbers.values()))
         if missing:
